@@ -1,0 +1,111 @@
+"""What a round is, independent of model and transport (ARCHITECTURE "One idea").
+
+    site (private data) --reply--> combine --aggregate--> global step --broadcast--> every site
+
+A :class:`RoundProtocol` declares
+
+* ``reply_spec`` / ``broadcast_spec``: the messages that cross the site boundary;
+* ``combine``: ``"sum"`` (the global step needs only the field-wise sum of the replies,
+  so secure summation can replace plain summation) or ``"gather"`` (the global step
+  needs the individual replies, e.g. FedLin HM1's Gram matrix Theta^T Theta);
+* :meth:`site_step`: the local computation, run where the data lives;
+* :meth:`global_step`: the closed-form update from the combined replies.
+
+Runtimes (:mod:`fedhier.runtime`) own seeding, transport, participation and byte
+counting; a protocol only ever sees declared messages.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+import numpy as np
+
+from .messages import Message, MessageSpec
+
+__all__ = ["RoundProtocol", "SiteContext", "sum_messages"]
+
+
+@dataclass
+class SiteContext:
+    """Everything a site step may use besides the broadcast.
+
+    Attributes
+    ----------
+    site : int
+        Index of the site (0-based, in the order the sites were given).
+    round : int
+        Communication round, 1-based.
+    rng : numpy.random.Generator
+        The site's generator for this round, derived from one seed
+        (``SeedSequence(seed, spawn_key=(round, site))``) so results do not depend on
+        scheduling or on the process pool.
+    data : Any
+        The site's private data, never sent anywhere.
+    state : dict[str, ndarray]
+        Site-private arrays kept by the runtime between rounds (empty in round 1).
+        A protocol whose sites are stateless ignores it.
+    """
+
+    site: int
+    round: int
+    rng: np.random.Generator
+    data: Any
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class RoundProtocol(ABC):
+    """Abstract round protocol; see the module docstring."""
+
+    #: short machine name, used in message headers and reports
+    name: str = "protocol"
+    combine: Literal["sum", "gather"] = "sum"
+
+    @property
+    @abstractmethod
+    def reply_spec(self) -> MessageSpec:
+        """Declared fields of a site's reply."""
+
+    @property
+    @abstractmethod
+    def broadcast_spec(self) -> MessageSpec:
+        """Declared fields of the broadcast."""
+
+    @abstractmethod
+    def initial_broadcast(self) -> Message:
+        """Public, data-independent broadcast sent before round 1 (may be empty)."""
+
+    @abstractmethod
+    def site_step(self, ctx: SiteContext, broadcast: Message) -> Message:
+        """Local computation of one site in one round; returns its reply."""
+
+    @abstractmethod
+    def global_step(self, combined: Message | Mapping[int, Message], round: int, previous: Message) -> Message:
+        """New broadcast from the combined replies.
+
+        ``combined`` is the field-wise sum of the replies for ``combine == "sum"``
+        (absent optional fields count as zeros) and ``{site: reply}`` for ``"gather"``.
+        ``previous`` is the broadcast of the previous round.
+        """
+
+    def round_metrics(self, combined: Message | Mapping[int, Message], round: int) -> dict[str, float]:
+        """Scalars recorded in the history for this round (e.g. expected log-likelihood)."""
+        return {}
+
+    def validate_site_data(self, site: int, data: Any) -> None:  # pragma: no cover - default
+        """Raise ``ValueError`` naming the site and problem before any work is done."""
+
+
+def sum_messages(spec: MessageSpec, replies: Mapping[int, Message]) -> Message:
+    """Field-wise sum of replies; optional fields absent from a reply count as zero."""
+    out: Message = {}
+    for key, f in spec.fields.items():
+        present = [r[key] for r in replies.values() if key in r]
+        if present or not f.optional:
+            acc = np.zeros(f.shape, dtype=f.dtype)
+            for arr in present:
+                acc = acc + arr
+            out[key] = acc
+    return out

@@ -1,0 +1,189 @@
+"""Declared messages: what may cross a site boundary (ARCHITECTURE "Messages").
+
+A message is a flat mapping ``name -> numpy array`` (scalars are 0-d arrays).  Every
+protocol declares the fields it may send with their shape and dtype in a
+:class:`MessageSpec`; runtimes validate each message against its spec, serialise it
+with :func:`encode` (a JSON header plus raw little-endian buffers -- never pickle) and
+count its bytes.  A malformed message is refused with a :class:`MessageError` that
+names the field and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+import numpy as np
+
+__all__ = ["Field", "MessageSpec", "Message", "MessageError", "encode", "decode", "header_fields", "payload_nbytes"]
+
+Message = dict[str, np.ndarray]
+
+#: dtypes allowed on the wire (fixed-size, no objects).
+WIRE_DTYPES = frozenset({"float64", "int64", "uint64", "bool"})
+_MAGIC = b"FHM1"
+
+
+class MessageError(ValueError):
+    """A message does not match its declared specification."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """Declaration of one message field.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        Exact shape; ``()`` for a scalar.
+    dtype : str
+        One of ``float64``, ``int64``, ``uint64``, ``bool``.
+    optional : bool
+        The field may be absent (e.g. a view the site does not measure).
+    """
+
+    shape: tuple[int, ...] = ()
+    dtype: str = "float64"
+    optional: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in WIRE_DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not a wire dtype {sorted(WIRE_DTYPES)}")
+        if any(int(s) < 0 for s in self.shape):
+            raise ValueError(f"negative dimension in shape {self.shape}")
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class MessageSpec:
+    """Named set of declared fields; validates, flattens and measures messages."""
+
+    name: str
+    fields: Mapping[str, Field] = field(default_factory=dict)
+
+    def validate(self, message: Mapping[str, np.ndarray]) -> Message:
+        """Return ``message`` with arrays of the declared dtype; raise :class:`MessageError`.
+
+        Unknown fields, missing required fields, wrong shapes, wrong dtypes (other than
+        a lossless integer/float widening) and non-finite floats are refused.
+        """
+        if not isinstance(message, Mapping):
+            raise MessageError(f"{self.name}: a message must be a mapping, got {type(message).__name__}")
+        unknown = sorted(set(message) - set(self.fields))
+        if unknown:
+            raise MessageError(f"{self.name}: undeclared field(s) {unknown}")
+        out: Message = {}
+        for key, decl in self.fields.items():
+            if key not in message:
+                if not decl.optional:
+                    raise MessageError(f"{self.name}: required field {key!r} is missing")
+                continue
+            arr = np.asarray(message[key])
+            if arr.dtype == object:
+                raise MessageError(f"{self.name}: field {key!r} has object dtype")
+            if arr.shape != tuple(decl.shape):
+                raise MessageError(
+                    f"{self.name}: field {key!r} has shape {arr.shape}, declared {tuple(decl.shape)}"
+                )
+            if arr.dtype.name != decl.dtype:
+                if not np.can_cast(arr.dtype, decl.dtype, casting="same_kind"):
+                    raise MessageError(
+                        f"{self.name}: field {key!r} has dtype {arr.dtype.name}, declared {decl.dtype}"
+                    )
+                arr = arr.astype(decl.dtype)
+            if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+                raise MessageError(f"{self.name}: field {key!r} contains NaN or inf")
+            out[key] = arr
+        return out
+
+    def flatten(self, message: Mapping[str, np.ndarray], dtype: str = "float64") -> np.ndarray:
+        """Concatenate all declared fields in declaration order, zeros for absent optional ones.
+
+        Used by secure summation, which needs one fixed-length vector per site.
+        """
+        msg = self.validate(message)
+        parts = [
+            np.asarray(msg[k], dtype=dtype).ravel() if k in msg else np.zeros(f.size, dtype=dtype)
+            for k, f in self.fields.items()
+        ]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+    def unflatten(self, vector: np.ndarray) -> Message:
+        """Inverse of :meth:`flatten` (every field present)."""
+        vector = np.asarray(vector)
+        total = sum(f.size for f in self.fields.values())
+        if vector.shape != (total,):
+            raise MessageError(f"{self.name}: flat vector has shape {vector.shape}, expected ({total},)")
+        out: Message = {}
+        pos = 0
+        for key, f in self.fields.items():
+            out[key] = vector[pos : pos + f.size].reshape(f.shape).astype(f.dtype)
+            pos += f.size
+        return out
+
+    def subset(self, keys: Iterable[str], name: str | None = None) -> "MessageSpec":
+        keys = list(keys)
+        return MessageSpec(name or self.name, {k: self.fields[k] for k in keys})
+
+
+def payload_nbytes(message: Mapping[str, np.ndarray]) -> int:
+    """Bytes of the array payload of a message (what the spec's size tables count)."""
+    return int(sum(np.asarray(v).nbytes for v in message.values()))
+
+
+def encode(spec: MessageSpec, message: Mapping[str, np.ndarray]) -> bytes:
+    """Serialise a validated message: magic, header length, JSON header, raw buffers."""
+    msg = spec.validate(message)
+    header = {
+        "spec": spec.name,
+        "fields": [[k, msg[k].dtype.name, list(msg[k].shape)] for k in sorted(msg)],
+    }
+    head = json.dumps(header, separators=(",", ":")).encode()
+    body = b"".join(np.ascontiguousarray(msg[k]).astype(msg[k].dtype.newbyteorder("<")).tobytes() for k in sorted(msg))
+    return _MAGIC + struct.pack("<I", len(head)) + head + body
+
+
+def _header(data: bytes, what: str) -> tuple[dict, int]:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise MessageError(f"{what}: expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if data[:4] != _MAGIC or len(data) < 8:
+        raise MessageError(f"{what}: not a fedhier message")
+    (hlen,) = struct.unpack("<I", data[4:8])
+    try:
+        header = json.loads(data[8 : 8 + hlen])
+        fields_ = [(str(k), str(d), tuple(int(n) for n in s)) for k, d, s in header["fields"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MessageError(f"{what}: corrupt header") from exc
+    return {"spec": header.get("spec"), "fields": fields_}, 8 + hlen
+
+
+def header_fields(data: bytes) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(name, dtype, shape) of each field of an encoded message, without validating it."""
+    return _header(data, "message")[0]["fields"]
+
+
+def decode(spec: MessageSpec, data: bytes) -> Message:
+    """Parse bytes produced by :func:`encode` and validate them against ``spec``."""
+    header, pos = _header(data, spec.name)
+    data = bytes(data)
+    if header["spec"] != spec.name:
+        raise MessageError(f"expected a {spec.name!r} message, got {header['spec']!r}")
+    msg: Message = {}
+    for key, dtype, shape in header["fields"]:
+        if dtype not in WIRE_DTYPES:
+            raise MessageError(f"{spec.name}: field {key!r} has non-wire dtype {dtype!r}")
+        dt = np.dtype(dtype).newbyteorder("<")
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if pos + n > len(data):
+            raise MessageError(f"{spec.name}: truncated message at field {key!r}")
+        msg[key] = np.frombuffer(data[pos : pos + n], dtype=dt).reshape(shape).astype(dtype)
+        pos += n
+    if pos != len(data):
+        raise MessageError(f"{spec.name}: {len(data) - pos} trailing bytes")
+    return spec.validate(msg)

@@ -1,0 +1,310 @@
+"""In-process runtime: run any :class:`~fedhier.protocol.base.RoundProtocol` on one machine.
+
+This is the embedded default engine (ARCHITECTURE "Runtimes"): tests, CI, benchmarks and
+paper reproductions use it.  It behaves like a deployment in the ways that matter for
+the results:
+
+* every reply and broadcast is validated against its declared spec, serialised with
+  :func:`fedhier.protocol.messages.encode` (no pickle) and its bytes are recorded;
+* one seed determines everything: the site step of site ``s`` in round ``r`` gets
+  ``Generator(PCG64(SeedSequence(seed, spawn_key=(1, r, s))))``, the runtime's own
+  draws (participation) use ``spawn_key=(2, r)``, so results do not depend on the
+  order in which sites run nor on the process pool;
+* partial participation: a site may miss a round (scheduled, random, or because its
+  step raised); the global step sees only the sites that replied;
+* a round with fewer than ``min_sites`` replies stops the fit with
+  :class:`RoundFailed` -- no partial global update is ever broadcast;
+* callbacks run after every round (progress bar, history, checkpoint).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+
+import numpy as np
+
+from ..protocol.base import RoundProtocol, SiteContext, sum_messages
+from ..protocol.messages import Field, Message, MessageSpec, decode, encode, header_fields
+
+__all__ = ["simulate", "SimulationResult", "RoundRecord", "RoundFailed", "site_rng", "Participation"]
+
+#: participation: None (every site, every round); a float p in (0, 1] (each site joins
+#: each round with probability p); a mapping ``round -> sites that are absent``; or a
+#: callable ``(round, n_sites, rng) -> iterable of participating sites``.
+Participation = None | float | Mapping[int, Iterable[int]] | Callable[[int, int, np.random.Generator], Iterable[int]]
+
+
+class RoundFailed(RuntimeError):
+    """A round could not produce a global update (too few sites replied)."""
+
+    def __init__(self, round: int, message: str):
+        super().__init__(f"round {round}: {message}")
+        self.round = round
+
+
+@dataclass
+class RoundRecord:
+    """What happened in one round (one entry of ``history``)."""
+
+    round: int
+    sites: list[int]
+    absent: list[int]
+    failed: dict[int, str]
+    bytes_up: dict[int, int]
+    bytes_down: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "sites": list(self.sites),
+            "absent": list(self.absent),
+            "failed": {str(k): v for k, v in self.failed.items()},
+            "bytes_up": {str(k): v for k, v in self.bytes_up.items()},
+            "bytes_down": self.bytes_down,
+            "metrics": dict(self.metrics),
+            "seconds": self.seconds,
+        }
+
+
+@dataclass
+class SimulationResult:
+    """Final broadcast, per-round history and the site-private states."""
+
+    broadcast: Message
+    history: list[RoundRecord]
+    site_states: list[dict[str, np.ndarray]]
+    seed: int
+
+
+def site_rng(seed: int, round: int, site: int) -> np.random.Generator:
+    """The generator of ``site`` in ``round`` (see module docstring)."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(1, round, site))))
+
+
+def _runtime_rng(seed: int, round: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(2, round))))
+
+
+def _state_spec(state: Mapping[str, np.ndarray]) -> MessageSpec:
+    return MessageSpec("site-state", {k: Field(tuple(np.shape(v)), np.asarray(v).dtype.name) for k, v in state.items()})
+
+
+def _state_spec_of(data: bytes) -> MessageSpec:
+    return MessageSpec("site-state", {k: Field(tuple(shape), dtype) for k, dtype, shape in header_fields(data)})
+
+
+# --------------------------------------------------------------------------- site execution
+# The same function runs in-process and in pool workers; it only ever receives and returns
+# bytes for the messages that cross the site boundary.
+
+_WORKER: dict[str, Any] = {}
+
+
+def _pool_init(protocol: RoundProtocol, sites: Sequence[Any]) -> None:
+    _WORKER["protocol"] = protocol
+    _WORKER["sites"] = sites
+
+
+def _run_site(
+    protocol: RoundProtocol,
+    data: Any,
+    site: int,
+    round: int,
+    seed: int,
+    broadcast_bytes: bytes,
+    state: dict[str, np.ndarray],
+) -> tuple[str, bytes | str, dict[str, np.ndarray]]:
+    """Run one site step; returns ("ok", reply bytes, state) or ("error", message, state)."""
+    try:
+        broadcast = decode(protocol.broadcast_spec, broadcast_bytes)
+        ctx = SiteContext(site=site, round=round, rng=site_rng(seed, round, site), data=data, state=dict(state))
+        reply = protocol.site_step(ctx, broadcast)
+        return "ok", encode(protocol.reply_spec, reply), ctx.state
+    except Exception as exc:  # a failing site is dropped from the round, never silently
+        return "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}", state
+
+
+def _run_site_in_worker(site: int, round: int, seed: int, broadcast_bytes: bytes, state_bytes: bytes | None):
+    protocol = _WORKER["protocol"]
+    state = _decode_state(state_bytes)
+    status, payload, new_state = _run_site(protocol, _WORKER["sites"][site], site, round, seed, broadcast_bytes, state)
+    return status, payload, _encode_state(new_state)
+
+
+# Site states never leave the site in a deployment; in the pool they travel between the
+# simulator and its worker processes, with the same self-describing encoding (no pickle).
+
+
+def _encode_state(state: Mapping[str, np.ndarray]) -> bytes | None:
+    return encode(_state_spec(state), state) if state else None
+
+
+def _decode_state(data: bytes | None) -> dict[str, np.ndarray]:
+    return {} if data is None else decode(_state_spec_of(data), data)
+
+
+# --------------------------------------------------------------------------- main loop
+
+
+def _participants(participation: Participation, round: int, n_sites: int, rng: np.random.Generator) -> list[int]:
+    if participation is None:
+        return list(range(n_sites))
+    if isinstance(participation, (float, int)) and not isinstance(participation, bool):
+        p = float(participation)
+        if not 0.0 < p <= 1.0:
+            raise ValueError(f"participation probability must be in (0, 1], got {p}")
+        return [s for s in range(n_sites) if rng.random() < p]
+    if isinstance(participation, Mapping):
+        absent = {int(s) for s in participation.get(round, ())}
+        return [s for s in range(n_sites) if s not in absent]
+    if callable(participation):
+        chosen = sorted({int(s) for s in participation(round, n_sites, rng)})
+        bad = [s for s in chosen if not 0 <= s < n_sites]
+        if bad:
+            raise ValueError(f"participation returned unknown site(s) {bad}")
+        return chosen
+    raise TypeError(f"participation must be None, a float, a mapping or a callable, got {type(participation).__name__}")
+
+
+def simulate(
+    protocol: RoundProtocol,
+    sites: Sequence[Any],
+    *,
+    n_rounds: int,
+    random_state: int | None = None,
+    n_jobs: int = 1,
+    participation: Participation = None,
+    min_sites: int = 1,
+    callbacks: Sequence[Callable[[RoundRecord, Message], None]] = (),
+    aggregation: Literal["plain", "secure"] = "plain",
+    aggregator: Any = None,
+    start: tuple[int, Message, list[dict[str, np.ndarray]]] | None = None,
+) -> SimulationResult:
+    """Run ``n_rounds`` rounds of ``protocol`` over ``sites`` in this process.
+
+    Parameters
+    ----------
+    protocol : RoundProtocol
+    sites : sequence
+        Private data of each site, passed unchanged to ``protocol.site_step``.
+    n_rounds : int
+        Number of communication rounds (>= 1).
+    random_state : int or None
+        Seed of everything; None draws one (recorded in the result).
+    n_jobs : int
+        Number of worker processes for the site steps (1 = no pool).  Results are
+        bit-identical with and without the pool.
+    participation : see :data:`Participation`
+    min_sites : int
+        Fewest replies a round needs; fewer raise :class:`RoundFailed`.
+    callbacks : sequence of callables ``(record, broadcast) -> None``
+    aggregation : "plain" or "secure"
+        "secure" replaces the plain sum by the secure summation of ``aggregator``
+        (an object with ``sum(spec, replies, round, rng) -> (Message, bytes per site)``);
+        only for ``combine == "sum"`` protocols.
+    start : (last_round, broadcast, site_states), optional
+        Resume after ``last_round`` from a checkpoint.
+
+    Returns
+    -------
+    SimulationResult
+    """
+    if not isinstance(protocol, RoundProtocol):
+        raise TypeError(f"protocol must be a RoundProtocol, got {type(protocol).__name__}")
+    n_sites = len(sites)
+    if n_sites == 0:
+        raise ValueError("no sites given")
+    if int(n_rounds) != n_rounds or n_rounds < 1:
+        raise ValueError(f"n_rounds must be a positive integer, got {n_rounds!r}")
+    if int(n_jobs) != n_jobs or n_jobs < 1:
+        raise ValueError(f"n_jobs must be a positive integer, got {n_jobs!r}")
+    if not 1 <= min_sites <= n_sites:
+        raise ValueError(f"min_sites must be between 1 and the number of sites ({n_sites}), got {min_sites}")
+    if aggregation not in ("plain", "secure"):
+        raise ValueError(f"aggregation must be 'plain' or 'secure', got {aggregation!r}")
+    if aggregation == "secure":
+        if protocol.combine != "sum":
+            raise ValueError(f"protocol {protocol.name!r} combines by {protocol.combine!r}; secure aggregation needs 'sum'")
+        if aggregator is None:
+            raise ValueError("aggregation='secure' needs an aggregator")
+    for s, data in enumerate(sites):
+        protocol.validate_site_data(s, data)
+
+    seed = int(np.random.SeedSequence().entropy % (2**63)) if random_state is None else int(random_state)
+    if start is None:
+        first_round, broadcast, states = 1, protocol.broadcast_spec.validate(protocol.initial_broadcast()), [{} for _ in sites]
+    else:
+        last, broadcast, states = start
+        first_round, broadcast, states = last + 1, protocol.broadcast_spec.validate(broadcast), [dict(s) for s in states]
+        if len(states) != n_sites:
+            raise ValueError(f"checkpoint has {len(states)} site states, but {n_sites} sites were given")
+
+    history: list[RoundRecord] = []
+    pool = ProcessPoolExecutor(max_workers=n_jobs, initializer=_pool_init, initargs=(protocol, sites)) if n_jobs > 1 else None
+    try:
+        for rnd in range(first_round, n_rounds + 1):
+            t0 = time.perf_counter()
+            active = _participants(participation, rnd, n_sites, _runtime_rng(seed, rnd))
+            broadcast_bytes = encode(protocol.broadcast_spec, broadcast)
+            outcomes: dict[int, tuple[str, bytes | str, dict[str, np.ndarray]]] = {}
+            if pool is None:
+                for s in active:
+                    outcomes[s] = _run_site(protocol, sites[s], s, rnd, seed, broadcast_bytes, states[s])
+            else:
+                futures = {
+                    s: pool.submit(_run_site_in_worker, s, rnd, seed, broadcast_bytes, _encode_state(states[s]))
+                    for s in active
+                }
+                for s, fut in futures.items():
+                    status, payload, state_bytes = fut.result()
+                    outcomes[s] = (status, payload, _decode_state(state_bytes))
+
+            replies: dict[int, Message] = {}
+            failed: dict[int, str] = {}
+            bytes_up: dict[int, int] = {}
+            for s in active:
+                status, payload, new_state = outcomes[s]
+                if status == "ok":
+                    replies[s] = decode(protocol.reply_spec, payload)
+                    bytes_up[s] = len(payload)
+                    states[s] = new_state
+                else:
+                    failed[s] = str(payload)
+            absent = [s for s in range(n_sites) if s not in active]
+            if len(replies) < min_sites:
+                detail = "; ".join(f"site {s}: {m.splitlines()[0]}" for s, m in failed.items())
+                raise RoundFailed(rnd, f"{len(replies)} site(s) replied, at least {min_sites} needed" + (f" ({detail})" if detail else ""))
+
+            if protocol.combine == "sum":
+                if aggregation == "secure":
+                    combined, secure_bytes = aggregator.sum(protocol.reply_spec, replies, rnd, _runtime_rng(seed, rnd))
+                    bytes_up = {s: int(secure_bytes.get(s, 0)) for s in replies}
+                else:
+                    combined = sum_messages(protocol.reply_spec, replies)
+            else:
+                combined = replies
+            metrics = protocol.round_metrics(combined, rnd)
+            broadcast = protocol.broadcast_spec.validate(protocol.global_step(combined, rnd, broadcast))
+            record = RoundRecord(
+                round=rnd,
+                sites=sorted(replies),
+                absent=absent,
+                failed=failed,
+                bytes_up=bytes_up,
+                bytes_down=len(broadcast_bytes),
+                metrics=metrics,
+                seconds=time.perf_counter() - t0,
+            )
+            history.append(record)
+            for cb in callbacks:
+                cb(record, broadcast)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return SimulationResult(broadcast=broadcast, history=history, site_states=states, seed=seed)

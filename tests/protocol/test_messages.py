@@ -1,0 +1,56 @@
+import numpy as np
+import pytest
+
+from fedhier.protocol.messages import Field, MessageError, MessageSpec, decode, encode, header_fields
+
+SPEC = MessageSpec("toy", {"a": Field((2, 3)), "n": Field((), "int64"), "opt": Field((4,), optional=True)})
+
+
+def test_round_trip_is_exact_and_self_describing():
+    rng = np.random.default_rng(0)
+    msg = {"a": rng.normal(size=(2, 3)), "n": np.int64(7)}
+    data = encode(SPEC, msg)
+    back = decode(SPEC, data)
+    assert set(back) == {"a", "n"}
+    np.testing.assert_array_equal(back["a"], msg["a"])
+    assert back["n"] == 7 and back["n"].dtype == np.int64
+    assert [f[0] for f in header_fields(data)] == ["a", "n"]
+    assert b"pickle" not in data and not data.startswith(b"\x80")
+
+
+@pytest.mark.parametrize(
+    "msg, words",
+    [
+        ({"a": np.zeros((3, 2)), "n": 1}, "shape"),
+        ({"n": 1}, "missing"),
+        ({"a": np.zeros((2, 3)), "n": 1, "zzz": np.zeros(1)}, "undeclared"),
+        ({"a": np.full((2, 3), np.inf), "n": 1}, "NaN or inf"),
+        ({"a": np.zeros((2, 3)), "n": 1.5}, "dtype"),
+        ({"a": np.array([["x"] * 3] * 2, dtype=object), "n": 1}, "object"),
+    ],
+)
+def test_malformed_messages_are_refused_with_the_field_named(msg, words):
+    with pytest.raises(MessageError, match=words):
+        SPEC.validate(msg)
+
+
+def test_decode_refuses_wrong_spec_truncation_and_garbage():
+    data = encode(SPEC, {"a": np.ones((2, 3)), "n": 2})
+    with pytest.raises(MessageError, match="expected a 'other'"):
+        decode(MessageSpec("other", SPEC.fields), data)
+    with pytest.raises(MessageError, match="truncated"):
+        decode(SPEC, data[:-3])
+    with pytest.raises(MessageError, match="trailing"):
+        decode(SPEC, data + b"\0")
+    with pytest.raises(MessageError, match="not a fedhier message"):
+        decode(SPEC, b"\x80\x04garbage")
+
+
+def test_flatten_fills_absent_optional_fields_with_zeros_and_unflattens():
+    msg = {"a": np.arange(6.0).reshape(2, 3), "n": 3}
+    flat = SPEC.flatten(msg)
+    assert flat.shape == (6 + 1 + 4,)
+    np.testing.assert_array_equal(flat[-4:], 0.0)
+    back = SPEC.unflatten(flat)
+    np.testing.assert_array_equal(back["a"], msg["a"])
+    assert back["n"] == 3
