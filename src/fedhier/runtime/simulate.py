@@ -206,8 +206,10 @@ def simulate(
     callbacks : sequence of callables ``(record, broadcast) -> None``
     aggregation : "plain" or "secure"
         "secure" replaces the plain sum by the secure summation of ``aggregator``
-        (an object with ``sum(spec, replies, round, rng) -> (Message, bytes per site)``);
-        only for ``combine == "sum"`` protocols.
+        (e.g. :class:`fedhier.privacy.secure_round.SecureAggregator`, an object with
+        ``sum(spec, replies, round, rng) -> (sum, bytes sent per site, contributing
+        sites)``); only for ``combine == "sum"`` protocols.  The recorded bytes are then
+        those of the whole secure-sum exchange.
     start : (last_round, broadcast, site_states), optional
         Resume after ``last_round`` from a checkpoint.
 
@@ -283,8 +285,13 @@ def simulate(
 
             if protocol.combine == "sum":
                 if aggregation == "secure":
-                    combined, secure_bytes = aggregator.sum(protocol.reply_spec, replies, rnd, _runtime_rng(seed, rnd))
-                    bytes_up = {s: int(secure_bytes.get(s, 0)) for s in replies}
+                    try:
+                        combined, bytes_up, contributors = aggregator.sum(
+                            protocol.reply_spec, replies, rnd, _runtime_rng(seed, rnd)
+                        )
+                    except Exception as exc:
+                        raise RoundFailed(rnd, f"secure aggregation failed: {exc}") from exc
+                    replies = {s: replies[s] for s in contributors}
                 else:
                     combined = sum_messages(protocol.reply_spec, replies)
             else:

@@ -1,0 +1,150 @@
+"""Per-feature min–max scaling to [0, 1] (spec fed-mv-ppca §12.1, §14 row 1).
+
+[R] (default): one transform fitted on the pooled training data without pooling it.  Each site
+computes its per-feature minima and maxima locally (:func:`site_ranges`), only these 2 d numbers
+per view travel, and the global range is their element-wise min / max (:func:`combine_ranges`).
+The same :class:`MinMaxScaling` is then applied to every site and to the test set.
+
+[RC] (fidelity switch): :func:`per_dataset_minmax` fits the range on the very data it scales, as
+the reference code does separately for each site and for the test set.
+
+Note: the ranges reveal each site's extreme values; they are released in the clear.
+
+Scaled value: z = (t - min) / (max - min); a constant feature (max == min) maps to 0 and
+inverts to min.  NaN rows (subjects lacking a view) stay NaN.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["site_ranges", "combine_ranges", "MinMaxScaling", "per_dataset_minmax"]
+
+Ranges = dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+def site_ranges(site: Mapping[str, Any]) -> Ranges:
+    """Per-feature minimum and maximum of every view of one site, computed locally.
+
+    Parameters
+    ----------
+    site : mapping ``view name -> array (n, d_view)``; entirely-NaN rows are ignored.
+
+    Returns
+    -------
+    dict ``view name -> (min (d_view,), max (d_view,))``.  A view with no observed row is left out.
+    """
+    ranges: Ranges = {}
+    for view, X in site.items():
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2:
+            raise ValueError(f"view {view!r}: expected a 2-D array (n, d), got shape {X.shape}")
+        observed = X[~np.isnan(X).all(axis=1)]
+        if np.isnan(observed).any():
+            raise ValueError(f"view {view!r}: a row is partially NaN; min–max ranges need whole rows")
+        if observed.shape[0] > 0:
+            ranges[view] = (observed.min(axis=0), observed.max(axis=0))
+    return ranges
+
+
+def combine_ranges(ranges: Sequence[Mapping[str, tuple[Any, Any]]]) -> Ranges:
+    """Global per-feature range: element-wise min of the minima and max of the maxima over sites.
+
+    Parameters
+    ----------
+    ranges : list of the outputs of :func:`site_ranges`, one per site; a view may be absent at some.
+
+    Returns
+    -------
+    dict ``view name -> (min (d_view,), max (d_view,))``, views in first-seen order.
+    """
+    combined: Ranges = {}
+    for s, site in enumerate(ranges):
+        for view, (lo, hi) in site.items():
+            lo = np.asarray(lo, dtype=np.float64)
+            hi = np.asarray(hi, dtype=np.float64)
+            if lo.ndim != 1 or lo.shape != hi.shape:
+                raise ValueError(
+                    f"site {s}, view {view!r}: min and max must be 1-D of equal length, got {lo.shape} and {hi.shape}"
+                )
+            if view in combined:
+                if combined[view][0].shape != lo.shape:
+                    raise ValueError(
+                        f"site {s}, view {view!r}: range of dimension {lo.size}, "
+                        f"earlier sites gave {combined[view][0].size}"
+                    )
+                combined[view] = (np.minimum(combined[view][0], lo), np.maximum(combined[view][1], hi))
+            else:
+                combined[view] = (lo.copy(), hi.copy())
+    return combined
+
+
+class MinMaxScaling:
+    """Per-feature affine map z = (t - min) / (max - min) of every view (spec §12.1 [R]).
+
+    Parameters
+    ----------
+    ranges : mapping ``view name -> (min (d_view,), max (d_view,))``
+        Typically ``combine_ranges([site_ranges(s) for s in sites])``.
+    """
+
+    def __init__(self, ranges: Mapping[str, tuple[Any, Any]]):
+        self.ranges = combine_ranges([ranges])
+        for view, (lo, hi) in self.ranges.items():
+            if np.any(~np.isfinite(lo)) or np.any(~np.isfinite(hi)) or np.any(hi < lo):
+                raise ValueError(f"view {view!r}: ranges must be finite with max >= min")
+
+    @classmethod
+    def from_sites(cls, sites: Sequence[Mapping[str, Any]]) -> "MinMaxScaling":
+        """Fit on the union of the sites' data via local ranges (federated)."""
+        return cls(combine_ranges([site_ranges(site) for site in sites]))
+
+    def transform(self, X: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Scale any subset of the fitted views.
+
+        Parameters
+        ----------
+        X : mapping ``view name -> array (n, d_view)``
+
+        Returns
+        -------
+        dict ``view name -> float64 ndarray (n, d_view)``; NaN rows preserved.
+        """
+        out = {}
+        for view, T in X.items():
+            lo, span = self._affine(view, T)
+            T = np.asarray(T, dtype=np.float64)
+            Z = np.divide(T - lo, span, out=np.zeros(T.shape), where=span > 0)
+            Z[np.isnan(T)] = np.nan
+            out[view] = Z
+        return out
+
+    def inverse_transform(self, Z: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Undo :meth:`transform`: t = min + z (max - min), for any subset of the fitted views."""
+        out = {}
+        for view, T in Z.items():
+            lo, span = self._affine(view, T)
+            out[view] = lo + np.asarray(T, dtype=np.float64) * span
+        return out
+
+    def _affine(self, view: str, T: Any) -> tuple[np.ndarray, np.ndarray]:
+        if view not in self.ranges:
+            raise ValueError(f"view {view!r} was not fitted; fitted views are {list(self.ranges)}")
+        lo, hi = self.ranges[view]
+        shape = np.shape(T)
+        if len(shape) != 2 or shape[1] != lo.size:
+            raise ValueError(f"view {view!r}: expected shape (n, {lo.size}), got {shape}")
+        return lo, hi - lo
+
+    def __repr__(self) -> str:
+        return f"MinMaxScaling(views={list(self.ranges)})"
+
+
+def per_dataset_minmax(views: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """[RC] variant: min–max scale a data set with its own per-feature range (spec §12.1).
+
+    Apply separately to each site's data and to the test set to reproduce the reference code.
+    """
+    return MinMaxScaling(site_ranges(views)).transform(views)

@@ -1,0 +1,273 @@
+"""Local computation of one site: EM / MAP-EM of multi-view PPCA (spec fed-mv-ppca §3, §4).
+
+:func:`fit_local` runs the iterations of one round at one site.  Round 1 (``prior`` None,
+§4.5 [RC]) starts from W_ij ~ U(-2, 2), sigma2 ~ U(0.1, 0.5) and runs EM without priors
+on mu and W; rounds >= 2 draw W and sigma2 from the broadcast prior and run MAP-EM.
+Every iteration follows the order of §4.3:
+
+    (1) mu (eq. 11, Woodbury)  ->  (2) E-step  ->  (3) W (lambda_k = sigma2[s] / sigma2_W)
+    ->  (4) sigma2 (eq. 21, with N_c^(k) d_k).
+
+Subjects may lack views (entirely-NaN rows, §2.3 [R]): the E-step is done once per
+observed-view pattern and each view's M-step sums over the subjects that have it.
+One iteration costs two BLAS products per view, (N_k, d_k) x (d_k, q) and
+(d_k, N_k) x (N_k, q), plus O(N q^2 + d q^2 + q^3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+from scipy.special import gammaln
+
+from ._data import MultiViewData, check_views
+from ._latent import LatentPosterior, check_model, marginal_loglik_rows, posterior
+from .mstep import (
+    effective_columns,
+    loading_step,
+    mean_step,
+    scatter_first_form,
+    scatter_second_form,
+    sigma2_step,
+)
+from .params import GlobalParams, GlobalView, LocalParams, ViewParams
+
+__all__ = ["LocalFit", "fit_local", "e_step", "local_objective", "log_prior"]
+
+_LOG_2PI = float(np.log(2.0 * np.pi))
+#: below this fraction of sum ||t - mu||^2, S_k is recomputed with the second form (cancellation)
+_CANCELLATION_RATIO = 1e-6
+
+
+@dataclass(frozen=True)
+class LocalFit:
+    """Result of :func:`fit_local`.
+
+    Attributes
+    ----------
+    params : LocalParams
+        theta_c: one ViewParams per fitted view.
+    expected_ll : ndarray of shape (n_iter,)
+        Q_c of §4.2 with all constants, evaluated after each iteration at that
+        iteration's new (mu, W, sigma2) and its E-step moments.
+    safeguards : tuple of str
+        Notes on safeguards that triggered (rejected sigma2, halved weak prior, ...).
+    """
+
+    params: LocalParams
+    expected_ll: np.ndarray
+    safeguards: tuple[str, ...]
+
+
+def _check_prior(prior: GlobalParams, data: MultiViewData, q: int) -> None:
+    for name, block in data.views.items():
+        if name not in prior:
+            raise ValueError(f"site data: view {name!r} has no prior (prior views: {sorted(prior)})")
+        g = prior[name]
+        if np.shape(g.W) != (block.dim, q) or np.shape(g.mu) != (block.dim,):
+            raise ValueError(
+                f"prior: view {name!r} has mu {np.shape(g.mu)} and W {np.shape(g.W)}, "
+                f"the site's data need ({block.dim},) and ({block.dim}, {q})"
+            )
+        for field in ("sigma2_mu", "sigma2_W", "alpha", "beta"):
+            value = getattr(g, field)
+            if not (np.isfinite(value) and value > 0):
+                raise ValueError(f"prior: view {name!r} has {field} = {value}; it must be positive and finite")
+
+
+def _scatter_about(values: np.ndarray, centre: np.ndarray) -> float:
+    """sum_n ||t_n - centre||^2 of (N, d) rows, by cache-sized blocks of rows (no N x d temporary)."""
+    chunk = max(1, 2**20 // values.shape[1])
+    total = 0.0
+    for start in range(0, values.shape[0], chunk):
+        block = values[start:start + chunk] - centre
+        total += float(np.einsum("ij,ij->", block, block))
+    return total
+
+
+def _second_moments(data: MultiViewData, post: LatentPosterior) -> tuple[np.ndarray, np.ndarray]:
+    """Per pattern p: sum_{n in p} <x_n x_n^T> (P, q, q) and sum_{n in p} M_p (P, q, q)."""
+    n_patterns = data.patterns.shape[0]
+    sizes = np.array([data.pattern_size(p) for p in range(n_patterns)], dtype=float)
+    sum_cov = sizes[:, None, None] * post.covariances
+    outer = np.empty_like(sum_cov)
+    for p in range(n_patterns):
+        rows = data.pattern_rows[p]
+        X = post.means if rows is None else post.means[rows]
+        outer[p] = X.T @ X
+    return outer + sum_cov, sum_cov
+
+
+def fit_local(
+    data: Mapping[str, np.ndarray],
+    n_components: int,
+    prior: GlobalParams | None = None,
+    *,
+    n_iter: int,
+    rng: np.random.Generator | int | None,
+    sigma2_prior: str | None = "weak",
+) -> LocalFit:
+    """Fit theta_c = {mu_k, W_k, sigma2_k} at one site for one round (§4.3–§4.5).
+
+    Parameters
+    ----------
+    data : mapping str -> ndarray of shape (n, d_k)
+        The site's views; entirely-NaN rows mark subjects without that view.
+    n_components : int
+        q, the latent dimension.
+    prior : GlobalParams, optional
+        theta~[r-1]; None in round 1.  Must contain every view of ``data``; prior views
+        the site lacks are not fitted.
+    n_iter : int
+        Number of (MAP-)EM iterations (I_1 or I).
+    rng : numpy.random.Generator or seed
+        Source of the initial W and sigma2.
+    sigma2_prior : {"weak", None}
+        Round 1 only: "weak" applies the [RC] IG(2.25, 0.625) prior with the halving
+        retry to sigma2; None runs plain EM.  Ignored when ``prior`` is given (then
+        IG(alpha, beta) of the prior is used).
+
+    Returns
+    -------
+    LocalFit
+
+    Raises
+    ------
+    ValueError
+        On malformed data (see :func:`check_views`), a view without observed rows, a
+        missing or mis-shaped prior view, or bad arguments.
+    """
+    q = int(n_components)
+    if q < 1:
+        raise ValueError(f"n_components must be >= 1, got {n_components}")
+    if int(n_iter) < 1:
+        raise ValueError(f"n_iter must be >= 1, got {n_iter}")
+    if sigma2_prior not in ("weak", None):
+        raise ValueError(f"sigma2_prior must be 'weak' or None, got {sigma2_prior!r}")
+    rng = np.random.default_rng(rng)
+    site = check_views(data, what="site data")
+    for name, block in site.views.items():
+        if block.n_obs == 0:
+            raise ValueError(f"site data: view {name!r} has no observed row; leave the view out instead")
+    if prior is not None:
+        _check_prior(prior, site, q)
+
+    sample_mean, scatter, n_cols = {}, {}, {}
+    mu, W, sigma2 = {}, {}, {}  # mu is first set by step (1)
+    for name, block in site.views.items():
+        sample_mean[name] = block.values.mean(axis=0)
+        scatter[name] = _scatter_about(block.values, sample_mean[name])
+        n_cols[name] = effective_columns(block.dim, q)
+        if prior is None:
+            W[name] = rng.uniform(-2.0, 2.0, size=(block.dim, q))
+            sigma2[name] = float(rng.uniform(0.1, 0.5))
+        else:
+            g = prior[name]
+            W[name] = np.asarray(g.W, dtype=float) + np.sqrt(g.sigma2_W) * rng.standard_normal((block.dim, q))
+            sigma2[name] = float(g.beta / rng.gamma(g.alpha))
+        W[name][:, n_cols[name]:] = 0.0
+
+    names = list(site.views)
+    expected_ll = np.empty(int(n_iter))
+    notes: list[str] = []
+    for it in range(int(n_iter)):
+        # (1) mu, with W[s], sigma2[s]
+        for name, block in site.views.items():
+            g = None if prior is None else prior[name]
+            mu[name] = mean_step(
+                sample_mean[name], block.n_obs, W[name], sigma2[name],
+                None if g is None else np.asarray(g.mu, dtype=float), None if g is None else g.sigma2_mu,
+            )
+        # (2) E-step with mu[s+1], W[s], sigma2[s]
+        post = posterior(site, {k: ViewParams(mu[k], W[k], sigma2[k]) for k in names})
+        xx_pattern, cov_pattern = _second_moments(site, post)
+        q_value = -0.5 * (site.n * q * _LOG_2PI + np.trace(xx_pattern.sum(axis=0)))
+        for j, (name, block) in enumerate(site.views.items()):
+            has_view = site.patterns[:, j]
+            xx = xx_pattern[has_view].sum(axis=0)
+            X = post.means if block.rows is None else post.means[block.rows]
+            cross = block.values.T @ X - np.outer(mu[name], X.sum(axis=0))
+            # (3) W with the current sigma2[s]
+            g = None if prior is None else prior[name]
+            ridge = 0.0 if g is None else sigma2[name] / g.sigma2_W
+            W[name] = loading_step(cross, xx, ridge, None if g is None else np.asarray(g.W, dtype=float), n_cols[name])
+            # (4) sigma2 with W[s+1], mu[s+1]
+            S = scatter_first_form(scatter[name], block.n_obs, sample_mean[name], mu[name], W[name], cross, xx)
+            shift = sample_mean[name] - mu[name]
+            if S <= _CANCELLATION_RATIO * (scatter[name] + block.n_obs * (shift @ shift)):
+                S = scatter_second_form(block.values, mu[name], W[name], X, cov_pattern[has_view].sum(axis=0))
+            n_dof = block.n_obs * block.dim
+            new, view_notes = sigma2_step(
+                S, n_dof, old=sigma2[name], view=name,
+                alpha=None if g is None else g.alpha, beta=None if g is None else g.beta,
+                weak=(g is None and sigma2_prior == "weak"),
+            )
+            notes.extend(f"iteration {it + 1}: {note}" for note in view_notes)
+            sigma2[name] = new
+            q_value -= 0.5 * (n_dof * (_LOG_2PI + np.log(new)) + S / new)
+        expected_ll[it] = q_value
+
+    params = {k: ViewParams(mu=mu[k], W=W[k], sigma2=sigma2[k]) for k in names}
+    return LocalFit(params=params, expected_ll=expected_ll, safeguards=tuple(notes))
+
+
+def e_step(data: Mapping[str, np.ndarray], params: Mapping[str, ViewParams]) -> tuple[np.ndarray, np.ndarray]:
+    """Posterior moments of the latent variables (§4.1), one subject per row.
+
+    Parameters
+    ----------
+    data : mapping str -> ndarray of shape (n, d_k)
+        Views of the site; every view must be in ``params``.
+    params : mapping str -> ViewParams
+
+    Returns
+    -------
+    means : ndarray of shape (n, q)
+        <x_n>.
+    covariances : ndarray of shape (n, q, q)
+        M_{O_n} per subject (equal within an observed-view pattern); a subject with no
+        view gets the prior, I_q.  <x_n x_n^T> = covariances[n] + outer(means[n], means[n]).
+    """
+    check_model(params, "params")
+    site = check_views(data, what="site data", dims={k: p.dim for k, p in params.items()})
+    post = posterior(site, params)
+    return post.means, post.covariances[site.pattern_of]
+
+
+def log_prior(params: ViewParams, prior: GlobalView) -> float:
+    """ln p(mu) + ln p(W) + ln p(sigma2) of one view under theta~, all constants kept (§3)."""
+    d, q = np.shape(params.W)
+    dmu = np.asarray(params.mu) - np.asarray(prior.mu)
+    dW = np.asarray(params.W) - np.asarray(prior.W)
+    ln_mu = -0.5 * d * np.log(2 * np.pi * prior.sigma2_mu) - 0.5 * (dmu @ dmu) / prior.sigma2_mu
+    ln_W = -0.5 * d * q * np.log(2 * np.pi * prior.sigma2_W) - 0.5 * np.vdot(dW, dW) / prior.sigma2_W
+    ln_s = (
+        prior.alpha * np.log(prior.beta) - gammaln(prior.alpha)
+        - (prior.alpha + 1.0) * np.log(params.sigma2) - prior.beta / params.sigma2
+    )
+    return float(ln_mu + ln_W + ln_s)
+
+
+def local_objective(
+    data: Mapping[str, np.ndarray],
+    params: Mapping[str, ViewParams],
+    prior: GlobalParams | None,
+) -> float:
+    """Local MAP objective J_c(theta_c) of §3.
+
+    J_c = sum_n ln p(t_n^{O_n} | theta_c) + sum_{k in K_c} [ln p(mu_k) + ln p(W_k) + ln p(sigma2_k)],
+
+    with x integrated out (§10 formula) and the prior terms over the views of ``data``;
+    ``prior`` None gives the log-likelihood alone.
+    """
+    check_model(params, "params")
+    site = check_views(data, what="site data", dims={k: p.dim for k, p in params.items()})
+    value = float(marginal_loglik_rows(site, params).sum())
+    if prior is not None:
+        for name in site.views:
+            if name not in prior:
+                raise ValueError(f"prior: view {name!r} is missing")
+            value += log_prior(params[name], prior[name])
+    return value

@@ -1,0 +1,291 @@
+"""Master step: maximum-likelihood estimate of the hierarchical prior theta~ (spec §5).
+
+Per view k, over the C_k sites that sent it (1/C_k, §15.9):
+
+    mu~ = mean_c mu_c,      sigma2_mu~ = sum_c ||mu_c - mu~||^2   / (C_k d_k)        (eqs. 13, 14)
+    W~  = mean_c W_c,       sigma2_W~  = sum_c ||W_c - W~||_F^2 / (C_k d_k q)      (eqs. 17, 18)
+    (alpha, beta) = ML1 of the sigma2_c (§5.2),  s-bar = mean_c sigma2_c,
+    v_sigma = beta^2 / ((alpha - 1)^2 (alpha - 2)).
+
+All of this needs only *sums over sites* of the per-site statistics of
+:func:`site_statistics` (so secure summation can replace plain summation).  Squared
+deviations are taken about an anchor a (the previous global mu~, W~; zeros in round 1):
+sum_c ||mu_c - mu~||^2 = sum_c ||mu_c - a||^2 - C_k ||mu~ - a||^2, which avoids the
+cancellation of the raw second moment.
+
+[RC] safeguards (reported, never silent): C_k = 1 sets both variances to 1e-4; a zero
+spread sets the variance to 1e-20; sigma2_W~ is capped at ||W~||_F / 5.  A spread is
+"zero" when it is below 1e-12 of sum_c ||mu_c - a||^2 (identical values up to rounding).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .invgamma import fit_invgamma_statistics, invgamma_mle, invgamma_mle_from_statistics
+from .params import GlobalParams, GlobalView, LocalParams
+
+__all__ = [
+    "statistic_shapes",
+    "site_statistics",
+    "global_step",
+    "global_step_from_params",
+    "data_independent_prior",
+    "invgamma_mle",
+    "invgamma_mle_from_statistics",
+    "SINGLE_SITE_VARIANCE",
+    "ZERO_SPREAD_VARIANCE",
+]
+
+#: [RC] rho: prior variances when a single site observes the view
+SINGLE_SITE_VARIANCE = 1e-4
+#: [RC] prior variance when all sites sent identical values
+ZERO_SPREAD_VARIANCE = 1e-20
+#: a spread below this fraction of the summed squared norms (about the anchor) is rounding noise
+_ZERO_SPREAD_RTOL = 1e-12
+
+
+def statistic_shapes(dim: int, n_components: int) -> dict[str, tuple[int, ...]]:
+    """Field names and shapes of the per-view statistics of :func:`site_statistics`."""
+    return {
+        "count": (),
+        "sum_mu": (dim,),
+        "sum_sq_mu": (),
+        "sum_W": (dim, n_components),
+        "sum_sq_W": (),
+        "sum_inv_sigma2": (),
+        "sum_log_sigma2": (),
+        "sum_sigma2": (),
+        "sum_sq_sigma2": (),
+    }
+
+
+def _anchor(anchor: GlobalParams | None, view: str, dim: int, q: int) -> tuple[np.ndarray, np.ndarray]:
+    if anchor is None or view not in anchor:
+        return np.zeros(dim), np.zeros((dim, q))
+    a = anchor[view]
+    if np.shape(a.mu) != (dim,) or np.shape(a.W) != (dim, q):
+        raise ValueError(f"anchor: view {view!r} has mu {np.shape(a.mu)} and W {np.shape(a.W)}, expected ({dim},) and ({dim}, {q})")
+    return np.asarray(a.mu, dtype=float), np.asarray(a.W, dtype=float)
+
+
+def site_statistics(params: LocalParams, anchor: GlobalParams | None) -> dict[str, dict[str, np.ndarray]]:
+    """Per-view statistics of one site whose sums over sites determine :func:`global_step`.
+
+    Parameters
+    ----------
+    params : LocalParams
+        theta_c for the views the site observes.
+    anchor : GlobalParams or None
+        The previous global model (same for every site); None or a missing view means
+        anchor 0.
+
+    Returns
+    -------
+    dict view -> dict field -> ndarray
+        Fields and shapes as :func:`statistic_shapes`: count = 1, sum_mu = mu_c,
+        sum_sq_mu = ||mu_c - a_mu||^2, sum_W = W_c, sum_sq_W = ||W_c - a_W||_F^2,
+        sum_inv_sigma2 = 1/sigma2_c, sum_log_sigma2 = ln sigma2_c, sum_sigma2 = sigma2_c,
+        sum_sq_sigma2 = sigma2_c^2.
+    """
+    out = {}
+    for view, p in params.items():
+        mu = np.asarray(p.mu, dtype=float)
+        W = np.asarray(p.W, dtype=float)
+        if W.ndim != 2 or mu.shape != (W.shape[0],):
+            raise ValueError(f"params: view {view!r} needs mu (d,) and W (d, q), got {mu.shape} and {W.shape}")
+        s2 = float(p.sigma2)
+        if not (np.isfinite(s2) and s2 > 0):
+            raise ValueError(f"params: view {view!r} has sigma2 = {s2}; it must be positive and finite")
+        a_mu, a_W = _anchor(anchor, view, *W.shape)
+        dmu, dW = mu - a_mu, W - a_W
+        out[view] = {
+            "count": np.array(1.0),
+            "sum_mu": mu.copy(),
+            "sum_sq_mu": np.array(dmu @ dmu),
+            "sum_W": W.copy(),
+            "sum_sq_W": np.array(np.vdot(dW, dW)),
+            "sum_inv_sigma2": np.array(1.0 / s2),
+            "sum_log_sigma2": np.array(np.log(s2)),
+            "sum_sigma2": np.array(s2),
+            "sum_sq_sigma2": np.array(s2 * s2),
+        }
+    return out
+
+
+def _spread(spread: float, sum_sq: float) -> float:
+    """The summed squared deviation, or 0 when it is below rounding noise of sum_c ||v_c - a||^2."""
+    return spread if spread > _ZERO_SPREAD_RTOL * sum_sq else 0.0
+
+
+def _finish_view(
+    view: str,
+    count: int,
+    mu: np.ndarray,
+    spread_mu: float,
+    W: np.ndarray,
+    spread_W: float,
+    ig: tuple[float, float, list[str]],
+    noise_var: float,
+    notes: list[str],
+) -> GlobalView:
+    """Variances with the [RC] safeguards, from the means and summed squared deviations."""
+    d, q = W.shape
+    if count == 1:
+        var_mu = var_W = SINGLE_SITE_VARIANCE
+        notes.append(f"view {view!r}: a single site (C_k = 1), prior variances set to {SINGLE_SITE_VARIANCE:g}")
+    else:
+        var_mu = spread_mu / (count * d)
+        var_W = spread_W / (count * d * q)
+        if var_mu <= 0.0:
+            var_mu = ZERO_SPREAD_VARIANCE
+            notes.append(f"view {view!r}: zero spread of mu, sigma2_mu set to {ZERO_SPREAD_VARIANCE:g}")
+        if var_W <= 0.0:
+            var_W = ZERO_SPREAD_VARIANCE
+            notes.append(f"view {view!r}: zero spread of W, sigma2_W set to {ZERO_SPREAD_VARIANCE:g}")
+    cap = float(np.linalg.norm(W)) / 5.0
+    if 0.0 < cap < var_W:
+        notes.append(f"view {view!r}: sigma2_W {var_W:.4g} capped at ||W~||_F / 5 = {cap:.4g}")
+        var_W = cap
+    alpha, beta, ig_notes = ig
+    notes.extend(f"view {view!r}: {note}" for note in ig_notes)
+    var_sigma = beta**2 / ((alpha - 1.0) ** 2 * (alpha - 2.0)) if alpha > 2.0 else np.inf
+    return GlobalView(
+        mu=mu, W=W, sigma2_mu=float(var_mu), sigma2_W=float(var_W), alpha=alpha, beta=beta,
+        noise_var=float(noise_var), var_sigma=float(var_sigma),
+    )
+
+
+def global_step(
+    stats: Mapping[str, Mapping[str, np.ndarray]],
+    *,
+    anchor: GlobalParams | None,
+    n_components: int,
+    ig_solver: str = "newton",
+    previous: GlobalParams | None = None,
+) -> tuple[GlobalParams, tuple[str, ...]]:
+    """ML estimate of theta~ from the per-view sums of :func:`site_statistics` (§5).
+
+    Parameters
+    ----------
+    stats : mapping view -> mapping field -> ndarray
+        Field-wise sums over the sites that replied (shapes of :func:`statistic_shapes`).
+    anchor : GlobalParams or None
+        The anchor the sites used (must be the same).
+    n_components : int
+        q.
+    ig_solver : {"newton", "fixed_point"}
+        ML1 solver (§5.2).
+    previous : GlobalParams, optional
+        Returned unchanged for a view with count 0 (the view is absent from the result
+        when ``previous`` lacks it too).
+
+    Returns
+    -------
+    global_params : GlobalParams
+    safeguards : tuple of str
+        One note per [RC] safeguard that triggered.
+
+    Raises
+    ------
+    ValueError
+        If a field is missing, mis-shaped, or the count is not a non-negative integer.
+    """
+    q = int(n_components)
+    notes: list[str] = []
+    result: GlobalParams = {}
+    views = list(stats) + [v for v in (previous or {}) if v not in stats]
+    for view in views:
+        fields = stats.get(view)
+        count = 0 if fields is None else float(np.asarray(fields.get("count", np.nan)))
+        if not (np.isfinite(count) and count >= 0 and count == round(count)):
+            raise ValueError(f"statistics: view {view!r} has count {count}; expected a non-negative integer")
+        if count == 0:
+            if previous is not None and view in previous:
+                result[view] = previous[view]
+            continue
+        count = int(count)
+        dim = np.shape(fields.get("sum_mu"))[0] if np.ndim(fields.get("sum_mu")) == 1 else -1
+        for name, shape in statistic_shapes(dim, q).items():
+            if name not in fields:
+                raise ValueError(f"statistics: view {view!r} lacks field {name!r}")
+            if np.shape(fields[name]) != shape:
+                raise ValueError(f"statistics: view {view!r} field {name!r} has shape {np.shape(fields[name])}, expected {shape}")
+        a_mu, a_W = _anchor(anchor, view, dim, q)
+        mu = np.asarray(fields["sum_mu"], dtype=float) / count
+        W = np.asarray(fields["sum_W"], dtype=float) / count
+        dmu, dW = mu - a_mu, W - a_W
+        sum_sq_mu, sum_sq_W = float(fields["sum_sq_mu"]), float(fields["sum_sq_W"])
+        spread_mu = _spread(sum_sq_mu - count * float(dmu @ dmu), sum_sq_mu)
+        spread_W = _spread(sum_sq_W - count * float(np.vdot(dW, dW)), sum_sq_W)
+        ig = fit_invgamma_statistics(
+            count, float(fields["sum_inv_sigma2"]), float(fields["sum_log_sigma2"]),
+            float(fields["sum_sigma2"]), float(fields["sum_sq_sigma2"]), ig_solver,
+        )
+        result[view] = _finish_view(view, count, mu, spread_mu, W, spread_W, ig, float(fields["sum_sigma2"]) / count, notes)
+    return result, tuple(notes)
+
+
+def global_step_from_params(
+    site_params: Sequence[LocalParams],
+    *,
+    n_components: int,
+    ig_solver: str = "newton",
+    previous: GlobalParams | None = None,
+) -> tuple[GlobalParams, tuple[str, ...]]:
+    """The paper's direct form of the master step (eqs. 13, 14, 17, 18 and ML1 on the values).
+
+    Same result as ``global_step`` on the summed :func:`site_statistics` (up to
+    rounding); kept as the reference implementation.  Arguments and returns as
+    :func:`global_step`.
+    """
+    q = int(n_components)
+    notes: list[str] = []
+    result: GlobalParams = {}
+    views: list[str] = []
+    for params in site_params:
+        views.extend(v for v in params if v not in views)
+    views.extend(v for v in (previous or {}) if v not in views)
+    for view in views:
+        blocks = [params[view] for params in site_params if view in params]
+        if not blocks:
+            if previous is not None and view in previous:
+                result[view] = previous[view]
+            continue
+        mus = np.stack([np.asarray(b.mu, dtype=float) for b in blocks])
+        Ws = np.stack([np.asarray(b.W, dtype=float) for b in blocks])
+        if Ws.shape[2] != q:
+            raise ValueError(f"params: view {view!r} has {Ws.shape[2]} latent components, expected {q}")
+        s2 = np.array([float(b.sigma2) for b in blocks])
+        mu = mus.mean(axis=0)
+        W = Ws.mean(axis=0)
+        spread_mu = _spread(float(((mus - mu) ** 2).sum()), float((mus**2).sum()))
+        spread_W = _spread(float(((Ws - W) ** 2).sum()), float((Ws**2).sum()))
+        if not (np.all(np.isfinite(s2)) and np.all(s2 > 0)):
+            raise ValueError(f"params: view {view!r} has a non-positive or non-finite sigma2 among {s2.tolist()}")
+        ig = fit_invgamma_statistics(
+            s2.size, float(np.sum(1.0 / s2)), float(np.sum(np.log(s2))), float(s2.sum()), float(s2 @ s2), ig_solver
+        )
+        result[view] = _finish_view(view, len(blocks), mu, spread_mu, W, spread_W, ig, float(s2.mean()), notes)
+    return result, tuple(notes)
+
+
+def data_independent_prior(dims: Mapping[str, int], n_components: int) -> GlobalParams:
+    """Public, data-independent theta~[0] of §8.2 "Round 1" [R] (used by DP in round 1).
+
+    For data min–max scaled to [0, 1]: mu~ = 0.5 (mid-range), W~ = 0, sigma2_mu~ =
+    sigma2_W~ = 1, IG(2.25, 0.625) (mean 0.5, variance 1) so s-bar = 0.5 and v_sigma = 1.
+    """
+    alpha, beta = 2.25, 0.625
+    out = {}
+    for view, dim in dims.items():
+        if int(dim) < 1:
+            raise ValueError(f"dims: view {view!r} has dimension {dim}; it must be >= 1")
+        out[view] = GlobalView(
+            mu=np.full(int(dim), 0.5), W=np.zeros((int(dim), int(n_components))), sigma2_mu=1.0, sigma2_W=1.0,
+            alpha=alpha, beta=beta, noise_var=beta / (alpha - 1.0),
+            var_sigma=beta**2 / ((alpha - 1.0) ** 2 * (alpha - 2.0)),
+        )
+    return out

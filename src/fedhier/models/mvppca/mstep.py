@@ -1,0 +1,200 @@
+"""The MAP M-step updates of one view (spec fed-mv-ppca §4.3, §4.4).
+
+Each function is one update of §4.3 written on the sufficient quantities of the view,
+so that a local iteration costs O(N d q + N q^2 + d q^2 + q^3) and never forms a
+d x d matrix:
+
+* :func:`mean_step` -- step (1), eq. 11 in its Woodbury shrinkage form;
+* :func:`loading_step` -- step (3), W with ridge lambda_k = sigma2 / sigma2_W;
+* :func:`scatter_first_form` / :func:`scatter_second_form` -- the two equal forms of
+  S_k in eq. 21;
+* :func:`sigma2_step` -- step (4), eq. 21 with the [RC] safeguards;
+* :func:`effective_columns` -- q_k of §4.4.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.linalg import cho_solve, cholesky
+
+__all__ = [
+    "effective_columns",
+    "mean_step",
+    "loading_step",
+    "scatter_first_form",
+    "scatter_second_form",
+    "sigma2_step",
+    "WEAK_IG_RETRIES",
+]
+
+#: how many times the round-1 weak prior variance v0 is halved before giving up (§4.3 [RC])
+WEAK_IG_RETRIES = 60
+
+
+def effective_columns(dim: int, n_components: int) -> int:
+    """q_k = min(q, d_k - 1) if d_k <= q, else q (§4.4): columns q_k..q-1 of W are kept at 0."""
+    return n_components if dim > n_components else max(dim - 1, 0)
+
+
+def mean_step(
+    sample_mean: np.ndarray,
+    n_obs: int,
+    W: np.ndarray,
+    sigma2: float,
+    prior_mean: np.ndarray | None = None,
+    prior_var: float | None = None,
+) -> np.ndarray:
+    """Step (1) of §4.3: MAP update of mu_k under N(mu~, v I) (eq. 11), Woodbury form.
+
+    mu = mu~ + N v (N v I + C)^{-1} (t-bar - mu~),  C = W W^T + sigma2 I, and with
+    a = N v + sigma2,  (a I + W W^T)^{-1} u = (u - W (a I_q + W^T W)^{-1} W^T u) / a.
+    Without a prior (``prior_mean`` None) the update is the sample mean t-bar.
+
+    Parameters
+    ----------
+    sample_mean : ndarray of shape (d,)
+        t-bar over the N subjects that have the view.
+    n_obs : int
+        N = N_c^(k).
+    W : ndarray of shape (d, q)
+    sigma2 : float
+    prior_mean : ndarray of shape (d,), optional
+    prior_var : float, optional
+        v = sigma2_mu~ (> 0).
+
+    Returns
+    -------
+    ndarray of shape (d,)
+    """
+    if prior_mean is None:
+        return sample_mean.copy()
+    shrink = n_obs * prior_var
+    a = shrink + sigma2
+    u = sample_mean - prior_mean
+    small = a * np.eye(W.shape[1]) + W.T @ W
+    inner = np.linalg.solve(small, W.T @ u)
+    return prior_mean + (shrink / a) * (u - W @ inner)
+
+
+def loading_step(
+    cross: np.ndarray,
+    second_moment: np.ndarray,
+    ridge: float,
+    prior_W: np.ndarray | None,
+    n_effective: int,
+) -> np.ndarray:
+    """Step (3) of §4.3: W = [sum (t - mu) <x>^T + lambda W~] [sum <x x^T> + lambda I]^{-1}.
+
+    Parameters
+    ----------
+    cross : ndarray of shape (d, q)
+        sum_n (t_n - mu) <x_n>^T over the subjects that have the view.
+    second_moment : ndarray of shape (q, q)
+        sum_n <x_n x_n^T> over the same subjects.
+    ridge : float
+        lambda_k = sigma2[s] / sigma2_W~ (0 without prior).
+    prior_W : ndarray of shape (d, q) or None
+        W~ (ignored when ``ridge`` is 0).
+    n_effective : int
+        q_k of §4.4; columns q_k..q-1 are set to 0.
+
+    Returns
+    -------
+    ndarray of shape (d, q)
+    """
+    q = second_moment.shape[0]
+    rhs = cross if ridge == 0.0 else cross + ridge * prior_W
+    chol = cholesky(second_moment + ridge * np.eye(q), lower=True)
+    W = cho_solve((chol, True), rhs.T).T
+    W[:, n_effective:] = 0.0
+    return W
+
+
+def scatter_first_form(
+    scatter: float,
+    n_obs: int,
+    sample_mean: np.ndarray,
+    mu: np.ndarray,
+    W: np.ndarray,
+    cross: np.ndarray,
+    second_moment: np.ndarray,
+) -> float:
+    """S_k of eq. 21, first form, from per-view sums (no pass over the data).
+
+    S_k = sum_n [ ||t_n - mu||^2 - 2 <x_n>^T W^T (t_n - mu) + tr(W^T W <x_n x_n^T>) ]
+        = scatter + N ||t-bar - mu||^2 - 2 <W, cross>_F + <W^T W, second_moment>_F,
+
+    with scatter = sum_n ||t_n - t-bar||^2.  Loses relative accuracy when S_k is tiny
+    compared with the scatter (cancellation); :func:`scatter_second_form` does not.
+    """
+    shift = sample_mean - mu
+    return float(scatter + n_obs * (shift @ shift) - 2.0 * np.vdot(W, cross) + np.vdot(W.T @ W, second_moment))
+
+
+def scatter_second_form(
+    values: np.ndarray,
+    mu: np.ndarray,
+    W: np.ndarray,
+    means: np.ndarray,
+    sum_covariance: np.ndarray,
+) -> float:
+    """S_k of eq. 21, second form: sum_n ||t_n - mu - W <x_n>||^2 + tr(W (sum_n M_n) W^T) >= 0.
+
+    Parameters
+    ----------
+    values : ndarray of shape (N, d)
+        Rows of the subjects that have the view.
+    means : ndarray of shape (N, q)
+        Their posterior means <x_n>.
+    sum_covariance : ndarray of shape (q, q)
+        sum_n M_{O_n} over the same subjects.
+    """
+    resid = values - mu - means @ W.T
+    return float(np.einsum("ij,ij->", resid, resid) + np.vdot(W.T @ W, sum_covariance))
+
+
+def sigma2_step(
+    scatter: float,
+    n_dof: int,
+    *,
+    old: float,
+    view: str,
+    alpha: float | None = None,
+    beta: float | None = None,
+    weak: bool = False,
+) -> tuple[float, list[str]]:
+    """Step (4) of §4.3: sigma2 = (S_k + 2 beta) / (N d_k + 2 (alpha + 1)) (eq. 21).
+
+    * ``alpha``, ``beta`` given: MAP under IG(alpha, beta) (rounds >= 2).
+    * ``weak``: [RC] round-1 weak prior IG(alpha0, beta0), alpha0 = 1/(4 v0) + 2,
+      beta0 = (alpha0 - 1)/2, v0 = 1 (i.e. IG(2.25, 0.625)); v0 is halved while the
+      result is not positive.  With S_k >= 0 (second form) the first try succeeds.
+    * neither: plain EM, S_k / (N d_k).
+
+    In every case a non-positive or non-finite result is rejected and ``old`` kept [RC].
+
+    Returns
+    -------
+    sigma2 : float
+    notes : list of str
+        Human-readable safeguard notes (empty if none triggered).
+    """
+    notes: list[str] = []
+    if alpha is not None:
+        new = (scatter + 2.0 * beta) / (n_dof + 2.0 * (alpha + 1.0))
+    elif weak:
+        v0 = 1.0
+        for _ in range(WEAK_IG_RETRIES):
+            alpha0 = 1.0 / (4.0 * v0) + 2.0
+            new = (scatter + (alpha0 - 1.0)) / (n_dof + 2.0 * (alpha0 + 1.0))
+            if new > 0:
+                break
+            v0 /= 2.0
+        if v0 != 1.0:
+            notes.append(f"view {view!r}: weak IG prior variance halved to v0={v0:.3g} to keep sigma2 positive")
+    else:
+        new = scatter / n_dof
+    if not (np.isfinite(new) and new > 0):
+        notes.append(f"view {view!r}: non-positive sigma2 {new:.4g} rejected, kept {old:.4g}")
+        return old, notes
+    return float(new), notes

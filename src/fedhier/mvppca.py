@@ -1,0 +1,327 @@
+"""``FedMVPPCA``: the scikit-learn style estimator of Fed-mv-PPCA (spec fed-mv-ppca).
+
+The estimator validates the sites, builds the round protocol
+(:class:`fedhier.protocol.mvppca.MVPPCAProtocol`) and runs it on the in-process
+runtime (:func:`fedhier.runtime.simulate`).  Prediction uses the global point model
+(mu~, W~, s-bar) of §9.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .data.schema import ViewSchema
+from .data.validation import check_sites, check_views
+from .models.mvppca import predictive
+from .models.mvppca import waic as waic_module
+from .models.mvppca.params import GlobalParams, GlobalView, point_model
+from .protocol.mvppca import GLOBAL_FIELDS, MVPPCAProtocol, global_from_message
+from .runtime.simulate import RoundRecord, simulate
+from .utils.io import atomic_write_bytes
+
+__all__ = ["FedMVPPCA", "NotFittedError"]
+
+log = logging.getLogger(__name__)
+_FORMAT = "fedhier.FedMVPPCA/1"
+
+
+class NotFittedError(RuntimeError):
+    """The estimator is used before ``fit``."""
+
+
+class FedMVPPCA:
+    """Federated multi-view probabilistic PCA with hierarchical priors.
+
+    Parameters
+    ----------
+    n_components : int, default 5
+        Latent dimension q.  Views with d_k <= q use d_k - 1 columns (§4.4).
+    n_rounds : int, default 100
+        Communication rounds R.
+    n_local_iter : int, default 15
+        MAP-EM iterations per round from round 2 on (I).
+    n_first_iter : int, default 30
+        EM iterations in round 1 (I_1).
+    random_state : int or None
+        One seed for everything (sites' initialisations, prior draws, DP noise).
+    ig_solver : {"newton", "fixed_point"}, default "newton"
+        Inverse-gamma MLE of §5.2: Newton to convergence [R] or the reference code's
+        10-step fixed point [RC].
+    sigma2_prior : {"weak", None}, default "weak"
+        Weak IG(2.25, 0.625) on sigma2 in round 1 [RC], or plain EM.
+    privacy : privacy configuration or None
+        Client-level differential privacy (spec §8); see :mod:`fedhier.privacy`.
+    aggregation : {"plain", "secure"} or SecureAggregator, default "plain"
+        "secure": the server only ever sees the sum of masked replies (secure summation
+        with dropout recovery, :class:`fedhier.privacy.secure_round.SecureAggregator`
+        with its defaults); pass an aggregator instance to set the threshold or the
+        fixed-point precision.
+    n_jobs : int, default 1
+        Worker processes for the site steps; results are identical for any value.
+    participation, min_sites
+        Partial participation and the fewest replies a round needs (see
+        :func:`fedhier.runtime.simulate`).
+    progress : bool, default False
+        Show a progress bar over rounds.
+
+    Attributes
+    ----------
+    global_params_ : dict
+        ``{view: {"mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta", "noise_var", "var_sigma"}}``.
+    history_ : list of dict
+        Per round: expected log-likelihood (sum over sites of Q_c), bytes sent per
+        site, sites that replied.
+    schema_ : ViewSchema
+    n_sites_ : int
+    """
+
+    def __init__(
+        self,
+        n_components: int = 5,
+        n_rounds: int = 100,
+        n_local_iter: int = 15,
+        n_first_iter: int = 30,
+        random_state: int | None = None,
+        *,
+        ig_solver: str = "newton",
+        sigma2_prior: str | None = "weak",
+        privacy: Any = None,
+        aggregation: str = "plain",
+        n_jobs: int = 1,
+        participation: Any = None,
+        min_sites: int = 1,
+        progress: bool = False,
+    ):
+        self.n_components = n_components
+        self.n_rounds = n_rounds
+        self.n_local_iter = n_local_iter
+        self.n_first_iter = n_first_iter
+        self.random_state = random_state
+        self.ig_solver = ig_solver
+        self.sigma2_prior = sigma2_prior
+        self.privacy = privacy
+        self.aggregation = aggregation
+        self.n_jobs = n_jobs
+        self.participation = participation
+        self.min_sites = min_sites
+        self.progress = progress
+
+    # ------------------------------------------------------------------ checks
+    def _check_params(self) -> None:
+        for name in ("n_components", "n_rounds", "n_local_iter", "n_first_iter"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.ig_solver not in ("newton", "fixed_point"):
+            raise ValueError(f"ig_solver must be 'newton' or 'fixed_point', got {self.ig_solver!r}")
+        if self.sigma2_prior not in ("weak", None):
+            raise ValueError(f"sigma2_prior must be 'weak' or None, got {self.sigma2_prior!r}")
+        if isinstance(self.aggregation, str):
+            if self.aggregation not in ("plain", "secure"):
+                raise ValueError(f"aggregation must be 'plain', 'secure' or a SecureAggregator, got {self.aggregation!r}")
+        elif not callable(getattr(self.aggregation, "sum", None)):
+            raise ValueError(f"aggregation must be 'plain', 'secure' or a SecureAggregator, got {self.aggregation!r}")
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "_global"):
+            raise NotFittedError("this FedMVPPCA is not fitted yet: call fit(sites) first")
+
+    # ------------------------------------------------------------------ fitting
+    def _protocol(self, schema: ViewSchema) -> MVPPCAProtocol:
+        initial_prior = None
+        if self.privacy is not None:
+            from .models.mvppca.master import data_independent_prior
+
+            initial_prior = data_independent_prior(dict(zip(schema.names, schema.dims)), self.n_components)
+        return MVPPCAProtocol(
+            schema,
+            self.n_components,
+            n_local_iter=self.n_local_iter,
+            n_first_iter=self.n_first_iter,
+            ig_solver=self.ig_solver,
+            sigma2_prior=self.sigma2_prior,
+            privacy=self.privacy,
+            initial_prior=initial_prior,
+        )
+
+    def _aggregator(self, n_sites: int):
+        if not isinstance(self.aggregation, str):
+            return self.aggregation
+        if self.aggregation == "plain":
+            return None
+        from .privacy.secure_round import SecureAggregator
+
+        return SecureAggregator(n_sites)
+
+    def fit(self, sites: Sequence[Mapping[str, Any]], callbacks: Sequence[Callable[[RoundRecord, Any], None]] = ()) -> "FedMVPPCA":
+        """Fit the global model on ``sites`` (list of ``{view: (n, d) array}``).
+
+        A site may lack views (absent keys) and subjects may lack views (all-NaN rows).
+        Bad input raises ``ValueError`` naming the site and view before any work.
+        """
+        self._check_params()
+        sites, schema = check_sites(sites, n_components=self.n_components, min_subjects=2)
+        protocol = self._protocol(schema)
+        if self.privacy is not None and hasattr(self.privacy, "check_feasible"):
+            self.privacy.check_feasible(n_rounds=self.n_rounds, schema=schema, n_components=self.n_components)
+        callbacks = list(callbacks)
+        bar = None
+        if self.progress:
+            from .utils.progress import RoundProgress
+
+            bar = RoundProgress(self.n_rounds, description="Fed-mv-PPCA")
+            callbacks.append(bar)
+        try:
+            result = simulate(
+                protocol,
+                sites,
+                n_rounds=self.n_rounds,
+                random_state=self.random_state,
+                n_jobs=self.n_jobs,
+                participation=self.participation,
+                min_sites=self.min_sites,
+                callbacks=callbacks,
+                aggregation="plain" if self.aggregation == "plain" else "secure",
+                aggregator=self._aggregator(len(sites)),
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+        global_params = global_from_message(result.broadcast, schema)
+        self._global: GlobalParams = global_params
+        self.schema_ = schema
+        self.n_sites_ = len(sites)
+        self.seed_ = result.seed
+        self.history_ = [self._history_row(r) for r in result.history]
+        if self.privacy is not None:
+            from .models.mvppca.dp import ledger_for_fit
+
+            self.privacy_ledger_ = ledger_for_fit(self.privacy, schema, sites, result.history)
+            self.privacy_spent_ = self.privacy_ledger_.spent()
+        return self
+
+    @staticmethod
+    def _history_row(record: RoundRecord) -> dict[str, Any]:
+        row = record.to_dict()
+        row["expected_ll"] = record.metrics.get("expected_ll", float("nan"))
+        row["bytes_sent"] = int(sum(record.bytes_up.values()))
+        return row
+
+    # ------------------------------------------------------------------ fitted model
+    @property
+    def global_params_(self) -> dict[str, dict[str, Any]]:
+        self._check_fitted()
+        return {view: g.to_dict() for view, g in self._global.items()}
+
+    @property
+    def model_(self):
+        """Point model {view: ViewParams(mu~, W~, s-bar)} used by the predictive methods."""
+        self._check_fitted()
+        return point_model(self._global)
+
+    def _views(self, X: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        self._check_fitted()
+        return check_views(X, self.schema_)
+
+    def transform(self, X: Mapping[str, Any]) -> np.ndarray:
+        """Latent posterior means (n, q) given each subject's observed views (§9)."""
+        mean, _ = predictive.latent_posterior(self.model_, self._views(X))
+        return mean
+
+    def reconstruct(self, X: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """W~ x-hat + mu~ for the views present in X (§9; what the MAE uses, §11)."""
+        return predictive.reconstruct(self.model_, self._views(X))
+
+    def impute(self, X: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Predictive means of ALL views given the observed ones (§9 conditional predictive)."""
+        return predictive.impute(self.model_, self._views(X))
+
+    def impute_variance(self, X: Mapping[str, Any], view: str) -> np.ndarray:
+        """Per-feature predictive variance (n, d_view) of ``view`` given the observed views."""
+        return predictive.impute_variance(self.model_, self._views(X), view)
+
+    def score_samples(self, X: Mapping[str, Any]) -> np.ndarray:
+        """Marginal log-likelihood (n,) of each subject's observed views (§10, x integrated out)."""
+        return predictive.marginal_loglik(self.model_, self._views(X))
+
+    def score(self, X: Mapping[str, Any]) -> float:
+        """Mean marginal log-likelihood per subject."""
+        return float(np.mean(self.score_samples(X)))
+
+    def sample(self, n_samples: int, *, hierarchical: bool = False, random_state: int | None = None):
+        """Draw subjects from the point model (§9a) or from a synthetic new site (§9b)."""
+        self._check_fitted()
+        rng = np.random.default_rng(random_state)
+        if hierarchical:
+            views, _ = predictive.sample_hierarchical(self._global, n_samples, rng)
+        else:
+            views, _ = predictive.sample(self.model_, n_samples, rng)
+        return views
+
+    def waic(self, sites: Sequence[Mapping[str, Any]], *, n_draws: int = 1000, seed: int = 0) -> float:
+        """WAIC of the fitted hierarchical model on training sites (§10; lower is better).
+
+        Each site computes two scalars (its lppd and p_WAIC sums) from the broadcast
+        global model and a shared seed; only those travel.
+        """
+        self._check_fitted()
+        sites, _ = check_sites(sites, schema=self.schema_, min_subjects=1)
+        lppd = p_waic = 0.0
+        for site in sites:
+            a, b, _ = waic_module.waic_site_terms(self._global, site, n_draws=n_draws, seed=seed)
+            lppd += a
+            p_waic += b
+        return -2.0 * (lppd - p_waic)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> Path:
+        """Save the fitted model as ``.npz`` (arrays + JSON metadata; no pickle), atomically."""
+        self._check_fitted()
+        arrays: dict[str, np.ndarray] = {}
+        for view, g in self._global.items():
+            for name in GLOBAL_FIELDS:
+                arrays[f"{view}/{name}"] = np.asarray(getattr(g, name), dtype=float)
+        meta = {
+            "format": _FORMAT,
+            "params": {
+                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "ig_solver", "sigma2_prior")},
+                "aggregation": self.aggregation if isinstance(self.aggregation, str) else "secure",
+            },
+            "schema": {"names": list(self.schema_.names), "dims": list(self.schema_.dims)},
+            "n_sites": self.n_sites_,
+            "history": self.history_,
+        }
+        arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)
+        return atomic_write_bytes(path, buf.getvalue())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "FedMVPPCA":
+        """Load a model written by :meth:`save` (``allow_pickle=False``)."""
+        with np.load(Path(path), allow_pickle=False) as data:
+            if "__meta__" not in data:
+                raise ValueError(f"{path}: not a fedhier FedMVPPCA file")
+            meta = json.loads(data["__meta__"].tobytes().decode())
+            if meta.get("format") != _FORMAT:
+                raise ValueError(f"{path}: unsupported format {meta.get('format')!r}")
+            model = cls(**meta["params"])
+            schema = ViewSchema(tuple(meta["schema"]["names"]), tuple(meta["schema"]["dims"]))
+            glob: GlobalParams = {}
+            for view in schema.names:
+                if f"{view}/mu" in data:
+                    v = {name: data[f"{view}/{name}"] for name in GLOBAL_FIELDS}
+                    glob[view] = GlobalView(
+                        mu=v["mu"], W=v["W"], **{n: float(v[n]) for n in GLOBAL_FIELDS if n not in ("mu", "W")}
+                    )
+        model._global = glob
+        model.schema_ = schema
+        model.n_sites_ = meta["n_sites"]
+        model.history_ = meta["history"]
+        return model

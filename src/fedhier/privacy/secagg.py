@@ -1,0 +1,659 @@
+"""Secure summation with dropout recovery for star protocols (Bonawitz et al., CCS 2017).
+
+The server learns ``sum_{u in U3} x_u`` for the sites ``U3`` whose masked inputs arrived,
+and nothing else about any single ``x_u`` (honest-but-curious server and sites, fewer
+than ``t`` colluding sites; see ``docs/secure-aggregation.md``).  This is the
+honest-but-curious protocol of Bonawitz et al. (their Fig. 4 without the signatures and
+the consistency-check round), on fixed-point encodings in Z_q
+(:class:`~fedhier.privacy.fixedpoint.FixedPoint`):
+
+Step 0 -- ``advertise_keys``
+    site ``u`` draws two X25519 key pairs ``(c_u^SK, c_u^PK)`` (encryption) and
+    ``(s_u^SK, s_u^PK)`` (masks) and sends both public keys; the server broadcasts the
+    roster ``U1`` of sites that did.
+Step 1 -- ``share_keys``
+    ``u`` draws a self-mask seed ``b_u`` (32 bytes) and Shamir-shares ``b_u`` and
+    ``s_u^SK`` with threshold ``t`` over GF(2^61 - 1) (:mod:`~fedhier.privacy.shamir`);
+    share ``j`` goes to site ``v`` (point ``z_v`` = 1 + position of ``v`` in
+    ``params.sites``), AES-GCM-encrypted under ``HKDF(X25519(c_u^SK, c_v^PK))``, and
+    routed through the server, which sees only ciphertexts.  ``U2`` = sites whose shares
+    arrived.
+Step 2 -- ``masked_input``
+    ``u`` sends ``y_u = enc(x_u) + PRG(b_u) + sum_{v in U2, v > u} PRG(s_uv)
+    - sum_{v in U2, v < u} PRG(s_uv)  (mod q)`` with ``s_uv = HKDF(X25519(s_u^SK, s_v^PK))``
+    (= ``s_vu``), PRG = AES-256-CTR (:func:`~fedhier.privacy.keys.prg`).  The server
+    only accumulates ``sum_u y_u`` and broadcasts the list ``U3`` of senders.
+Step 3 -- ``unmask``
+    each surviving ``u`` reveals, for every ``v in U2``, its share of ``b_v`` if
+    ``v in U3`` and its share of ``s_v^SK`` if ``v`` dropped (``v in U2 \\ U3``) --
+    never both.  From ``t`` responders the server rebuilds every ``b_v`` (``v in U3``) and
+    every dropped ``s_v^SK``, recomputes the dangling pairwise masks ``PRG(s_uv)``,
+    ``u in U3``, and removes all masks from the accumulated sum.
+
+Every step refuses (:class:`InsufficientSitesError`, no partial result) when fewer than
+``t`` sites remain, so the total is recovered whenever at most ``n - t`` sites drop, before
+or after sending their masked input.  Messages are declared
+:class:`~fedhier.protocol.messages.MessageSpec` s encoded with
+:func:`~fedhier.protocol.messages.encode` (bytes; nothing pickled), so a runtime can carry
+each one and the byte counts are real.
+
+Driving it step by step (what a runtime does; :func:`secure_sum` does exactly this)::
+
+    params = SecAggParams(sites=(0, 1, 2, 3, 4), threshold=3, fixed_point=FixedPoint(), length=m)
+    sites = {u: SecAggSite(u, params) for u in params.sites}
+    server = SecAggServer(params)
+    roster = server.collect_keys({u: s.advertise_keys() for u, s in sites.items()})
+    routed = server.route_shares({u: s.share_keys(roster) for u, s in sites.items()})
+    listing = server.collect_masked({u: sites[u].masked_input(x[u], routed[u]) for u in routed})
+    total = server.unmask({u: sites[u].unmask(listing) for u in server.survivors})
+
+A site that drops simply sends nothing from then on; the mapping passed to the next
+server step omits it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Mapping
+
+import numpy as np
+
+from ..protocol.messages import Field, MessageError, MessageSpec, decode, encode
+from . import keys as crypto
+from .field import PRIME
+from .fixedpoint import FixedPoint
+from .shamir import reconstruct, share
+
+__all__ = [
+    "SecAggParams", "SecAggSite", "SecAggServer", "SecureSumResult", "secure_sum",
+    "InsufficientSitesError", "SecAggProtocolError",
+]
+
+_ELEMENT_BYTES = 7                                   # 56-bit chunks < 2^61 - 1
+SECRET_ELEMENTS = -(-crypto.KEY_BYTES // _ELEMENT_BYTES)   # a 32-byte secret = 5 field elements
+_KEY_WORDS = crypto.KEY_BYTES // 8
+_PLAINTEXT_BYTES = 8 * (2 + 2 * SECRET_ELEMENTS)    # sender, recipient, b-share, sk-share
+_CIPHERTEXT_WORDS = (_PLAINTEXT_BYTES + 16) // 8     # + GCM tag
+
+
+class InsufficientSitesError(RuntimeError):
+    """Fewer than ``threshold`` sites remain at some step: the round is aborted, no total.
+
+    Attributes
+    ----------
+    step : str
+        The protocol step that could not proceed.
+    remaining : tuple of int
+        Sites still taking part at that step.
+    threshold : int
+    """
+
+    def __init__(self, step: str, remaining, threshold: int) -> None:
+        self.step = step
+        self.remaining = tuple(int(v) for v in remaining)
+        self.threshold = int(threshold)
+        super().__init__(
+            f"secure sum aborted at step {step!r}: {len(self.remaining)} site(s) remain "
+            f"{list(self.remaining)}, fewer than the threshold t = {self.threshold}; no total is released"
+        )
+
+
+class SecAggProtocolError(ValueError):
+    """A message breaks the protocol (malformed, out of order, or revealing what it must not)."""
+
+
+def _require(step: str, remaining, threshold: int) -> None:
+    if len(remaining) < threshold:
+        raise InsufficientSitesError(step, sorted(remaining), threshold)
+
+
+def _words(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype="<u8").astype(np.uint64)
+
+
+def _raw(words) -> bytes:
+    return np.asarray(words, dtype="<u8").tobytes()
+
+
+def _info(purpose: bytes, a: int, b: int) -> bytes:
+    return b"fedhier-secagg/" + purpose + b"/" + int(a).to_bytes(8, "big") + int(b).to_bytes(8, "big")
+
+
+def _secret_to_elements(secret: bytes) -> np.ndarray:
+    padded = secret.ljust(SECRET_ELEMENTS * _ELEMENT_BYTES, b"\0")
+    return np.array([int.from_bytes(padded[i : i + _ELEMENT_BYTES], "little")
+                     for i in range(0, len(padded), _ELEMENT_BYTES)], dtype=np.int64)
+
+
+def _elements_to_secret(elements: np.ndarray, what: str) -> bytes:
+    if np.any(elements >= 2 ** (8 * _ELEMENT_BYTES)):
+        raise SecAggProtocolError(f"reconstructed {what} is not a valid secret: inconsistent shares")
+    raw = b"".join(int(e).to_bytes(_ELEMENT_BYTES, "little") for e in elements)
+    if any(raw[crypto.KEY_BYTES :]):
+        raise SecAggProtocolError(f"reconstructed {what} is not a valid secret: inconsistent shares")
+    return raw[: crypto.KEY_BYTES]
+
+
+def _ring_add(a: np.ndarray, b: np.ndarray, q: int) -> np.ndarray:
+    s = a + b
+    return np.where(s >= q, s - q, s)
+
+
+def _ring_sub(a: np.ndarray, b: np.ndarray, q: int) -> np.ndarray:
+    d = a - b
+    return np.where(d < 0, d + q, d)
+
+
+def _decode(spec: MessageSpec, data: bytes, sender: int | None = None) -> dict[str, np.ndarray]:
+    try:
+        msg = decode(spec, data)
+    except MessageError as exc:
+        who = "" if sender is None else f"site {sender}: "
+        raise SecAggProtocolError(f"{who}{exc}") from exc
+    if sender is not None and "site" in msg and int(msg["site"]) != sender:
+        raise SecAggProtocolError(f"message from site {sender} claims to come from site {int(msg['site'])}")
+    return msg
+
+
+@dataclass(frozen=True)
+class SecAggParams:
+    """Public parameters of one secure-sum session, known to every site and the server.
+
+    Parameters
+    ----------
+    sites : tuple of int
+        All sites that may take part (non-negative ids).  Site ``v`` holds Shamir point
+        ``z_v = 1 + sites.index(v)``.
+    threshold : int
+        ``t``, with ``2 <= t <= len(sites)``: any ``t`` sites can unmask, fewer learn
+        nothing.  ``t = len(sites) // 2 + 1`` is the usual choice.
+    fixed_point : FixedPoint
+        Encoding of the inputs; masks live in Z_q with ``q = fixed_point.modulus``.
+    length : int
+        Number ``m`` of entries of every input vector.
+    session : bytes
+        Label bound into every key derivation (use a fresh one per round).
+    """
+
+    sites: tuple[int, ...]
+    threshold: int
+    fixed_point: FixedPoint
+    length: int
+    session: bytes = b"fedhier-secagg"
+
+    def __post_init__(self) -> None:
+        sites = tuple(int(v) for v in self.sites)
+        if len(sites) < 2 or len(set(sites)) != len(sites) or min(sites) < 0:
+            raise ValueError(f"sites must be at least 2 distinct non-negative ids, got {list(self.sites)}")
+        object.__setattr__(self, "sites", tuple(sorted(sites)))
+        if isinstance(self.threshold, bool) or not 2 <= int(self.threshold) <= len(sites):
+            raise ValueError(f"threshold must lie in [2, {len(sites)}] (number of sites), got {self.threshold!r}")
+        object.__setattr__(self, "threshold", int(self.threshold))
+        if not isinstance(self.fixed_point, FixedPoint):
+            raise ValueError(f"fixed_point must be a FixedPoint, got {type(self.fixed_point).__name__}")
+        if len(sites) > self.fixed_point.max_summands:
+            raise ValueError(f"{len(sites)} sites exceed fixed_point.max_summands = {self.fixed_point.max_summands}: "
+                             "the sum could wrap; lower max_abs or frac_bits")
+        if isinstance(self.length, bool) or int(self.length) < 1:
+            raise ValueError(f"length must be a positive integer, got {self.length!r}")
+        object.__setattr__(self, "length", int(self.length))
+        if not isinstance(self.session, bytes):
+            raise ValueError(f"session must be bytes, got {type(self.session).__name__}")
+
+    @property
+    def modulus(self) -> int:
+        return self.fixed_point.modulus
+
+    def point(self, site: int) -> int:
+        """Shamir evaluation point of ``site``."""
+        return self.sites.index(site) + 1
+
+    # ----------------------------------------------------------- message specs
+    @cached_property
+    def keys_spec(self) -> MessageSpec:
+        """Step 0, site -> server: the two public keys."""
+        return MessageSpec("secagg.keys", {"site": Field((), "int64"), "c_pk": Field((_KEY_WORDS,), "uint64"),
+                                           "s_pk": Field((_KEY_WORDS,), "uint64")})
+
+    @cached_property
+    def roster_spec(self) -> MessageSpec:
+        """Step 0, server -> sites: public keys of the sites in U1."""
+        fields = {}
+        for v in self.sites:
+            fields[f"c_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
+            fields[f"s_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
+        return MessageSpec("secagg.roster", fields)
+
+    @cached_property
+    def shares_spec(self) -> MessageSpec:
+        """Step 1, site -> server: one encrypted share bundle per other site in U1."""
+        fields = {"site": Field((), "int64")}
+        fields.update({f"to_{v}": Field((_CIPHERTEXT_WORDS,), "uint64", optional=True) for v in self.sites})
+        return MessageSpec("secagg.shares", fields)
+
+    @cached_property
+    def routed_spec(self) -> MessageSpec:
+        """Step 1, server -> site: the bundles addressed to it; senders + recipient = U2."""
+        fields = {"site": Field((), "int64")}
+        fields.update({f"from_{v}": Field((_CIPHERTEXT_WORDS,), "uint64", optional=True) for v in self.sites})
+        return MessageSpec("secagg.routed", fields)
+
+    @cached_property
+    def masked_spec(self) -> MessageSpec:
+        """Step 2, site -> server: the masked input y_u."""
+        return MessageSpec("secagg.masked", {"site": Field((), "int64"), "y": Field((self.length,), "int64")})
+
+    @cached_property
+    def survivors_spec(self) -> MessageSpec:
+        """Step 2, server -> sites: which sites' masked inputs arrived (U3)."""
+        return MessageSpec("secagg.survivors", {"included": Field((len(self.sites),), "bool")})
+
+    @cached_property
+    def unmask_spec(self) -> MessageSpec:
+        """Step 3, site -> server: per site v, a share of b_v or of s_v^SK."""
+        fields = {"site": Field((), "int64")}
+        for v in self.sites:
+            fields[f"b_{v}"] = Field((SECRET_ELEMENTS,), "int64", optional=True)
+            fields[f"sk_{v}"] = Field((SECRET_ELEMENTS,), "int64", optional=True)
+        return MessageSpec("secagg.unmask", fields)
+
+
+class SecAggSite:
+    """The site side of one secure-sum session; holds the private input and all secrets.
+
+    Call :meth:`advertise_keys`, :meth:`share_keys`, :meth:`masked_input`, :meth:`unmask`
+    once each, in this order, passing the server's replies; each returns the encoded
+    message to send.  Calling a step twice or out of order raises
+    :class:`SecAggProtocolError` (so a site can never be made to reveal twice).
+
+    Parameters
+    ----------
+    site : int
+        This site's id, one of ``params.sites``.
+    params : SecAggParams
+    rng : numpy.random.Generator or None
+        ``None`` = cryptographic randomness for keys, seeds and shares; a Generator
+        makes the session reproducible and is not cryptographically secure.
+    """
+
+    def __init__(self, site: int, params: SecAggParams, rng: np.random.Generator | None = None) -> None:
+        if site not in params.sites:
+            raise ValueError(f"site {site} is not one of the session's sites {list(params.sites)}")
+        if rng is not None and not isinstance(rng, np.random.Generator):
+            raise ValueError(f"rng must be None or a numpy.random.Generator, got {type(rng).__name__}")
+        self.site = int(site)
+        self.params = params
+        self._rng = rng
+        self._step = 0
+
+    def _advance(self, step: int, name: str) -> None:
+        if self._step != step:
+            raise SecAggProtocolError(f"site {self.site}: step {name!r} called out of order (already at step {self._step})")
+        self._step = step + 1
+
+    def advertise_keys(self) -> bytes:
+        """Step 0: generate the encryption and mask key pairs; return the public keys."""
+        self._advance(0, "advertise_keys")
+        self._c_key = crypto.generate_private_key(self._rng)
+        self._s_key = crypto.generate_private_key(self._rng)
+        return encode(self.params.keys_spec, {"site": self.site, "c_pk": _words(crypto.public_bytes(self._c_key)),
+                                              "s_pk": _words(crypto.public_bytes(self._s_key))})
+
+    def share_keys(self, roster: bytes) -> bytes:
+        """Step 1: Shamir-share ``b_u`` and ``s_u^SK``; return one encrypted bundle per other site in U1."""
+        self._advance(1, "share_keys")
+        p, u = self.params, self.site
+        msg = _decode(p.roster_spec, roster)
+        self._public = {}
+        for v in p.sites:
+            has_c, has_s = f"c_pk_{v}" in msg, f"s_pk_{v}" in msg
+            if has_c != has_s:
+                raise SecAggProtocolError(f"roster lists only one public key of site {v}")
+            if has_c:
+                self._public[v] = (_raw(msg[f"c_pk_{v}"]), _raw(msg[f"s_pk_{v}"]))
+        mine = (crypto.public_bytes(self._c_key), crypto.public_bytes(self._s_key))
+        if self._public.get(u) != mine:
+            raise SecAggProtocolError(f"roster does not carry the public keys of site {u}")
+        _require("share_keys", self._public, p.threshold)
+        self._b = crypto.random_bytes(crypto.KEY_BYTES, self._rng)
+        secrets = np.concatenate([_secret_to_elements(self._b), _secret_to_elements(crypto.private_bytes(self._s_key))])
+        shares = share(secrets, len(p.sites), p.threshold, self._rng, modulus=PRIME)
+        self._shares_held = {u: shares[p.point(u) - 1]}
+        out: dict[str, np.ndarray] = {"site": np.int64(u)}
+        for v, (c_pk, _) in self._public.items():
+            if v == u:
+                continue
+            info = _info(b"share", u, v)
+            key = crypto.agree(self._c_key, c_pk, salt=p.session, info=info)
+            plaintext = np.concatenate([[u, v], shares[p.point(v) - 1]]).astype("<i8").tobytes()
+            out[f"to_{v}"] = _words(crypto.encrypt(key, plaintext, info))
+        return encode(p.shares_spec, out)
+
+    def masked_input(self, x, routed: bytes) -> bytes:
+        """Step 2: decrypt the shares received, return ``y_u`` = encoded ``x`` plus all masks.
+
+        Parameters
+        ----------
+        x : float ndarray, shape (params.length,)
+            This site's private input; it never leaves the site unmasked.
+        routed : bytes
+            The server's routed bundle for this site.
+
+        Raises
+        ------
+        ValueError / OverflowError
+            If ``x`` has the wrong shape, non-finite entries, or ``|x| > max_abs``.
+        """
+        self._advance(2, "masked_input")
+        p, u, q = self.params, self.site, self.params.modulus
+        x = np.asarray(x, dtype=np.float64)
+        if x.shape != (p.length,):
+            raise ValueError(f"site {u}: input has shape {x.shape}, expected ({p.length},)")
+        try:
+            encoded = p.fixed_point.encode(x)
+        except (ValueError, OverflowError) as exc:
+            raise type(exc)(f"site {u}: {exc}") from exc
+        msg = _decode(p.routed_spec, routed, u)
+        senders = [v for v in p.sites if f"from_{v}" in msg]
+        if u in senders or not set(senders) <= set(self._public):
+            raise SecAggProtocolError(f"site {u}: routed shares come from sites {senders} outside the roster")
+        self._u2 = sorted(senders + [u])
+        _require("masked_input", self._u2, p.threshold)
+        for v in senders:
+            info = _info(b"share", v, u)
+            key = crypto.agree(self._c_key, self._public[v][0], salt=p.session, info=info)
+            try:
+                plain = np.frombuffer(crypto.decrypt(key, _raw(msg[f"from_{v}"]), info), dtype="<i8")
+            except ValueError as exc:
+                raise SecAggProtocolError(f"site {u}: share bundle from site {v}: {exc}") from exc
+            if plain.shape != (_PLAINTEXT_BYTES // 8,) or plain[0] != v or plain[1] != u:
+                raise SecAggProtocolError(f"site {u}: share bundle from site {v} is mislabelled")
+            self._shares_held[v] = plain[2:].astype(np.int64)
+        y = _ring_add(encoded, crypto.prg(self._b, p.length, q), q)
+        for v in self._u2:
+            if v == u:
+                continue
+            seed = crypto.agree(self._s_key, self._public[v][1], salt=p.session, info=_info(b"mask", min(u, v), max(u, v)))
+            mask = crypto.prg(seed, p.length, q)
+            y = _ring_add(y, mask, q) if v > u else _ring_sub(y, mask, q)
+        return encode(p.masked_spec, {"site": np.int64(u), "y": y})
+
+    def unmask(self, survivors: bytes) -> bytes:
+        """Step 3: for each ``v`` in U2 reveal the share of ``b_v`` (v in U3) or of ``s_v^SK`` (v dropped)."""
+        self._advance(3, "unmask")
+        p, u = self.params, self.site
+        msg = _decode(p.survivors_spec, survivors)
+        u3 = {v for v, inc in zip(p.sites, msg["included"]) if inc}
+        if not u3 <= set(self._u2):
+            raise SecAggProtocolError(f"site {u}: survivor list {sorted(u3)} includes sites that never shared keys")
+        if u not in u3:
+            raise SecAggProtocolError(f"site {u}: survivor list omits this site, which sent its masked input")
+        _require("unmask", u3, p.threshold)
+        out: dict[str, np.ndarray] = {"site": np.int64(u)}
+        for v in self._u2:
+            held = self._shares_held[v]
+            if v in u3:
+                out[f"b_{v}"] = held[:SECRET_ELEMENTS]
+            else:
+                out[f"sk_{v}"] = held[SECRET_ELEMENTS:]
+        return encode(p.unmask_spec, out)
+
+
+class SecAggServer:
+    """The server side of one secure-sum session.
+
+    It receives only public keys, ciphertexts it cannot read, masked vectors (of which it
+    keeps only their running modular sum) and Shamir shares of self-mask seeds of sites
+    whose input is in the sum or of mask keys of sites that dropped.  It never holds an
+    unmasked individual input.  Each method takes ``{site: bytes}`` from the sites that
+    answered the previous step and returns what to send back.
+    """
+
+    def __init__(self, params: SecAggParams) -> None:
+        self.params = params
+        self._step = 0
+        self._aborted = False
+
+    def _advance(self, step: int, name: str, messages: Mapping[int, bytes], allowed) -> None:
+        if self._aborted:
+            raise SecAggProtocolError(f"server: session was aborted; {name!r} refused")
+        if self._step != step:
+            raise SecAggProtocolError(f"server: step {name!r} called out of order (at step {self._step})")
+        unknown = sorted(set(messages) - set(allowed))
+        if unknown:
+            raise SecAggProtocolError(f"server: step {name!r} got messages from sites {unknown} not entitled to it")
+        self._step = step + 1
+
+    def _check(self, step: str, remaining) -> None:
+        try:
+            _require(step, remaining, self.params.threshold)
+        except InsufficientSitesError:
+            self._aborted = True
+            raise
+
+    @property
+    def survivors(self) -> tuple[int, ...]:
+        """U3: sites whose masked inputs are in the sum (after :meth:`collect_masked`)."""
+        return tuple(self._u3)
+
+    def collect_keys(self, messages: Mapping[int, bytes]) -> bytes:
+        """Step 0: gather public keys; return the roster broadcast to every site in U1."""
+        p = self.params
+        self._advance(0, "collect_keys", messages, p.sites)
+        self._public = {}
+        for u, data in messages.items():
+            msg = _decode(p.keys_spec, data, u)
+            self._public[u] = (_raw(msg["c_pk"]), _raw(msg["s_pk"]))
+        self._check("collect_keys", self._public)
+        roster = {}
+        for u, (c_pk, s_pk) in self._public.items():
+            roster[f"c_pk_{u}"], roster[f"s_pk_{u}"] = _words(c_pk), _words(s_pk)
+        return encode(p.roster_spec, roster)
+
+    def route_shares(self, messages: Mapping[int, bytes]) -> dict[int, bytes]:
+        """Step 1: forward each encrypted share bundle to its recipient; returns ``{v: bytes}`` for v in U2."""
+        p = self.params
+        self._advance(1, "route_shares", messages, self._public)
+        bundles = {}
+        for u, data in messages.items():
+            msg = _decode(p.shares_spec, data, u)
+            recipients = {v for v in p.sites if f"to_{v}" in msg}
+            if recipients != set(self._public) - {u}:
+                raise SecAggProtocolError(f"site {u} sent shares to {sorted(recipients)}, expected every other "
+                                          f"site of the roster {sorted(set(self._public) - {u})}")
+            bundles[u] = msg
+        self._u2 = sorted(bundles)
+        self._check("route_shares", self._u2)
+        return {v: encode(p.routed_spec, {"site": np.int64(v),
+                                          **{f"from_{u}": bundles[u][f"to_{v}"] for u in self._u2 if u != v}})
+                for v in self._u2}
+
+    def collect_masked(self, messages: Mapping[int, bytes]) -> bytes:
+        """Step 2: add up the masked inputs; return the survivor list broadcast to U3."""
+        p, q = self.params, self.params.modulus
+        self._advance(2, "collect_masked", messages, self._u2)
+        self._masked_sum = np.zeros(p.length, dtype=np.int64)
+        for u, data in messages.items():
+            y = _decode(p.masked_spec, data, u)["y"]
+            if np.any(y < 0) or np.any(y >= q):
+                raise SecAggProtocolError(f"site {u}: masked input has entries outside [0, {q})")
+            self._masked_sum = _ring_add(self._masked_sum, y, q)
+        self._u3 = sorted(messages)
+        self._check("collect_masked", self._u3)
+        return encode(p.survivors_spec, {"included": np.array([v in messages for v in p.sites])})
+
+    def unmask(self, messages: Mapping[int, bytes]) -> np.ndarray:
+        """Step 3: rebuild the seeds and dropped keys from the shares, remove all masks.
+
+        Returns
+        -------
+        ndarray of float64, shape (params.length,)
+            ``sum_{u in U3} x_u`` to fixed-point precision (``|U3| * precision / 2``).
+
+        Raises
+        ------
+        InsufficientSitesError
+            If fewer than ``threshold`` sites (or shares of some secret) answered.
+        SecAggProtocolError
+            If a site reveals both shares for one peer, the key share of a site whose
+            input is in the sum, or shares that do not reconstruct consistent secrets.
+        """
+        p, q = self.params, self.params.modulus
+        self._advance(3, "unmask", messages, self._u3)
+        u3, dropped = set(self._u3), set(self._u2) - set(self._u3)
+        b_shares: dict[int, dict[int, np.ndarray]] = {v: {} for v in u3}
+        sk_shares: dict[int, dict[int, np.ndarray]] = {v: {} for v in dropped}
+        for u, data in messages.items():
+            msg = _decode(p.unmask_spec, data, u)
+            for v in p.sites:
+                has_b, has_sk = f"b_{v}" in msg, f"sk_{v}" in msg
+                if has_b and has_sk:
+                    self._aborted = True
+                    raise SecAggProtocolError(f"site {u} revealed both the self-mask share and the key share of "
+                                              f"site {v}; refused")
+                if has_b and v not in u3:
+                    self._aborted = True
+                    raise SecAggProtocolError(f"site {u} revealed the self-mask share of site {v}, whose input "
+                                              "is not in the sum; refused")
+                if has_sk and v not in dropped:
+                    self._aborted = True
+                    raise SecAggProtocolError(f"site {u} revealed the mask-key share of site {v}, which is not a "
+                                              "dropped site (this would unmask its input); refused")
+                if has_b:
+                    b_shares[v][u] = msg[f"b_{v}"]
+                if has_sk:
+                    sk_shares[v][u] = msg[f"sk_{v}"]
+        self._check("unmask", messages)
+        for v, held in (*b_shares.items(), *sk_shares.items()):
+            self._check(f"unmask (shares of site {v})", held)
+
+        masks = np.zeros(p.length, dtype=np.int64)
+        for v in sorted(u3):
+            b_v = _elements_to_secret(self._reconstruct(b_shares[v]), f"self-mask seed of site {v}")
+            masks = _ring_add(masks, crypto.prg(b_v, p.length, q), q)
+        for v in sorted(dropped):
+            raw = _elements_to_secret(self._reconstruct(sk_shares[v]), f"mask key of site {v}")
+            s_key = crypto.private_key_from_bytes(raw)
+            if crypto.public_bytes(s_key) != self._public[v][1]:
+                self._aborted = True
+                raise SecAggProtocolError(f"reconstructed mask key of site {v} does not match its public key: "
+                                          "inconsistent shares")
+            for u in sorted(u3):
+                seed = crypto.agree(s_key, self._public[u][1], salt=p.session, info=_info(b"mask", min(u, v), max(u, v)))
+                pair = crypto.prg(seed, p.length, q)
+                # y_u carries +PRG(s_uv) if v > u and -PRG(s_uv) if v < u; remove that term
+                masks = _ring_add(masks, pair, q) if v > u else _ring_sub(masks, pair, q)
+        self._step = 4
+        try:
+            return p.fixed_point.decode(_ring_sub(self._masked_sum, masks, q), n_summands=len(u3))
+        except OverflowError as exc:
+            self._aborted = True
+            raise SecAggProtocolError(f"unmasked sum is out of range, the masks did not cancel: {exc}") from exc
+
+    def _reconstruct(self, held: Mapping[int, np.ndarray]) -> np.ndarray:
+        holders = sorted(held)[: self.params.threshold]
+        return reconstruct(np.stack([held[u] for u in holders]),
+                           np.array([self.params.point(u) for u in holders]), modulus=PRIME)
+
+
+@dataclass(frozen=True)
+class SecureSumResult:
+    """Outcome of :func:`secure_sum`.
+
+    Attributes
+    ----------
+    total : ndarray of float64
+        Sum of the inputs of ``survivors``, same shape as each input.
+    survivors : tuple of int
+        Sites whose inputs are in ``total`` (U3: they sent a masked input).
+    bytes_sent : dict[int, int]
+        Encoded bytes each site sent to the server over the session.
+    bytes_received : dict[int, int]
+        Encoded bytes the server delivered to each site.
+    unmasked_by : tuple of int
+        Sites that answered the unmasking step.
+    """
+
+    total: np.ndarray
+    survivors: tuple[int, ...]
+    bytes_sent: dict[int, int]
+    bytes_received: dict[int, int]
+    unmasked_by: tuple[int, ...]
+
+
+def secure_sum(vectors: Mapping[int, np.ndarray], *, threshold: int, fixed_point: FixedPoint,
+               drop_before_masking=(), drop_after_masking=(), rng=None,
+               session: bytes = b"fedhier-secagg") -> SecureSumResult:
+    """Run a whole secure-sum session in-process, with optional site drops.
+
+    Parameters
+    ----------
+    vectors : mapping site id -> float ndarray
+        Each site's private input; all of the same shape.
+    threshold : int
+        ``t`` of :class:`SecAggParams`.
+    fixed_point : FixedPoint
+        Encoding of the inputs.
+    drop_before_masking : iterable of int
+        Sites that share their keys (step 1) and then drop without sending a masked input;
+        their inputs are not in the total.
+    drop_after_masking : iterable of int
+        Sites that send their masked input and then drop before unmasking; their inputs
+        are in the total, recovered from the other sites' shares.
+    rng : None, int or numpy.random.Generator
+        ``None`` = cryptographic randomness; an int or Generator seeds one independent
+        child generator per site (reproducible, not cryptographically secure).
+    session : bytes
+        Session label bound into the key derivations.
+
+    Returns
+    -------
+    SecureSumResult
+
+    Raises
+    ------
+    InsufficientSitesError
+        If fewer than ``threshold`` sites remain at some step (no total is returned).
+    """
+    if not isinstance(vectors, Mapping) or len(vectors) < 2:
+        raise ValueError("vectors must map at least two site ids to arrays")
+    arrays = {int(u): np.asarray(x, dtype=np.float64) for u, x in vectors.items()}
+    shape = next(iter(arrays.values())).shape
+    for u, x in arrays.items():
+        if x.shape != shape:
+            raise ValueError(f"site {u}: input has shape {x.shape}, site {next(iter(arrays))} has {shape}")
+    before, after = {int(u) for u in drop_before_masking}, {int(u) for u in drop_after_masking}
+    for name, group in (("drop_before_masking", before), ("drop_after_masking", after)):
+        if not group <= set(arrays):
+            raise ValueError(f"{name} names unknown sites {sorted(group - set(arrays))}")
+    if before & after:
+        raise ValueError(f"sites {sorted(before & after)} are in both drop_before_masking and drop_after_masking")
+    params = SecAggParams(tuple(arrays), threshold, fixed_point, int(np.prod(shape, dtype=np.int64)), session)
+    if isinstance(rng, (int, np.integer)):
+        rng = np.random.default_rng(int(rng))
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be None, an int or a numpy.random.Generator, got {type(rng).__name__}")
+    site_rngs = rng.spawn(len(params.sites)) if rng is not None else [None] * len(params.sites)
+    sites = {u: SecAggSite(u, params, r) for u, r in zip(params.sites, site_rngs)}
+    server = SecAggServer(params)
+    sent = {u: 0 for u in params.sites}
+    received = {u: 0 for u in params.sites}
+
+    def send(replies: Mapping[int, bytes]) -> Mapping[int, bytes]:
+        for u, data in replies.items():
+            sent[u] += len(data)
+        return replies
+
+    def deliver(u: int, data: bytes) -> bytes:
+        received[u] += len(data)
+        return data
+
+    roster = server.collect_keys(send({u: s.advertise_keys() for u, s in sites.items()}))
+    routed = server.route_shares(send({u: s.share_keys(deliver(u, roster)) for u, s in sites.items()}))
+    listing = server.collect_masked(send({u: sites[u].masked_input(arrays[u].ravel(), deliver(u, data))
+                                          for u, data in routed.items() if u not in before}))
+    responders = [u for u in server.survivors if u not in after]
+    total = server.unmask(send({u: sites[u].unmask(deliver(u, listing)) for u in responders}))
+    return SecureSumResult(total=total.reshape(shape), survivors=server.survivors, bytes_sent=sent,
+                           bytes_received=received, unmasked_by=tuple(responders))

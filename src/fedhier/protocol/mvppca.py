@@ -1,0 +1,219 @@
+"""The Fed-mv-PPCA round (spec fed-mv-ppca §6, Algorithm 1; §8.2 Algorithm 2 with privacy).
+
+Site step (§4): local EM in round 1 / MAP-EM with the broadcast prior afterwards, then
+(optionally) the client-side DP release of every block (§8.2), then the per-view
+sufficient statistics of the master's ML step (§5) anchored at the previous global
+values.  Combine: **sum** -- the master needs only sums over the sites that replied, per
+view (1/C_k), so plain summation can be replaced by secure summation.  Global step:
+closed-form ML of the hierarchical prior (§5.1) and the inverse-gamma MLE (§5.2).
+
+Messages (flat, declared; ``<view>/<field>``):
+
+* reply: for every view of the schema, optional (absent when the site does not measure
+  it): ``count, sum_mu, sum_sq_mu, sum_W, sum_sq_W, sum_inv_sigma2, sum_log_sigma2,
+  sum_sigma2, sum_sq_sigma2``; plus ``expected_ll`` (the site's final Q_c, §4.2) and
+  ``safeguards`` (how many [RC] safeguards triggered locally).
+* broadcast: ``has_prior`` (0 before round 1's global step) and, per view,
+  ``mu, W, sigma2_mu, sigma2_W, alpha, beta, noise_var, var_sigma``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..data.schema import ViewSchema
+from ..models.mvppca import local, master
+from ..models.mvppca.params import GlobalParams, GlobalView
+from .base import RoundProtocol, SiteContext
+from .messages import Field, Message, MessageSpec
+
+__all__ = ["MVPPCAProtocol", "GLOBAL_FIELDS", "global_from_message", "global_to_message"]
+
+log = logging.getLogger(__name__)
+
+GLOBAL_FIELDS = ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta", "noise_var", "var_sigma")
+
+
+def _global_shapes(dim: int, q: int) -> dict[str, tuple[int, ...]]:
+    return {"mu": (dim,), "W": (dim, q), "sigma2_mu": (), "sigma2_W": (), "alpha": (), "beta": (), "noise_var": (), "var_sigma": ()}
+
+
+def global_to_message(params: GlobalParams) -> Message:
+    """Flatten GlobalParams into ``<view>/<field>`` arrays (inf var_sigma sent as -1)."""
+    msg: Message = {"has_prior": np.asarray(1.0)}
+    for view, g in params.items():
+        for name in GLOBAL_FIELDS:
+            value = np.asarray(getattr(g, name), dtype=float)
+            if name == "var_sigma" and not np.isfinite(value):
+                value = np.asarray(-1.0)
+            msg[f"{view}/{name}"] = value
+    return msg
+
+
+def global_from_message(message: Mapping[str, np.ndarray], schema: ViewSchema) -> GlobalParams | None:
+    """Inverse of :func:`global_to_message`; None when the broadcast carries no prior."""
+    if float(message["has_prior"]) == 0.0:
+        return None
+    out: GlobalParams = {}
+    for view in schema.names:
+        if f"{view}/mu" not in message:
+            continue
+        values = {name: message[f"{view}/{name}"] for name in GLOBAL_FIELDS}
+        var_sigma = float(values["var_sigma"])
+        out[view] = GlobalView(
+            mu=np.array(values["mu"]),
+            W=np.array(values["W"]),
+            sigma2_mu=float(values["sigma2_mu"]),
+            sigma2_W=float(values["sigma2_W"]),
+            alpha=float(values["alpha"]),
+            beta=float(values["beta"]),
+            noise_var=float(values["noise_var"]),
+            var_sigma=np.inf if var_sigma < 0 else var_sigma,
+        )
+    return out
+
+
+class MVPPCAProtocol(RoundProtocol):
+    """Fed-mv-PPCA as a sum-combined round protocol.
+
+    Parameters
+    ----------
+    schema : ViewSchema
+        View names and dimensions shared by all sites.
+    n_components : int
+        Latent dimension q.
+    n_local_iter, n_first_iter : int
+        MAP iterations per round (I) and EM iterations in round 1 (I_1).
+    ig_solver : "newton" or "fixed_point"
+        Inverse-gamma MLE of §5.2 ([R] Newton, [RC] 10-step fixed point).
+    sigma2_prior : "weak" or None
+        Round-1 weak IG(2.25, 0.625) on sigma2 ([RC]) or plain EM.
+    privacy : object or None
+        A DP configuration understood by :mod:`fedhier.models.mvppca.dp`; noise is
+        added at the site before anything is sent.
+    initial_prior : GlobalParams or None
+        Public, data-independent theta~[0] broadcast before round 1.  It is used as the
+        DP anchor of round 1 only; round 1 itself runs EM without priors (§4.5).
+    """
+
+    name = "fed-mv-ppca"
+    combine = "sum"
+
+    def __init__(
+        self,
+        schema: ViewSchema,
+        n_components: int,
+        *,
+        n_local_iter: int = 15,
+        n_first_iter: int = 30,
+        ig_solver: str = "newton",
+        sigma2_prior: str | None = "weak",
+        privacy: Any = None,
+        initial_prior: GlobalParams | None = None,
+    ):
+        self.schema = schema
+        self.n_components = int(n_components)
+        self.n_local_iter = int(n_local_iter)
+        self.n_first_iter = int(n_first_iter)
+        self.ig_solver = ig_solver
+        self.sigma2_prior = sigma2_prior
+        self.privacy = privacy
+        self.initial_prior = initial_prior
+        q = self.n_components
+        reply: dict[str, Field] = {"expected_ll": Field(()), "safeguards": Field(())}
+        broadcast: dict[str, Field] = {"has_prior": Field(())}
+        for view, dim in zip(schema.names, schema.dims):
+            for stat, shape in master.statistic_shapes(dim, q).items():
+                reply[f"{view}/{stat}"] = Field(tuple(shape), optional=True)
+            for name, shape in _global_shapes(dim, q).items():
+                broadcast[f"{view}/{name}"] = Field(shape, optional=True)
+        self._reply_spec = MessageSpec("fed-mv-ppca-reply", reply)
+        self._broadcast_spec = MessageSpec("fed-mv-ppca-broadcast", broadcast)
+
+    @property
+    def reply_spec(self) -> MessageSpec:
+        return self._reply_spec
+
+    @property
+    def broadcast_spec(self) -> MessageSpec:
+        return self._broadcast_spec
+
+    def initial_broadcast(self) -> Message:
+        if self.initial_prior is None:
+            return {"has_prior": np.asarray(0.0)}
+        msg = global_to_message(self.initial_prior)
+        msg["has_prior"] = np.asarray(0.0)  # an anchor for DP, not a prior for the local fit
+        return msg
+
+    def _anchor(self, broadcast: Message) -> GlobalParams | None:
+        """Previous global values: the prior from round 2 on, theta~[0] (if any) in round 1."""
+        if float(broadcast["has_prior"]) != 0.0:
+            return global_from_message(broadcast, self.schema)
+        if self.initial_prior is not None:
+            return self.initial_prior
+        return None
+
+    def site_step(self, ctx: SiteContext, broadcast: Message) -> Message:
+        prior = global_from_message(broadcast, self.schema)
+        n_iter = self.n_first_iter if prior is None else self.n_local_iter
+        fit = local.fit_local(
+            ctx.data, self.n_components, prior, n_iter=n_iter, rng=ctx.rng, sigma2_prior=self.sigma2_prior
+        )
+        for note in fit.safeguards:
+            log.info("site %d, round %d: %s", ctx.site, ctx.round, note)
+        params = fit.params
+        anchor = self._anchor(broadcast)
+        if self.privacy is not None:
+            from ..models.mvppca import dp
+
+            params = dp.privatize_site_params(params, anchor, self.privacy, ctx.rng, site=ctx.site, round=ctx.round)
+        stats = master.site_statistics(params, anchor)
+        reply: Message = {
+            "expected_ll": np.asarray(float(fit.expected_ll[-1]) if len(fit.expected_ll) else 0.0),
+            "safeguards": np.asarray(float(len(fit.safeguards))),
+        }
+        for view, fields in stats.items():
+            for stat, value in fields.items():
+                reply[f"{view}/{stat}"] = np.asarray(value, dtype=float)
+        return reply
+
+    def _statistics(self, combined: Message) -> dict[str, dict[str, np.ndarray]]:
+        out: dict[str, dict[str, np.ndarray]] = {}
+        for view, dim in zip(self.schema.names, self.schema.dims):
+            if f"{view}/count" in combined:
+                out[view] = {stat: combined[f"{view}/{stat}"] for stat in master.statistic_shapes(dim, self.n_components)}
+        return out
+
+    def global_step(self, combined: Message, round: int, previous: Message) -> Message:
+        prior = global_from_message(previous, self.schema)
+        anchor = self._anchor(previous)
+        new, safeguards = master.global_step(
+            self._statistics(combined),
+            anchor=anchor,
+            n_components=self.n_components,
+            ig_solver=self.ig_solver,
+            previous=prior,
+        )
+        for note in safeguards:
+            log.info("round %d, master: %s", round, note)
+        return global_to_message(new)
+
+    def round_metrics(self, combined: Message, round: int) -> dict[str, float]:
+        stats = self._statistics(combined)
+        metrics = {
+            "expected_ll": float(combined["expected_ll"]),
+            "local_safeguards": float(combined["safeguards"]),
+        }
+        for view, fields in stats.items():
+            metrics[f"{view}/sites"] = float(fields["count"])
+        return metrics
+
+    def validate_site_data(self, site: int, data: Any) -> None:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"site {site}: expected a mapping view -> array, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(self.schema.names))
+        if unknown:
+            raise ValueError(f"site {site}: unknown view(s) {unknown}; known views: {list(self.schema.names)}")

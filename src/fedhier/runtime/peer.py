@@ -1,0 +1,415 @@
+"""Serverless runtime: sites on a peer graph, no coordinator (spec collabdict §2-§4).
+
+Runs any ``combine == "sum"`` :class:`~fedhier.protocol.base.RoundProtocol` the CollabDict
+way (Algorithm 1): every site runs ``site_step``; the replies are summed *without a
+centre* by one of
+
+* ``"consensus"``: average consensus Eq. (3) on the peer graph for a fixed number of
+  steps ``T`` (stopping rule §3.4), sums ``= S x average`` (§3.5);
+* ``"chunked"``: the same on ``C`` random zero-sum chunks, with the sites relabelled on
+  the graph at every session (§4.1);
+* ``"shamir"``: Shamir shares of the fixed-point encoded replies, summed by share
+  holders and reconstructed by everyone (§4.2): exact and identical everywhere;
+
+then every site runs ``global_step`` on its own copy of the sum.  After consensus a
+max-consensus over ``diameter`` steps makes all copies bit-identical (O7).
+
+The algorithm is written once against a small transport interface (neighbour exchange,
+all-to-all, all-gather).  :func:`simulate_peers` runs all sites in one process and passes
+every message along the graph's edges as encoded bytes (never pickled), counting bytes;
+:mod:`fedhier.runtime.mpi` runs the identical code with one site per MPI process.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..models.collabdict.consensus import (consensus_update, max_update, random_chunks, session_placement)
+from ..models.collabdict.graphs import (GraphSpectrum, StepRule, check_adjacency, consensus_steps, default_graph,
+                                        diameter, laplacian_spectrum, relabel, step_size)
+from ..protocol.base import RoundProtocol, SiteContext
+from ..protocol.messages import Field, Message, MessageSpec, decode, encode
+from .simulate import site_rng
+
+__all__ = ["PeerAggregation", "ConsensusPlan", "PeerResult", "simulate_peers", "run_peer_rounds", "Transport",
+           "InProcessTransport", "aggregate_sums"]
+
+
+@dataclass(frozen=True)
+class PeerAggregation:
+    """How the sum of the replies is computed without a centre (spec §3-§4, O1-O7).
+
+    Attributes
+    ----------
+    method : {"consensus", "chunked", "shamir"}
+    step : {"max-degree", "optimal", "paper"} or float
+        Consensus step ``epsilon`` (O1); ``"paper"`` is the paper's ``1/S``.
+    rel_tol : float
+        Consensus tolerance relative to the magnitude of the summed vector (sets ``T``).
+    n_chunks : int
+        ``C`` for ``"chunked"`` (O5 default 3).
+    mask_scale : float
+        Chunk masks have standard deviation ``mask_scale * max|xi^s|`` (O5: about 10).
+    relabel : bool
+        Re-draw the sites' graph positions at every session (§4.1).
+    agree : bool
+        Run max-consensus after averaging so every copy is identical (O7).
+    frac_bits : int
+        Fixed-point fractional bits for ``"shamir"`` (O6: 24).
+    threshold : int or None
+        Shamir threshold ``t``; default ``floor(S/2) + 1`` (O6).
+    """
+
+    method: str = "consensus"
+    step: StepRule | float = "max-degree"
+    rel_tol: float = 1e-12
+    n_chunks: int = 3
+    mask_scale: float = 10.0
+    relabel: bool = True
+    agree: bool = True
+    frac_bits: int = 24
+    threshold: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in ("consensus", "chunked", "shamir"):
+            raise ValueError(f"aggregation method must be 'consensus', 'chunked' or 'shamir', got {self.method!r}")
+        if self.n_chunks < 1:
+            raise ValueError(f"n_chunks must be >= 1, got {self.n_chunks}")
+
+
+@dataclass(frozen=True)
+class ConsensusPlan:
+    """Public constants every site derives offline from the graph (spec §3.2-3.4)."""
+
+    adjacency: np.ndarray
+    spectrum: GraphSpectrum
+    eps: float
+    n_steps: int
+    n_steps_chunked: int
+    diameter: int
+
+    @classmethod
+    def build(cls, adjacency: np.ndarray, aggregation: PeerAggregation) -> "ConsensusPlan":
+        a = check_adjacency(adjacency)
+        spec = laplacian_spectrum(a)
+        eps = step_size(spec, aggregation.step)
+        n_steps = consensus_steps(spec, eps, aggregation.rel_tol)
+        n_chunked = consensus_steps(spec, eps, aggregation.rel_tol / max(aggregation.mask_scale, 1.0))
+        return cls(a, spec, eps, n_steps, n_chunked, diameter(a))
+
+
+def _neighbours(adjacency: np.ndarray, site: int) -> tuple[np.ndarray, np.ndarray]:
+    idx = np.flatnonzero(adjacency[site])
+    return idx, adjacency[site, idx]
+
+
+class Transport(ABC):
+    """Message passing among the sites run by this process (all of them, or one)."""
+
+    n_sites: int
+    local_sites: list[int]
+    bytes_sent: dict[int, int]
+
+    @abstractmethod
+    def open_topology(self, adjacency: np.ndarray) -> Any:
+        """Prepare neighbour exchange on a (relabelled) graph for one session."""
+
+    @abstractmethod
+    def close_topology(self, topology: Any) -> None:
+        """Release what :meth:`open_topology` created."""
+
+    @abstractmethod
+    def exchange(self, topology: Any, spec: MessageSpec, messages: Mapping[int, Message]) -> dict[int, list[Message]]:
+        """Every local site sends its message to each neighbour; returns what each received.
+
+        Received messages are listed in increasing neighbour order.
+        """
+
+    @abstractmethod
+    def all_to_all(self, spec: MessageSpec, messages: Mapping[int, Sequence[Message]]) -> dict[int, list[Message]]:
+        """Site ``s`` sends ``messages[s][j]`` privately to site ``j``; returns, for each local
+        ``j``, the messages received from ``s = 0..S-1``."""
+
+    @abstractmethod
+    def all_gather(self, spec: MessageSpec, messages: Mapping[int, Message], senders: Sequence[int]) -> list[Message]:
+        """The sites in ``senders`` publish a message; everyone receives all of them (in order)."""
+
+    @abstractmethod
+    def all_true(self, flags: Mapping[int, bool]) -> bool:
+        """Logical AND of one flag per site over all sites."""
+
+    def _count(self, site: int, nbytes: int) -> None:
+        self.bytes_sent[site] = self.bytes_sent.get(site, 0) + int(nbytes)
+
+
+class InProcessTransport(Transport):
+    """All sites in this process; every message is encoded to bytes and decoded by its receiver."""
+
+    def __init__(self, n_sites: int) -> None:
+        self.n_sites = n_sites
+        self.local_sites = list(range(n_sites))
+        self.bytes_sent = {}
+
+    def open_topology(self, adjacency: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [_neighbours(adjacency, s) for s in range(self.n_sites)]
+
+    def close_topology(self, topology: Any) -> None:
+        return None
+
+    def exchange(self, topology, spec, messages):
+        payloads = {s: encode(spec, messages[s]) for s in self.local_sites}
+        # every neighbour receives the same bytes; decoding them once per sender is equivalent
+        received = {s: decode(spec, payloads[s]) for s in self.local_sites}
+        out = {}
+        for s in self.local_sites:
+            nbrs, _ = topology[s]
+            self._count(s, len(payloads[s]) * len(nbrs))
+            out[s] = [received[int(j)] for j in nbrs]
+        return out
+
+    def all_to_all(self, spec, messages):
+        out: dict[int, list[Message]] = {j: [] for j in self.local_sites}
+        for s in self.local_sites:
+            for j in self.local_sites:
+                payload = encode(spec, messages[s][j])
+                if j != s:
+                    self._count(s, len(payload))
+                out[j].append(decode(spec, payload))
+        return out
+
+    def all_gather(self, spec, messages, senders):
+        out = []
+        for s in senders:
+            payload = encode(spec, messages[s])
+            self._count(s, len(payload) * (self.n_sites - 1))
+            out.append(decode(spec, payload))
+        return out
+
+    def all_true(self, flags):
+        return all(bool(v) for v in flags.values())
+
+
+def _vector_spec(size: int, dtype: str = "float64") -> MessageSpec:
+    return MessageSpec("collab-aggregate", {"x": Field((size,), dtype)})
+
+
+def _chunk_rng(seed: int, round: int, site: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(5, round, site))))
+
+
+def _share_rng(seed: int, round: int, site: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(6, round, site))))
+
+
+def _consensus_session(transport: Transport, adjacency: np.ndarray, values: dict[int, np.ndarray], eps: float,
+                       n_steps: int, spec: MessageSpec) -> dict[int, np.ndarray]:
+    topo = transport.open_topology(adjacency)
+    try:
+        mult = {s: _neighbours(adjacency, s)[1] for s in transport.local_sites}
+        x = dict(values)
+        for _ in range(n_steps):
+            inbox = transport.exchange(topo, spec, {s: {"x": x[s]} for s in x})
+            x = {s: consensus_update(x[s], [m["x"] for m in inbox[s]], mult[s], eps) for s in x}
+    finally:
+        transport.close_topology(topo)
+    return x
+
+
+def _agree(transport: Transport, adjacency: np.ndarray, values: dict[int, np.ndarray], n_steps: int,
+           spec: MessageSpec) -> dict[int, np.ndarray]:
+    topo = transport.open_topology(adjacency)
+    try:
+        x = dict(values)
+        for _ in range(n_steps):
+            inbox = transport.exchange(topo, spec, {s: {"x": x[s]} for s in x})
+            x = {s: max_update(x[s], [m["x"] for m in inbox[s]]) for s in x}
+    finally:
+        transport.close_topology(topo)
+    return x
+
+
+def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray], round: int, seed: int,
+                 aggregation: PeerAggregation) -> dict[int, np.ndarray]:
+    from ..privacy.fixedpoint import PRIME, FixedPoint
+    from ..privacy.shamir import reconstruct, share
+
+    n_sites = transport.n_sites
+    size = next(iter(vectors.values())).size
+    threshold = aggregation.threshold or n_sites // 2 + 1
+    if not 1 <= threshold <= n_sites:
+        raise ValueError(f"Shamir threshold must lie in 1..{n_sites}, got {threshold}")
+    codec = FixedPoint(frac_bits=aggregation.frac_bits, modulus=PRIME,
+                       max_abs=2.0 ** (60 - aggregation.frac_bits) / (n_sites + 1))
+    spec = _vector_spec(size, "int64")
+    shares = {}
+    for s, v in vectors.items():
+        rows = share(codec.encode(v), n_sites, threshold, rng=_share_rng(seed, round, s))  # (S, m), x = 1..S
+        shares[s] = [{"x": rows[j]} for j in range(n_sites)]
+    received = transport.all_to_all(spec, shares)
+    holder_sums = {}
+    for j, msgs in received.items():
+        acc = np.zeros(size, dtype=np.int64)
+        for m in msgs:
+            acc = (acc + m["x"]) % PRIME
+        holder_sums[j] = {"x": acc}
+    holders = list(range(threshold))
+    published = transport.all_gather(spec, holder_sums, holders)
+    total = reconstruct(np.stack([m["x"] for m in published]), np.arange(1, threshold + 1))
+    value = codec.decode(np.asarray(total, dtype=np.int64), n_summands=n_sites)
+    return {s: value.copy() for s in transport.local_sites}
+
+
+def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, round: int, seed: int,
+                   plan: ConsensusPlan, aggregation: PeerAggregation) -> tuple[dict[int, np.ndarray], int]:
+    """Every local site's copy of ``sum_s vectors[s]`` computed without a centre.
+
+    Parameters
+    ----------
+    vectors : dict site -> ndarray (m,)
+        The flattened replies of the local sites.
+
+    Returns
+    -------
+    sums : dict site -> ndarray (m,)
+    n_exchanges : int
+        Neighbour exchanges (consensus + agreement steps) in this aggregation.
+    """
+    n_sites = transport.n_sites
+    if aggregation.method == "shamir":
+        return _shamir_sums(transport, vectors, round, seed, aggregation), 0
+    size = next(iter(vectors.values())).size
+    spec = _vector_spec(size)
+    if aggregation.method == "chunked":
+        chunks = {s: random_chunks(v, aggregation.n_chunks, aggregation.mask_scale * max(float(np.max(np.abs(v))), 1.0),
+                                   _chunk_rng(seed, round, s)) for s, v in vectors.items()}
+        n_steps = plan.n_steps_chunked
+    else:
+        chunks = {s: v[None, :] for s, v in vectors.items()}
+        n_steps = plan.n_steps
+    n_sessions = next(iter(chunks.values())).shape[0]
+    totals = {s: np.zeros(size) for s in vectors}
+    adjacency = plan.adjacency
+    for session in range(n_sessions):
+        if aggregation.relabel:
+            adjacency = relabel(plan.adjacency, session_placement(seed, round, session, n_sites))
+        avg = _consensus_session(transport, adjacency, {s: c[session] for s, c in chunks.items()}, plan.eps,
+                                 n_steps, spec)
+        totals = {s: totals[s] + avg[s] for s in totals}
+    exchanges = n_sessions * n_steps
+    if aggregation.agree:
+        totals = _agree(transport, adjacency, totals, plan.diameter, spec)
+        exchanges += plan.diameter
+    return {s: n_sites * t for s, t in totals.items()}, exchanges
+
+
+@dataclass
+class PeerResult:
+    """Outcome of a serverless run.
+
+    Attributes
+    ----------
+    broadcasts : dict site -> Message
+        Each local site's own copy of the global model after the last round.
+    history : list of dict
+        Per round: ``round``, ``exchanges`` (neighbour exchanges per site), ``bytes_sent``
+        (per local site, this round), ``disagreement`` (max abs difference between the
+        sites' copies of the sum; in-process only), protocol metrics.
+    site_states : dict site -> dict
+    plan : ConsensusPlan or None
+    seed : int
+    """
+
+    broadcasts: dict[int, Message]
+    history: list[dict[str, Any]]
+    site_states: dict[int, dict[str, np.ndarray]]
+    plan: ConsensusPlan | None
+    seed: int
+
+    @property
+    def broadcast(self) -> Message:
+        """The global model held by the lowest-numbered local site."""
+        return self.broadcasts[min(self.broadcasts)]
+
+
+def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], transport: Transport, *, n_rounds: int,
+                    adjacency: np.ndarray | None, aggregation: PeerAggregation, seed: int,
+                    stop: Callable[[Message], bool] | None = None) -> PeerResult:
+    """Algorithm 1 on the sites of ``transport`` (shared by the in-process and MPI runtimes).
+
+    ``stop(broadcast)`` is evaluated by every site on its own copy after each global
+    step; the run ends when it holds at every site (a fixed cap ``n_rounds`` applies, O7).
+    """
+    if protocol.combine != "sum":
+        raise ValueError(f"protocol {protocol.name!r} combines by {protocol.combine!r}; the peer runtime computes sums")
+    plan = None if aggregation.method == "shamir" else ConsensusPlan.build(adjacency, aggregation)
+    for s in transport.local_sites:
+        protocol.validate_site_data(s, site_data[s])
+    initial = protocol.broadcast_spec.validate(protocol.initial_broadcast())
+    broadcasts = {s: dict(initial) for s in transport.local_sites}
+    states: dict[int, dict[str, np.ndarray]] = {s: {} for s in transport.local_sites}
+    history: list[dict[str, Any]] = []
+    for rnd in range(1, int(n_rounds) + 1):
+        before = dict(transport.bytes_sent)
+        vectors = {}
+        for s in transport.local_sites:
+            ctx = SiteContext(site=s, round=rnd, rng=site_rng(seed, rnd, s), data=site_data[s], state=states[s])
+            reply = protocol.site_step(ctx, broadcasts[s])
+            states[s] = ctx.state
+            vectors[s] = protocol.reply_spec.flatten(reply)
+        sums, exchanges = aggregate_sums(transport, vectors, round=rnd, seed=seed, plan=plan, aggregation=aggregation)
+        cache: dict[bytes, Message] = {}
+        for s in transport.local_sites:
+            key = sums[s].tobytes() + b"|" + encode(protocol.broadcast_spec, broadcasts[s])
+            if key not in cache:  # identical inputs give identical outputs: compute once per distinct copy
+                combined = protocol.reply_spec.unflatten(sums[s])
+                cache[key] = protocol.broadcast_spec.validate(protocol.global_step(combined, rnd, broadcasts[s]))
+            broadcasts[s] = dict(cache[key])
+        first = transport.local_sites[0]
+        stacked = np.stack([sums[s] for s in transport.local_sites])
+        record = {
+            "round": rnd,
+            "exchanges": exchanges,
+            "bytes_sent": {s: transport.bytes_sent.get(s, 0) - before.get(s, 0) for s in transport.local_sites},
+            "disagreement": float(np.max(np.abs(stacked - stacked[0]))) if len(stacked) > 1 else 0.0,
+            "metrics": protocol.round_metrics(protocol.reply_spec.unflatten(sums[first]), rnd),
+        }
+        history.append(record)
+        if stop is not None and transport.all_true({s: stop(broadcasts[s]) for s in transport.local_sites}):
+            break
+    return PeerResult(broadcasts, history, states, plan, seed)
+
+
+def simulate_peers(protocol: RoundProtocol, sites: Sequence[Any], *, n_rounds: int, graph: np.ndarray | None = None,
+                   aggregation: PeerAggregation | None = None, random_state: int | None = None,
+                   stop: Callable[[Message], bool] | None = None) -> PeerResult:
+    """Run ``protocol`` on ``S = len(sites)`` peers in this process (spec Algorithm 1).
+
+    Parameters
+    ----------
+    protocol : RoundProtocol with ``combine == "sum"``
+    sites : sequence
+        Private data of site ``s`` at position ``s``.
+    n_rounds : int
+        Cap on outer iterations.
+    graph : ndarray (S, S), optional
+        Peer graph; default :func:`~fedhier.models.collabdict.graphs.default_graph` (O2)
+        from the run's seed.
+    aggregation : PeerAggregation, optional
+    random_state : int, optional
+        The one seed of the run (site steps, chunk masks, relabelling, shares).
+    stop : callable, optional
+        ``stop(broadcast) -> bool``, see :func:`run_peer_rounds`.
+    """
+    n_sites = len(sites)
+    seed = int(np.random.SeedSequence(random_state).entropy if random_state is None else random_state)
+    aggregation = aggregation or PeerAggregation()
+    adjacency = default_graph(n_sites, seed) if graph is None else check_adjacency(graph)
+    if adjacency.shape[0] != n_sites:
+        raise ValueError(f"peer graph has {adjacency.shape[0]} vertices but there are {n_sites} sites")
+    transport = InProcessTransport(n_sites)
+    return run_peer_rounds(protocol, dict(enumerate(sites)), transport, n_rounds=n_rounds, adjacency=adjacency,
+                           aggregation=aggregation, seed=seed, stop=stop)

@@ -1,0 +1,166 @@
+"""``fedhier fit``: Fed-mv-PPCA on user files described by a small TOML file.
+
+Example ``fit.toml`` (paths relative to the TOML file)::
+
+    n_components = 5          # optional, default 5
+    n_rounds = 100            # optional, default 100
+    seed = 0                  # optional
+
+    [views]                   # view name -> list of column names
+    proteins = ["ACE", "AXL", "Adiponectin"]
+    csf = ["tau", "p_tau", "Ab_42"]
+
+    [[sites]]
+    name = "hospital-a"
+    path = "hospital_a.csv"   # .csv, or .parquet (needs pandas + pyarrow)
+
+    [[sites]]
+    name = "hospital-b"
+    path = "hospital_b.csv"
+
+A site file that has none of a view's columns does not measure that view; a file that
+has only some of them is an error.  Empty cells are missing values: a subject whose
+view is entirely empty lacks that view.  Everything is checked before any work.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .mvppca import FedMVPPCA
+from .utils.io import write_csv, write_json
+
+__all__ = ["load_config", "read_site_table", "fit_from_config"]
+
+_ALLOWED_KEYS = {"n_components", "n_rounds", "n_local_iter", "n_first_iter", "seed", "views", "sites"}
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read and check the TOML configuration; raise ValueError naming the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"configuration file {path} does not exist")
+    try:
+        config = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: invalid TOML: {exc}") from exc
+    unknown = sorted(set(config) - _ALLOWED_KEYS)
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(_ALLOWED_KEYS)}")
+    views = config.get("views")
+    if not isinstance(views, dict) or not views:
+        raise ValueError(f"{path}: a [views] table mapping view names to column lists is required")
+    seen: dict[str, str] = {}
+    for view, columns in views.items():
+        if not isinstance(columns, list) or not columns or not all(isinstance(c, str) for c in columns):
+            raise ValueError(f"{path}: view {view!r} must list its columns as a non-empty list of strings")
+        for c in columns:
+            if c in seen:
+                raise ValueError(f"{path}: column {c!r} is in both view {seen[c]!r} and view {view!r}")
+            seen[c] = view
+        if len(set(columns)) != len(columns):
+            raise ValueError(f"{path}: view {view!r} lists a column twice")
+    sites = config.get("sites")
+    if not isinstance(sites, list) or not sites:
+        raise ValueError(f"{path}: at least one [[sites]] entry with a path is required")
+    names = []
+    for i, site in enumerate(sites):
+        if not isinstance(site, dict) or "path" not in site:
+            raise ValueError(f"{path}: site {i} needs a 'path'")
+        site.setdefault("name", f"site{i}")
+        names.append(site["name"])
+        site["path"] = str((path.parent / site["path"]).resolve())
+        if not Path(site["path"]).is_file():
+            raise FileNotFoundError(f"{path}: site {site['name']!r}: file {site['path']} does not exist")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: site names must be unique, got {names}")
+    return config
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
+    with path.open(newline="") as fh:
+        rows = list(csv.reader(fh))
+    if not rows:
+        raise ValueError(f"{path}: empty file")
+    return rows[0], rows[1:]
+
+
+def read_site_table(path: str | Path, views: dict[str, list[str]], site_name: str) -> dict[str, np.ndarray]:
+    """Read one site's file into ``{view: (n, d) float array}`` (absent views omitted)."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        try:
+            import pandas as pd
+        except ImportError as exc:  # pragma: no cover - depends on the installation
+            raise ValueError(f"site {site_name!r}: reading Parquet needs pandas and pyarrow") from exc
+        frame = pd.read_parquet(path)
+        header = [str(c) for c in frame.columns]
+        body = [["" if (isinstance(v, float) and math.isnan(v)) else str(v) for v in row] for row in frame.itertuples(index=False)]
+    else:
+        header, body = _read_csv(path)
+    position = {name: j for j, name in enumerate(header)}
+    out: dict[str, np.ndarray] = {}
+    for view, columns in views.items():
+        present = [c for c in columns if c in position]
+        if not present:
+            continue
+        if len(present) != len(columns):
+            missing = [c for c in columns if c not in position]
+            raise ValueError(f"site {site_name!r}, view {view!r}: column(s) {missing} missing from {path.name}")
+        values = np.empty((len(body), len(columns)))
+        for i, row in enumerate(body):
+            for j, c in enumerate(columns):
+                cell = row[position[c]].strip() if position[c] < len(row) else ""
+                if cell in ("", "NA", "NaN", "nan"):
+                    values[i, j] = np.nan
+                    continue
+                try:
+                    values[i, j] = float(cell)
+                except ValueError:
+                    raise ValueError(
+                        f"site {site_name!r}, view {view!r}: non-numeric value {cell!r} in column {c!r}, row {i + 1}"
+                    ) from None
+        out[view] = values
+    if not out:
+        raise ValueError(f"site {site_name!r}: {path.name} has none of the configured view columns")
+    return out
+
+
+def fit_from_config(config_path: str | Path, *, out_dir: str | Path, privacy: Any = None, progress: bool = True) -> dict[str, Any]:
+    """Fit Fed-mv-PPCA on the sites of a configuration; write model, latents and summary."""
+    config = load_config(config_path)
+    sites = [read_site_table(s["path"], config["views"], s["name"]) for s in config["sites"]]
+    model = FedMVPPCA(
+        n_components=config.get("n_components", 5),
+        n_rounds=config.get("n_rounds", 100),
+        n_local_iter=config.get("n_local_iter", 15),
+        n_first_iter=config.get("n_first_iter", 30),
+        random_state=config.get("seed", 0),
+        privacy=privacy,
+        progress=progress,
+    )
+    model.fit(sites)
+    out = Path(out_dir)
+    model.save(out / "model.npz")
+    for site, data in zip(config["sites"], sites):
+        latent = model.transform(data)
+        write_csv(out / f"latent_{site['name']}.csv", [{f"x{j + 1}": float(v) for j, v in enumerate(row)} for row in latent])
+    summary = {
+        "sites": [s["name"] for s in config["sites"]],
+        "views": {v: len(c) for v, c in config["views"].items()},
+        "n_components": model.n_components,
+        "n_rounds": model.n_rounds,
+        "final_expected_ll": model.history_[-1]["expected_ll"],
+        "bytes_sent": int(sum(h["bytes_sent"] for h in model.history_)),
+        "model": str(out / "model.npz"),
+    }
+    if privacy is not None:
+        summary["privacy_spent"] = model.privacy_spent_
+    write_json(out / "summary.json", summary)
+    return summary

@@ -1,0 +1,288 @@
+"""Local EM / MAP-EM of multi-view PPCA (spec §3, §4) against independent computations."""
+
+import numpy as np
+import pytest
+from scipy import optimize, stats
+
+from fedhier.models.mvppca import (
+    GlobalView,
+    ViewParams,
+    e_step,
+    fit_local,
+    local_objective,
+    marginal_loglik,
+    sample,
+)
+from fedhier.models.mvppca.mstep import (
+    effective_columns,
+    mean_step,
+    scatter_first_form,
+    scatter_second_form,
+    sigma2_step,
+)
+
+
+def with_missing_rows(X, rng, frac=0.25, keep_first=None):
+    """Copy of X where each view loses a random fraction of rows (entire rows set to NaN)."""
+    out = {}
+    for k, v in X.items():
+        v = v.copy()
+        if k != keep_first:
+            v[rng.random(v.shape[0]) < frac] = np.nan
+        out[k] = v
+    return out
+
+
+def test_single_view_em_reaches_tipping_bishop_closed_form(rng, make_model):
+    # (a) one site, one view, no priors: ML of Tipping & Bishop from the eigen-decomposition
+    d, q, n = 7, 2, 400
+    model = make_model([d], q, [0.5], rng)
+    X, _ = sample(model, n, rng)
+    fit = fit_local(X, q, n_iter=2000, rng=1, sigma2_prior=None)
+
+    S = np.cov(X["v0"].T, bias=True)
+    lam = np.linalg.eigvalsh(S)[::-1]
+    s2_ml = lam[q:].mean()
+    ll_ml = -0.5 * n * (d * np.log(2 * np.pi) + np.log(lam[:q]).sum() + (d - q) * np.log(s2_ml) + d)
+
+    ll_fit = marginal_loglik(fit.params, X).sum()
+    assert ll_fit == pytest.approx(ll_ml, rel=1e-6)
+    assert ll_fit <= ll_ml + 1e-8 * abs(ll_ml)
+    assert fit.params["v0"].sigma2 == pytest.approx(s2_ml, rel=1e-4)
+    np.testing.assert_allclose(fit.params["v0"].mu, X["v0"].mean(axis=0), rtol=1e-12)
+    assert fit.expected_ll.shape == (2000,) and np.all(np.isfinite(fit.expected_ll))
+
+
+def _multiview_negloglik(theta, T, dims, q):
+    """-ln L and its gradient for stacked views, dense d x d algebra (independent of the package)."""
+    n, d = T.shape
+    W = theta[: d * q].reshape(d, q)
+    mu = theta[d * q : d * q + d]
+    log_s2 = theta[d * q + d :]
+    psi = np.concatenate([np.full(dk, np.exp(ls)) for dk, ls in zip(dims, log_s2)])
+    C = W @ W.T + np.diag(psi)
+    Ci = np.linalg.inv(C)
+    R = T - mu
+    S = R.T @ R / n
+    _, logdet = np.linalg.slogdet(C)
+    nll = 0.5 * n * (d * np.log(2 * np.pi) + logdet + np.sum(Ci * S))
+    G = n * (Ci - Ci @ S @ Ci)  # d(-lnL)/dC * 2
+    gW = G @ W
+    gmu = -n * Ci @ R.mean(axis=0)
+    diagG = 0.5 * np.diag(G)
+    edges = np.cumsum([0] + list(dims))
+    gls = np.array([diagG[a:b].sum() * np.exp(ls) for a, b, ls in zip(edges[:-1], edges[1:], log_s2)])
+    return nll, np.concatenate([gW.ravel(), gmu, gls])
+
+
+def test_multiview_em_matches_direct_maximisation(rng, make_model):
+    # (b) one site, three views with different noise levels: EM vs L-BFGS on the joint marginal likelihood
+    dims, q, n = [4, 3, 5], 2, 300
+    model = make_model(dims, q, [0.1, 0.6, 2.0], rng)
+    X, _ = sample(model, n, rng)
+    fit = fit_local(X, q, n_iter=3000, rng=2, sigma2_prior=None)
+    ll_em = marginal_loglik(fit.params, X).sum()
+
+    T = np.hstack([X[k] for k in model])
+    d = T.shape[1]
+    start = np.concatenate([rng.normal(size=d * q), np.zeros(d), np.zeros(len(dims))])
+    res = optimize.minimize(
+        _multiview_negloglik, start, args=(T, dims, q), jac=True, method="L-BFGS-B",
+        options={"maxiter": 20000, "ftol": 1e-15, "gtol": 1e-9},
+    )
+    ll_direct = -res.fun
+    # both are maxima of the same function: agree to 1e-7 relative, and EM is not worse
+    assert ll_em == pytest.approx(ll_direct, rel=1e-7)
+    assert ll_em >= ll_direct - 1e-7 * abs(ll_direct)
+    s2_direct = np.exp(res.x[-len(dims):])
+    np.testing.assert_allclose([fit.params[k].sigma2 for k in model], s2_direct, rtol=1e-3)
+
+
+def test_e_step_equals_gaussian_conditioning(rng, make_model, stack):
+    model = make_model([4, 3, 5], 3, [0.3, 0.7, 1.1], rng)
+    X, _ = sample(model, 60, rng)
+    X = with_missing_rows(X, rng, frac=0.3)
+    X["v0"][0] = np.nan
+    X["v1"][0] = np.nan
+    X["v2"][0] = np.nan  # subject 0 has no view: prior
+    means, covs = e_step(X, model)
+    assert means.shape == (60, 3) and covs.shape == (60, 3, 3)
+    for i in range(60):
+        views = [k for k in model if not np.isnan(X[k][i, 0])]
+        if not views:
+            np.testing.assert_allclose(means[i], 0.0)
+            np.testing.assert_allclose(covs[i], np.eye(3))
+            continue
+        mu, W, C = stack(model, views)
+        t = np.concatenate([X[k][i] for k in views])
+        gain = np.linalg.solve(C, W).T  # W^T C^{-1}
+        np.testing.assert_allclose(means[i], gain @ (t - mu), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(covs[i], np.eye(3) - gain @ W, rtol=1e-10, atol=1e-12)
+
+
+def test_woodbury_mean_step_equals_direct_solve_of_eq_11(rng):
+    d, q, n = 9, 3, 40
+    W = rng.normal(size=(d, q))
+    sigma2, v = 0.7, 0.05
+    T = rng.normal(size=(n, d)) + 2.0
+    prior_mean = rng.normal(size=d)
+    C = W @ W.T + sigma2 * np.eye(d)
+    direct = np.linalg.solve(n * np.eye(d) + C / v, T.sum(axis=0) + C @ prior_mean / v)
+    got = mean_step(T.mean(axis=0), n, W, sigma2, prior_mean, v)
+    np.testing.assert_allclose(got, direct, rtol=1e-11)
+    np.testing.assert_allclose(mean_step(T.mean(axis=0), n, W, sigma2), T.mean(axis=0))
+
+
+def test_sigma2_second_form_equals_first_form(rng, make_model):
+    model = make_model([5, 4], 2, [0.4, 0.9], rng)
+    X, _ = sample(model, 80, rng)
+    X = with_missing_rows(X, rng, frac=0.3)
+    means, covs = e_step(X, model)
+    mu_new = {k: p.mu + 0.1 for k, p in model.items()}
+    W_new = {k: p.W * 1.1 for k, p in model.items()}
+    for k in model:
+        rows = ~np.isnan(X[k][:, 0])
+        T, Xm, M = X[k][rows], means[rows], covs[rows]
+        mu, W = mu_new[k], W_new[k]
+        # the paper's first form, subject by subject
+        first = sum(
+            (t - mu) @ (t - mu) - 2 * x @ W.T @ (t - mu) + np.trace(W.T @ W @ (Mi + np.outer(x, x)))
+            for t, x, Mi in zip(T, Xm, M)
+        )
+        cross = (T - mu).T @ Xm
+        xx = Xm.T @ Xm + M.sum(axis=0)
+        tbar = T.mean(axis=0)
+        scatter = ((T - tbar) ** 2).sum()
+        assert scatter_first_form(scatter, T.shape[0], tbar, mu, W, cross, xx) == pytest.approx(first, rel=1e-11)
+        assert scatter_second_form(T, mu, W, Xm, M.sum(axis=0)) == pytest.approx(first, rel=1e-11)
+
+
+def test_sigma2_step_safeguards():
+    # MAP form of eq. 21
+    value, notes = sigma2_step(10.0, 20, old=0.3, view="a", alpha=3.0, beta=2.0)
+    assert value == pytest.approx((10.0 + 4.0) / (20 + 8.0)) and notes == []
+    # weak IG(2.25, 0.625) of round 1
+    value, notes = sigma2_step(10.0, 20, old=0.3, view="a", weak=True)
+    assert value == pytest.approx((10.0 + 1.25) / (20 + 6.5)) and notes == []
+    # halving retry: S = -1.5 needs 2 beta0 = alpha0 - 1 > 1.5, i.e. v0 = 1/4 (alpha0 = 3)
+    value, notes = sigma2_step(-1.5, 20, old=0.3, view="a", weak=True)
+    assert value == pytest.approx((-1.5 + 2.0) / (20 + 8.0))
+    assert len(notes) == 1 and "'a'" in notes[0] and "halved" in notes[0]
+    # non-positive plain-EM value rejected, old kept
+    value, notes = sigma2_step(0.0, 20, old=0.3, view="b")
+    assert value == 0.3 and "non-positive" in notes[0] and "'b'" in notes[0]
+
+
+def test_few_dimensions_keep_extra_columns_at_zero(rng, make_model):
+    q = 4
+    model = make_model([6, 3, 1], q, [0.3, 0.5, 0.2], rng)
+    X, _ = sample(model, 100, rng)
+    assert [effective_columns(d, q) for d in (6, 4, 3, 1)] == [4, 3, 2, 0]
+    fit = fit_local(X, q, n_iter=30, rng=3)
+    assert np.all(fit.params["v1"].W[:, 2:] == 0) and np.any(fit.params["v1"].W[:, :2] != 0)
+    assert np.all(fit.params["v2"].W == 0)
+    assert np.any(fit.params["v0"].W[:, 3] != 0)
+    prior = {
+        k: GlobalView(mu=p.mu, W=p.W, sigma2_mu=0.1, sigma2_W=0.5, alpha=5.0, beta=2.0, noise_var=0.5, var_sigma=1.0)
+        for k, p in fit.params.items()
+    }
+    fit2 = fit_local(X, q, prior, n_iter=5, rng=4)
+    assert np.all(fit2.params["v1"].W[:, 2:] == 0) and np.all(fit2.params["v2"].W == 0)
+
+
+def test_map_em_reaches_a_stationary_point_of_j_c_in_w_and_sigma2(rng, make_model):
+    # MAP-EM fixed points: J_c (§3) is stationary in W and sigma2 (exact CM steps); mu follows eq. 11
+    model = make_model([5, 4], 2, [0.4, 0.9], rng)
+    X, _ = sample(model, 150, rng)
+    X = with_missing_rows(X, rng, frac=0.2, keep_first="v0")
+    prior = {
+        k: GlobalView(mu=p.mu + 0.3, W=p.W + 0.2, sigma2_mu=0.05, sigma2_W=0.2, alpha=6.0, beta=3.0,
+                      noise_var=0.6, var_sigma=0.1)
+        for k, p in model.items()
+    }
+    fit = fit_local(X, 2, prior, n_iter=3000, rng=5)
+
+    def J(k, W=None, s2=None):
+        p = fit.params[k]
+        params = dict(fit.params)
+        params[k] = ViewParams(p.mu, p.W if W is None else W, p.sigma2 if s2 is None else s2)
+        return local_objective(X, params, prior)
+
+    h = 1e-5
+    for k, p in fit.params.items():
+        for _ in range(3):
+            D = rng.normal(size=p.W.shape)
+            D /= np.linalg.norm(D)
+            slope = (J(k, W=p.W + h * D) - J(k, W=p.W - h * D)) / (2 * h)
+            assert abs(slope) < 1e-3
+        slope = (J(k, s2=p.sigma2 * (1 + h)) - J(k, s2=p.sigma2 * (1 - h))) / (2 * h)
+        assert abs(slope) < 1e-3
+    # a perturbed model is worse: the objective is really maximised
+    worse = {k: ViewParams(p.mu, p.W * 1.05, p.sigma2) for k, p in fit.params.items()}
+    assert local_objective(X, worse, prior) < local_objective(X, fit.params, prior)
+
+
+def test_local_objective_is_loglik_plus_log_priors(rng, make_model, stack):
+    model = make_model([3, 2], 1, [0.5, 0.8], rng)
+    X, _ = sample(model, 20, rng)
+    prior = {
+        k: GlobalView(mu=np.zeros(p.dim), W=np.zeros((p.dim, 1)), sigma2_mu=2.0, sigma2_W=0.7, alpha=3.0,
+                      beta=1.5, noise_var=0.7, var_sigma=1.0)
+        for k, p in model.items()
+    }
+    mu, _, C = stack(model, list(model))
+    expected = stats.multivariate_normal(mu, C).logpdf(np.hstack([X["v0"], X["v1"]])).sum()
+    for k, p in model.items():
+        g = prior[k]
+        expected += stats.norm(g.mu, np.sqrt(g.sigma2_mu)).logpdf(p.mu).sum()
+        expected += stats.norm(g.W, np.sqrt(g.sigma2_W)).logpdf(p.W).sum()
+        expected += stats.invgamma(a=g.alpha, scale=g.beta).logpdf(p.sigma2)
+    assert local_objective(X, model, prior) == pytest.approx(expected, rel=1e-12)
+
+
+def test_prior_views_the_site_lacks_are_not_fitted(rng, make_model):
+    model = make_model([4, 3], 2, [0.3, 0.5], rng)
+    X, _ = sample(model, 50, rng)
+    prior = {
+        k: GlobalView(mu=p.mu, W=p.W, sigma2_mu=0.1, sigma2_W=0.1, alpha=5.0, beta=2.0, noise_var=0.5, var_sigma=1.0)
+        for k, p in model.items()
+    }
+    fit = fit_local({"v0": X["v0"]}, 2, prior, n_iter=3, rng=0)
+    assert list(fit.params) == ["v0"]
+    with pytest.raises(ValueError, match="'extra'"):
+        fit_local({"v0": X["v0"], "extra": X["v1"]}, 2, prior, n_iter=3, rng=0)
+
+
+def test_fit_is_reproducible_and_depends_on_rng(rng, make_model):
+    model = make_model([4, 3], 2, [0.3, 0.5], rng)
+    X, _ = sample(model, 50, rng)
+    a = fit_local(X, 2, n_iter=5, rng=np.random.default_rng(7))
+    b = fit_local(X, 2, n_iter=5, rng=np.random.default_rng(7))
+    c = fit_local(X, 2, n_iter=5, rng=np.random.default_rng(8))
+    np.testing.assert_array_equal(a.params["v0"].W, b.params["v0"].W)
+    assert not np.allclose(a.params["v0"].W, c.params["v0"].W)
+
+
+def test_partially_missing_row_raises_naming_the_view(rng):
+    X = {"clinic": rng.normal(size=(10, 3)), "mri": rng.normal(size=(10, 4))}
+    X["mri"][4, 1] = np.nan
+    with pytest.raises(ValueError, match=r"'mri'.*partially missing rows \[4\]"):
+        fit_local(X, 2, n_iter=2, rng=0)
+    X["mri"][4] = np.nan  # whole row: a subject without the view, accepted
+    fit_local(X, 2, n_iter=2, rng=0)
+    with pytest.raises(ValueError, match="'mri' has 10 rows, other views have 5"):
+        fit_local({"clinic": X["clinic"][:5], "mri": X["mri"]}, 2, n_iter=2, rng=0)
+    with pytest.raises(ValueError, match="'mri'.*no observed row"):
+        fit_local({"clinic": X["clinic"], "mri": np.full((10, 4), np.nan)}, 2, n_iter=2, rng=0)
+
+
+def test_nearly_noise_free_data_keep_an_accurate_sigma2(rng):
+    # S_k is ~1e-13 of the scatter: the sums-based first form cancels, the fit must not
+    d, q, n = 6, 2, 200
+    model = {"v0": ViewParams(3 * rng.normal(size=d), 1.5 * rng.normal(size=(d, q)), 1e-13)}
+    X, _ = sample(model, n, rng)
+    sv = np.linalg.svd(X["v0"] - X["v0"].mean(axis=0), compute_uv=False)
+    s2_ml = (sv[q:] ** 2).sum() / (n * (d - q))  # Tipping & Bishop, from singular values
+    fit = fit_local(X, q, n_iter=100, rng=1, sigma2_prior=None)
+    assert fit.params["v0"].sigma2 == pytest.approx(s2_ml, rel=1e-6)
+    assert fit.safeguards == ()

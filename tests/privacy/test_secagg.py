@@ -1,0 +1,263 @@
+"""Secure summation with dropout recovery (Bonawitz et al. 2017) and its crypto primitives."""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from fedhier.privacy import keys as crypto
+from fedhier.privacy.fixedpoint import PRIME, FixedPoint
+from fedhier.privacy.secagg import (
+    InsufficientSitesError, SecAggParams, SecAggProtocolError, SecAggServer, SecAggSite, secure_sum,
+)
+from fedhier.protocol.messages import decode, encode
+
+FP = FixedPoint(frac_bits=24)
+SITES = (0, 1, 2, 3, 4)
+
+
+def _inputs(m=300, seed=0, scale=50.0):
+    rng = np.random.default_rng(seed)
+    return {u: rng.normal(scale=scale, size=m) for u in SITES}
+
+
+def _grid_sum(vectors, sites):
+    """Sum of the fixed-point roundings, computed exactly with Python fractions."""
+    cols = zip(*[vectors[u] for u in sites])
+    return np.array([float(sum(Fraction(round(Fraction(v) * 2**24), 2**24) for v in col)) for col in cols])
+
+
+class Session:
+    """The class-based API driven by hand, keeping every message (what a runtime would do)."""
+
+    def __init__(self, vectors, threshold=3, seed=0):
+        self.vectors = vectors
+        self.params = SecAggParams(tuple(vectors), threshold, FP, len(next(iter(vectors.values()))))
+        rngs = np.random.default_rng(seed).spawn(len(self.params.sites))
+        self.sites = {u: SecAggSite(u, self.params, r) for u, r in zip(self.params.sites, rngs)}
+        self.server = SecAggServer(self.params)
+        self.sent = {u: [] for u in self.params.sites}
+
+    def _send(self, replies):
+        for u, data in replies.items():
+            self.sent[u].append(data)
+        return replies
+
+    def run_to_masked(self, drop_before=()):
+        roster = self.server.collect_keys(self._send({u: s.advertise_keys() for u, s in self.sites.items()}))
+        routed = self.server.route_shares(self._send({u: s.share_keys(roster) for u, s in self.sites.items()}))
+        masked = {u: self.sites[u].masked_input(self.vectors[u], routed[u]) for u in routed if u not in drop_before}
+        self.listing = self.server.collect_masked(self._send(masked))
+        return {u: decode(self.params.masked_spec, data)["y"] for u, data in masked.items()}
+
+    def unmask_messages(self, drop_after=()):
+        return {u: self.sites[u].unmask(self.listing) for u in self.server.survivors if u not in drop_after}
+
+
+# -------------------------------------------------------------------- correctness
+def test_no_drop_equals_plain_sum_to_fixed_point_precision():
+    x = _inputs()
+    result = secure_sum(x, threshold=3, fixed_point=FP, rng=1)
+    assert result.survivors == SITES and result.unmasked_by == SITES
+    np.testing.assert_array_equal(result.total, _grid_sum(x, SITES))
+    assert np.abs(result.total - sum(x.values())).max() <= 5 * FP.precision / 2
+
+
+def test_one_of_five_drops_after_masking_and_is_still_counted():
+    x = _inputs(seed=1)
+    result = secure_sum(x, threshold=3, fixed_point=FP, drop_after_masking=[2], rng=2)
+    assert result.survivors == SITES and result.unmasked_by == (0, 1, 3, 4)
+    np.testing.assert_array_equal(result.total, _grid_sum(x, SITES))
+
+
+@pytest.mark.parametrize("before,after", [([4], []), ([0, 3], []), ([1], [3])])
+def test_drops_before_masking_are_excluded_from_the_sum(before, after):
+    x = _inputs(seed=2)
+    result = secure_sum(x, threshold=3, fixed_point=FP, drop_before_masking=before, drop_after_masking=after, rng=3)
+    included = tuple(u for u in SITES if u not in before)
+    assert result.survivors == included
+    np.testing.assert_array_equal(result.total, _grid_sum(x, included))
+
+
+def test_matrix_inputs_with_cryptographic_randomness():
+    rng = np.random.default_rng(4)
+    x = {u: rng.uniform(-1, 1, size=(3, 4)) for u in (10, 20, 30)}
+    result = secure_sum(x, threshold=2, fixed_point=FP)
+    assert result.total.shape == (3, 4)
+    assert np.abs(result.total - sum(x.values())).max() <= 3 * FP.precision / 2
+
+
+@pytest.mark.parametrize("before,after,step", [([0, 1, 2], [], "collect_masked"), ([], [0, 1, 2], "unmask"),
+                                               ([0, 1], [2], "unmask")])
+def test_too_many_drops_abort_without_a_total(before, after, step):
+    with pytest.raises(InsufficientSitesError) as info:
+        secure_sum(_inputs(), threshold=3, fixed_point=FP, drop_before_masking=before, drop_after_masking=after, rng=5)
+    assert info.value.step == step and len(info.value.remaining) == 2 and info.value.threshold == 3
+
+
+def test_aborted_server_releases_nothing_afterwards():
+    session = Session(_inputs())
+    with pytest.raises(InsufficientSitesError):
+        session.run_to_masked(drop_before=[0, 1, 2])
+    with pytest.raises(SecAggProtocolError, match="aborted"):
+        session.server.unmask({})
+
+
+# ----------------------------------------------------------- what the server sees
+def test_masked_input_is_uniform_and_independent_of_the_data():
+    m = 20000
+    rng = np.random.default_rng(6)
+    data = {u: rng.normal(loc=1000.0, scale=10.0, size=m) for u in SITES}
+    zeros = {u: np.zeros(m) for u in SITES}
+    y_data = Session(data, seed=7).run_to_masked()[2] / PRIME
+    y_zero = Session(zeros, seed=8).run_to_masked()[2] / PRIME
+    for y in (y_data, y_zero):
+        assert stats.kstest(y, "uniform").pvalue > 1e-3
+        assert stats.chisquare(np.histogram(y, bins=64, range=(0, 1))[0]).pvalue > 1e-3
+    assert stats.ks_2samp(y_data, y_zero).pvalue > 1e-3
+    assert abs(stats.pearsonr(data[2], y_data).statistic) < 4 / np.sqrt(m)
+    # the same tests do detect an unmasked encoding: they have power
+    assert stats.kstest(FP.encode(data[2]) / PRIME, "uniform").pvalue < 1e-6
+
+
+def test_transcripts_of_different_inputs_have_identical_sizes():
+    a = Session(_inputs(seed=9), seed=10)
+    b = Session({u: np.zeros(300) for u in SITES}, seed=11)
+    a.run_to_masked(), b.run_to_masked()
+    for u in SITES:
+        assert [len(d) for d in a.sent[u]] == [len(d) for d in b.sent[u]]
+
+
+def test_server_never_stores_an_individual_masked_or_plain_input():
+    session = Session(_inputs(seed=12))
+    masked = session.run_to_masked()
+    held = [v for v in vars(session.server).values() if isinstance(v, np.ndarray)]
+    assert len(held) == 1  # only the running sum of masked inputs
+    exact = [sum(int(masked[u][i]) for u in SITES) % PRIME for i in range(300)]
+    assert held[0].tolist() == exact
+
+
+# ------------------------------------------------------------- refusing misconduct
+def test_revealing_both_shares_for_one_peer_is_refused():
+    session = Session(_inputs(seed=13))
+    session.run_to_masked(drop_before=[4])
+    messages = session.unmask_messages()
+    honest = decode(session.params.unmask_spec, messages[1])
+    assert "b_0" in honest and "sk_0" not in honest and "sk_4" in honest and "b_4" not in honest
+    cheat = dict(honest, **{"sk_0": honest["b_0"]})
+    messages[1] = encode(session.params.unmask_spec, cheat)
+    with pytest.raises(SecAggProtocolError, match="both"):
+        session.server.unmask(messages)
+
+
+def test_revealing_the_key_share_of_a_surviving_site_is_refused():
+    session = Session(_inputs(seed=14))
+    session.run_to_masked()
+    messages = session.unmask_messages()
+    honest = decode(session.params.unmask_spec, messages[3])
+    cheat = {k: v for k, v in honest.items() if k != "b_0"}
+    cheat["sk_0"] = honest["b_0"]
+    messages[3] = encode(session.params.unmask_spec, cheat)
+    with pytest.raises(SecAggProtocolError, match="mask-key share of site 0"):
+        session.server.unmask(messages)
+
+
+def test_a_site_unmasks_only_once_and_checks_the_survivor_list():
+    session = Session(_inputs(seed=15))
+    session.run_to_masked(drop_before=[4])
+    session.sites[0].unmask(session.listing)
+    with pytest.raises(SecAggProtocolError, match="out of order"):
+        session.sites[0].unmask(session.listing)
+    forged = encode(session.params.survivors_spec, {"included": np.array([True, False, True, True, False])})
+    with pytest.raises(SecAggProtocolError, match="omits this site"):
+        session.sites[1].unmask(forged)
+
+
+def test_a_site_dropping_before_sharing_is_left_out_and_cannot_be_listed():
+    session = Session(_inputs(seed=23))
+    roster = session.server.collect_keys({u: s.advertise_keys() for u, s in session.sites.items()})
+    routed = session.server.route_shares({u: session.sites[u].share_keys(roster) for u in (0, 1, 2, 3)})
+    assert sorted(routed) == [0, 1, 2, 3]
+    listing = session.server.collect_masked({u: session.sites[u].masked_input(session.vectors[u], routed[u])
+                                             for u in routed})
+    total = session.server.unmask({u: session.sites[u].unmask(listing) for u in (0, 1, 2)})
+    np.testing.assert_array_equal(total, _grid_sum(session.vectors, (0, 1, 2, 3)))
+    forged = encode(session.params.survivors_spec, {"included": np.ones(5, dtype=bool)})
+    with pytest.raises(SecAggProtocolError, match="never shared"):
+        session.sites[3].unmask(forged)
+
+
+def test_tampered_share_ciphertext_is_detected_by_its_recipient():
+    session = Session(_inputs(seed=16))
+    roster = session.server.collect_keys({u: s.advertise_keys() for u, s in session.sites.items()})
+    routed = session.server.route_shares({u: s.share_keys(roster) for u, s in session.sites.items()})
+    msg = decode(session.params.routed_spec, routed[0])
+    msg["from_1"] = msg["from_1"] ^ np.uint64(1)
+    with pytest.raises(SecAggProtocolError, match="share bundle from site 1"):
+        session.sites[0].masked_input(session.vectors[0], encode(session.params.routed_spec, msg))
+
+
+# ---------------------------------------------------------------------- accounting
+def test_byte_counts_are_the_sizes_of_the_messages_sent():
+    x = _inputs(seed=17)
+    result = secure_sum(x, threshold=3, fixed_point=FP, drop_after_masking=[1], rng=18)
+    session = Session(x, seed=18)
+    session.run_to_masked()
+    session._send(session.unmask_messages(drop_after=[1]))
+    assert result.bytes_sent == {u: sum(len(d) for d in session.sent[u]) for u in SITES}
+    assert all(result.bytes_sent[u] > 8 * 300 for u in SITES)
+    assert result.bytes_received[1] < result.bytes_received[0]
+
+
+def test_reproducible_with_a_seed():
+    x = _inputs(seed=19)
+    a = Session(x, seed=20).run_to_masked()
+    b = Session(x, seed=20).run_to_masked()
+    c = Session(x, seed=21).run_to_masked()
+    np.testing.assert_array_equal(a[0], b[0])
+    assert not np.array_equal(a[0], c[0])
+
+
+def test_bad_arguments_are_refused():
+    x = _inputs()
+    with pytest.raises(ValueError, match="threshold"):
+        secure_sum(x, threshold=1, fixed_point=FP)
+    with pytest.raises(ValueError, match="threshold"):
+        secure_sum(x, threshold=6, fixed_point=FP)
+    with pytest.raises(ValueError, match="site 3: input has shape"):
+        secure_sum({**x, 3: np.zeros(4)}, threshold=3, fixed_point=FP)
+    with pytest.raises(ValueError, match="unknown sites"):
+        secure_sum(x, threshold=3, fixed_point=FP, drop_after_masking=[7])
+    with pytest.raises(ValueError, match="both"):
+        secure_sum(x, threshold=3, fixed_point=FP, drop_before_masking=[1], drop_after_masking=[1])
+    with pytest.raises(OverflowError, match="max_abs"):
+        secure_sum({**x, 0: np.full(300, 1e9)}, threshold=3, fixed_point=FP)
+    with pytest.raises(ValueError, match="max_summands"):
+        SecAggParams(tuple(range(5)), 3, FixedPoint(frac_bits=0, modulus=101, max_abs=20), 4)
+
+
+# -------------------------------------------------------------------- primitives
+def test_prg_is_deterministic_uniform_and_seed_dependent():
+    seed = bytes(range(32))
+    a = crypto.prg(seed, 50000, 101)
+    np.testing.assert_array_equal(a, crypto.prg(seed, 50000, 101))
+    assert a.min() >= 0 and a.max() < 101
+    assert stats.chisquare(np.bincount(a, minlength=101)).pvalue > 1e-3
+    b = crypto.prg(bytes(32), 50000, PRIME)
+    assert stats.kstest(b / PRIME, "uniform").pvalue > 1e-3
+    assert not np.array_equal(b[:100] % 101, a[:100])
+
+
+def test_key_agreement_is_symmetric_and_encryption_authenticated():
+    rng = np.random.default_rng(22)
+    k1, k2 = crypto.generate_private_key(rng), crypto.generate_private_key(rng)
+    shared = crypto.agree(k1, crypto.public_bytes(k2), salt=b"s", info=b"i")
+    assert shared == crypto.agree(k2, crypto.public_bytes(k1), salt=b"s", info=b"i")
+    assert shared != crypto.agree(k2, crypto.public_bytes(k1), salt=b"s", info=b"other")
+    ct = crypto.encrypt(shared, b"share", b"ad")
+    assert crypto.decrypt(shared, ct, b"ad") == b"share"
+    with pytest.raises(ValueError, match="authentication"):
+        crypto.decrypt(shared, ct, b"other ad")
+    restored = crypto.private_key_from_bytes(crypto.private_bytes(k1))
+    assert crypto.public_bytes(restored) == crypto.public_bytes(k1)
