@@ -30,7 +30,10 @@ import numpy as np
 from ..protocol.base import RoundProtocol, SiteContext, sum_messages
 from ..protocol.messages import Field, Message, MessageSpec, decode, encode, header_fields
 
-__all__ = ["simulate", "SimulationResult", "RoundRecord", "RoundFailed", "site_rng", "Participation"]
+__all__ = [
+    "simulate", "SimulationResult", "RoundRecord", "RoundFailed", "site_rng", "Participation",
+    "run_site_step", "server_update", "encode_state", "decode_state",
+]
 
 #: participation: None (every site, every round); a float p in (0, 1] (each site joins
 #: each round with probability p); a mapping ``round -> sites that are absent``; or a
@@ -111,7 +114,7 @@ def _pool_init(protocol: RoundProtocol, sites: Sequence[Any]) -> None:
     _WORKER["sites"] = sites
 
 
-def _run_site(
+def run_site_step(
     protocol: RoundProtocol,
     data: Any,
     site: int,
@@ -120,7 +123,12 @@ def _run_site(
     broadcast_bytes: bytes,
     state: dict[str, np.ndarray],
 ) -> tuple[str, bytes | str, dict[str, np.ndarray]]:
-    """Run one site step; returns ("ok", reply bytes, state) or ("error", message, state)."""
+    """Run one site step from the broadcast bytes; the site-side half of a round.
+
+    Returns ("ok", reply bytes, new state) or ("error", message, old state).  Every
+    runtime (this simulator, its process pool, the Flower ClientApp) calls this, so a
+    site computes the same reply from the same (seed, round, site) wherever it runs.
+    """
     try:
         broadcast = decode(protocol.broadcast_spec, broadcast_bytes)
         ctx = SiteContext(site=site, round=round, rng=site_rng(seed, round, site), data=data, state=dict(state))
@@ -130,23 +138,58 @@ def _run_site(
         return "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}", state
 
 
-def _run_site_in_worker(site: int, round: int, seed: int, broadcast_bytes: bytes, state_bytes: bytes | None):
+def _site_step_in_worker(site: int, round: int, seed: int, broadcast_bytes: bytes, state_bytes: bytes | None):
     protocol = _WORKER["protocol"]
-    state = _decode_state(state_bytes)
-    status, payload, new_state = _run_site(protocol, _WORKER["sites"][site], site, round, seed, broadcast_bytes, state)
-    return status, payload, _encode_state(new_state)
+    state = decode_state(state_bytes)
+    status, payload, new_state = run_site_step(protocol, _WORKER["sites"][site], site, round, seed, broadcast_bytes, state)
+    return status, payload, encode_state(new_state)
 
 
 # Site states never leave the site in a deployment; in the pool they travel between the
 # simulator and its worker processes, with the same self-describing encoding (no pickle).
 
 
-def _encode_state(state: Mapping[str, np.ndarray]) -> bytes | None:
+def encode_state(state: Mapping[str, np.ndarray]) -> bytes | None:
     return encode(_state_spec(state), state) if state else None
 
 
-def _decode_state(data: bytes | None) -> dict[str, np.ndarray]:
+def decode_state(data: bytes | None) -> dict[str, np.ndarray]:
     return {} if data is None else decode(_state_spec_of(data), data)
+
+
+def server_update(
+    protocol: RoundProtocol,
+    replies: Mapping[int, Message],
+    round: int,
+    broadcast: Message,
+    *,
+    aggregation: str = "plain",
+    aggregator: Any = None,
+    seed: int = 0,
+) -> tuple[Message, dict[str, float], list[int], dict[int, int] | None]:
+    """The server-side half of a round: combine the replies and run the global step.
+
+    Returns (new broadcast, round metrics, contributing sites, bytes per site of the
+    secure-sum exchange or None).  Raises :class:`RoundFailed` when secure aggregation
+    cannot recover the sum.  Shared by every runtime.
+    """
+    secure_bytes = None
+    contributors = sorted(replies)
+    if protocol.combine == "sum":
+        if aggregation == "secure":
+            try:
+                combined, secure_bytes, contributors = aggregator.sum(
+                    protocol.reply_spec, replies, round, _runtime_rng(seed, round)
+                )
+            except Exception as exc:
+                raise RoundFailed(round, f"secure aggregation failed: {exc}") from exc
+        else:
+            combined = sum_messages(protocol.reply_spec, replies)
+    else:
+        combined = dict(replies)
+    metrics = protocol.round_metrics(combined, round)
+    new_broadcast = protocol.broadcast_spec.validate(protocol.global_step(combined, round, broadcast))
+    return new_broadcast, metrics, list(contributors), secure_bytes
 
 
 # --------------------------------------------------------------------------- main loop
@@ -257,15 +300,15 @@ def simulate(
             outcomes: dict[int, tuple[str, bytes | str, dict[str, np.ndarray]]] = {}
             if pool is None:
                 for s in active:
-                    outcomes[s] = _run_site(protocol, sites[s], s, rnd, seed, broadcast_bytes, states[s])
+                    outcomes[s] = run_site_step(protocol, sites[s], s, rnd, seed, broadcast_bytes, states[s])
             else:
                 futures = {
-                    s: pool.submit(_run_site_in_worker, s, rnd, seed, broadcast_bytes, _encode_state(states[s]))
+                    s: pool.submit(_site_step_in_worker, s, rnd, seed, broadcast_bytes, encode_state(states[s]))
                     for s in active
                 }
                 for s, fut in futures.items():
                     status, payload, state_bytes = fut.result()
-                    outcomes[s] = (status, payload, _decode_state(state_bytes))
+                    outcomes[s] = (status, payload, decode_state(state_bytes))
 
             replies: dict[int, Message] = {}
             failed: dict[int, str] = {}
@@ -283,21 +326,12 @@ def simulate(
                 detail = "; ".join(f"site {s}: {m.splitlines()[0]}" for s, m in failed.items())
                 raise RoundFailed(rnd, f"{len(replies)} site(s) replied, at least {min_sites} needed" + (f" ({detail})" if detail else ""))
 
-            if protocol.combine == "sum":
-                if aggregation == "secure":
-                    try:
-                        combined, bytes_up, contributors = aggregator.sum(
-                            protocol.reply_spec, replies, rnd, _runtime_rng(seed, rnd)
-                        )
-                    except Exception as exc:
-                        raise RoundFailed(rnd, f"secure aggregation failed: {exc}") from exc
-                    replies = {s: replies[s] for s in contributors}
-                else:
-                    combined = sum_messages(protocol.reply_spec, replies)
-            else:
-                combined = replies
-            metrics = protocol.round_metrics(combined, rnd)
-            broadcast = protocol.broadcast_spec.validate(protocol.global_step(combined, rnd, broadcast))
+            broadcast, metrics, contributors, secure_bytes = server_update(
+                protocol, replies, rnd, broadcast, aggregation=aggregation, aggregator=aggregator, seed=seed
+            )
+            if secure_bytes is not None:
+                bytes_up = secure_bytes
+            replies = {s: replies[s] for s in contributors}
             record = RoundRecord(
                 round=rnd,
                 sites=sorted(replies),
