@@ -19,13 +19,11 @@ from typing import Sequence
 __all__ = ["main"]
 
 
-def _privacy_from_args(args) -> object | None:
+def _total_budget(args) -> tuple[float, float] | None:
+    """(epsilon, delta) of a total privacy budget from --dp / --epsilon / --delta, or None."""
     if getattr(args, "epsilon", None) is None and not getattr(args, "dp", False):
         return None
-    from .privacy import TotalBudget
-
-    epsilon = 1.0 if args.epsilon is None else args.epsilon
-    return TotalBudget(epsilon=epsilon, delta=args.delta)
+    return (1.0 if args.epsilon is None else args.epsilon, args.delta)
 
 
 def _cmd_demo(args) -> int:
@@ -38,7 +36,7 @@ def _cmd_demo(args) -> int:
         n_components=args.components,
         n_rounds=args.rounds,
         seed=args.seed,
-        privacy=_privacy_from_args(args),
+        total_budget=_total_budget(args),
         progress=not args.quiet,
     )
     console = Console()
@@ -67,7 +65,7 @@ def _cmd_demo(args) -> int:
 def _cmd_fit(args) -> int:
     from .userdata import fit_from_config
 
-    summary = fit_from_config(args.config, out_dir=args.out, privacy=_privacy_from_args(args), progress=not args.quiet)
+    summary = fit_from_config(args.config, out_dir=args.out, total_budget=_total_budget(args), progress=not args.quiet)
     print(json.dumps(summary, indent=2))
     return 0
 

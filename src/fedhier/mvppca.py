@@ -128,6 +128,24 @@ class FedMVPPCA:
         elif not callable(getattr(self.aggregation, "sum", None)):
             raise ValueError(f"aggregation must be 'plain', 'secure' or a SecureAggregator, got {self.aggregation!r}")
 
+    def _check_privacy(self, sites) -> None:
+        from .models.mvppca.dp import BLOCKS, DPConfig
+        from .privacy import TotalBudget
+
+        if not isinstance(self.privacy, DPConfig):
+            raise ValueError(
+                f"privacy must be a DPConfig (DPConfig.per_release(...) or DPConfig.total(...)), got {type(self.privacy).__name__}"
+            )
+        budget = self.privacy.budget
+        if isinstance(budget, TotalBudget):
+            most = len(BLOCKS) * max(len(s) for s in sites)
+            if budget.n_rounds != self.n_rounds or budget.releases_per_round < most:
+                raise ValueError(
+                    f"the total budget was calibrated for {budget.n_rounds} rounds of {budget.releases_per_round} releases, "
+                    f"but this fit has {self.n_rounds} rounds and a site releasing {most} blocks per round; "
+                    f"use DPConfig.total(epsilon, delta, n_rounds={self.n_rounds}, n_views={most // len(BLOCKS)})"
+                )
+
     def _check_fitted(self) -> None:
         if not hasattr(self, "_global"):
             raise NotFittedError("this FedMVPPCA is not fitted yet: call fit(sites) first")
@@ -168,8 +186,8 @@ class FedMVPPCA:
         self._check_params()
         sites, schema = check_sites(sites, n_components=self.n_components, min_subjects=2)
         protocol = self._protocol(schema)
-        if self.privacy is not None and hasattr(self.privacy, "check_feasible"):
-            self.privacy.check_feasible(n_rounds=self.n_rounds, schema=schema, n_components=self.n_components)
+        if self.privacy is not None:
+            self._check_privacy(sites)
         callbacks = list(callbacks)
         bar = None
         if self.progress:
@@ -200,11 +218,44 @@ class FedMVPPCA:
         self.seed_ = result.seed
         self.history_ = [self._history_row(r) for r in result.history]
         if self.privacy is not None:
-            from .models.mvppca.dp import ledger_for_fit
-
-            self.privacy_ledger_ = ledger_for_fit(self.privacy, schema, sites, result.history)
-            self.privacy_spent_ = self.privacy_ledger_.spent()
+            self.privacy_ledger_ = self._mirror_ledger(sites, result.history)
+            self.privacy_spent_ = self.privacy_ledger_.spent(self._privacy_delta())
         return self
+
+    def privacy_table(self, delta: float | None = None) -> list[dict[str, Any]]:
+        """Cumulative epsilon per site after each round (one PLD computation per row).
+
+        ``delta`` defaults to the total budget's delta, else 1e-5.
+        """
+        self._check_fitted()
+        if self.privacy is None:
+            raise ValueError("this model was fitted without privacy")
+        return self.privacy_ledger_.round_table(self._privacy_delta() if delta is None else delta)
+
+    def _privacy_delta(self) -> float:
+        """delta at which the spent epsilon is reported: the total budget's, else 1e-5."""
+        from .privacy import TotalBudget
+
+        budget = self.privacy.budget
+        return float(budget.delta) if isinstance(budget, TotalBudget) else 1e-5
+
+    def _mirror_ledger(self, sites, history: Sequence[RoundRecord]):
+        """The accountant's ledger, rebuilt from public facts: who released which views when.
+
+        Each site also keeps its own ledger for the budget stop; a site that stopped is
+        recorded with the reason it gave.
+        """
+        from .models.mvppca.dp import record_round
+        from .privacy import PrivacyLedger
+
+        ledger = PrivacyLedger()
+        for record in history:
+            for s in record.sites:
+                record_round(ledger, s, record.round, list(sites[s]), self.privacy)
+            for s, message in record.failed.items():
+                if message.startswith("PrivacyBudgetExhausted"):
+                    ledger.record_stop(s, record.round, message.splitlines()[0])
+        return ledger
 
     @staticmethod
     def _history_row(record: RoundRecord) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from .models.mvppca.dp import DPConfig
 from .mvppca import FedMVPPCA
 from .utils.io import write_csv, write_json
 
@@ -132,13 +133,19 @@ def read_site_table(path: str | Path, views: dict[str, list[str]], site_name: st
     return out
 
 
-def fit_from_config(config_path: str | Path, *, out_dir: str | Path, privacy: Any = None, progress: bool = True) -> dict[str, Any]:
+def fit_from_config(
+    config_path: str | Path, *, out_dir: str | Path, total_budget: tuple[float, float] | None = None, progress: bool = True
+) -> dict[str, Any]:
     """Fit Fed-mv-PPCA on the sites of a configuration; write model, latents and summary."""
     config = load_config(config_path)
     sites = [read_site_table(s["path"], config["views"], s["name"]) for s in config["sites"]]
+    n_rounds = config.get("n_rounds", 100)
+    privacy = None
+    if total_budget is not None:
+        privacy = DPConfig.total(*total_budget, n_rounds=n_rounds, n_views=max(len(s) for s in sites))
     model = FedMVPPCA(
         n_components=config.get("n_components", 5),
-        n_rounds=config.get("n_rounds", 100),
+        n_rounds=n_rounds,
         n_local_iter=config.get("n_local_iter", 15),
         n_first_iter=config.get("n_first_iter", 30),
         random_state=config.get("seed", 0),

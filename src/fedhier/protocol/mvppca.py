@@ -169,7 +169,12 @@ class MVPPCAProtocol(RoundProtocol):
         if self.privacy is not None:
             from ..models.mvppca import dp
 
-            params = dp.privatize_site_params(params, anchor, self.privacy, ctx.rng, site=ctx.site, round=ctx.round)
+            released = ctx.state.get("private_rounds", np.zeros(0, dtype="int64"))
+            ledger = dp.site_ledger(ctx.site, list(params), released, self.privacy)
+            params = dp.privatize_site_params(
+                params, anchor, self.privacy, ctx.rng, site=ctx.site, round=ctx.round, ledger=ledger
+            )
+            ctx.state["private_rounds"] = np.append(released, np.int64(ctx.round))
         stats = master.site_statistics(params, anchor)
         reply: Message = {
             "expected_ll": np.asarray(float(fit.expected_ll[-1]) if len(fit.expected_ll) else 0.0),
@@ -199,6 +204,11 @@ class MVPPCAProtocol(RoundProtocol):
         )
         for note in safeguards:
             log.info("round %d, master: %s", round, note)
+        if self.privacy is not None and self.privacy.denoise and anchor is not None:
+            from ..models.mvppca import dp
+
+            counts = {view: int(fields["count"]) for view, fields in self._statistics(combined).items()}
+            new = dp.denoise_global(new, anchor, counts, self.privacy)
         return global_to_message(new)
 
     def round_metrics(self, combined: Message, round: int) -> dict[str, float]:

@@ -1,0 +1,82 @@
+"""The command line: demo report, `fedhier fit` on user CSV files, and clear errors."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from fedhier.cli import main
+from fedhier.data import load_alzheimer
+
+
+def test_demo_writes_a_report_with_its_figures(tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["demo", "--out", str(out), "--rounds", "5", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "test MAE" in printed and "latent LDA accuracy" in printed and "mean imputation" in printed
+    for name in ("report.html", "report.md", "summary.json", "model.npz", "convergence.png", "latent.png", "imputation.png"):
+        assert (out / name).is_file(), name
+    md = (out / "report.md").read_text()
+    # the report opens with its figures, before the tables
+    assert md.index("![convergence.png]") < md.index("## Summary")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["site_sizes"] == [74, 41, 107] or sum(summary["site_sizes"]) == 222
+    assert summary["missing_views"] == [[], ["csf"], ["demographics"]]
+    assert 0.0 < summary["test_mae"] < 1.0 and 0.5 < summary["latent_lda_accuracy"] <= 1.0
+
+
+def _write_site(path, columns, rows):
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(columns)
+        w.writerows(rows)
+
+
+@pytest.fixture
+def user_files(tmp_path):
+    data = load_alzheimer()
+    csf, demo = data.views["csf"], data.views["demographics"]
+    cols_csf, cols_demo = list(data.feature_names["csf"]), list(data.feature_names["demographics"])
+    halves = np.array_split(np.arange(data.n_samples), 2)
+    _write_site(tmp_path / "a.csv", cols_csf + cols_demo, np.hstack([csf, demo])[halves[0]].tolist())
+    _write_site(tmp_path / "b.csv", cols_csf, csf[halves[1]].tolist())  # site b does not measure demographics
+    toml = tmp_path / "fit.toml"
+    toml.write_text(
+        "n_components = 2\nn_rounds = 3\nn_local_iter = 3\nn_first_iter = 5\n"
+        f"[views]\ncsf = {json.dumps(cols_csf)}\ndemographics = {json.dumps(cols_demo)}\n"
+        '[[sites]]\nname = "a"\npath = "a.csv"\n[[sites]]\nname = "b"\npath = "b.csv"\n'
+    )
+    return toml
+
+
+def test_fit_on_user_csv_files(tmp_path, user_files, capsys):
+    out = tmp_path / "fit"
+    assert main(["fit", "--config", str(user_files), "--out", str(out), "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["sites"] == ["a", "b"] and summary["views"] == {"csf": 3, "demographics": 4}
+    assert (out / "model.npz").is_file() and (out / "latent_a.csv").is_file() and (out / "latent_b.csv").is_file()
+    with (out / "latent_b.csv").open() as fh:
+        assert len(list(csv.reader(fh))) == 1 + 333 - 167
+
+
+def test_fit_refuses_non_numeric_values_before_writing_anything(tmp_path, user_files, capsys):
+    text = (tmp_path / "b.csv").read_text().splitlines()
+    text[3] = "high," + text[3].split(",", 1)[1]
+    (tmp_path / "b.csv").write_text("\n".join(text) + "\n")
+    out = tmp_path / "fit"
+    assert main(["fit", "--config", str(user_files), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "site 'b', view 'csf': non-numeric value 'high' in column 'tau', row 3" in err
+    assert not out.exists()
+
+
+def test_fit_refuses_a_bad_configuration(tmp_path, user_files, capsys):
+    user_files.write_text(user_files.read_text().replace("n_rounds", "n_roundz"))
+    assert main(["fit", "--config", str(user_files), "--out", str(tmp_path / "x")]) == 2
+    assert "unknown key(s) ['n_roundz']" in capsys.readouterr().err
+
+
+def test_unknown_experiment_is_refused(capsys):
+    assert main(["experiment", "no-such-experiment"]) == 2
+    assert "unknown experiment" in capsys.readouterr().err
