@@ -31,6 +31,16 @@ log = logging.getLogger(__name__)
 _FORMAT = "fedhier.FedMVPPCA/1"
 
 
+def _record_global_sd(record: RoundRecord, broadcast: Mapping[str, np.ndarray]) -> None:
+    """Add the global standard deviations of the round to its history (spec §8.5, paper Fig. 7)."""
+    for key in broadcast:
+        view, _, name = key.rpartition("/")
+        if name in ("sigma2_mu", "sigma2_W"):
+            record.metrics[f"{view}/sd_{name[7:]}"] = float(np.sqrt(broadcast[key]))
+        elif name == "var_sigma" and float(broadcast[key]) >= 0:
+            record.metrics[f"{view}/sd_sigma2"] = float(np.sqrt(broadcast[key]))
+
+
 class NotFittedError(RuntimeError):
     """The estimator is used before ``fit``."""
 
@@ -76,7 +86,9 @@ class FedMVPPCA:
         ``{view: {"mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta", "noise_var", "var_sigma"}}``.
     history_ : list of dict
         Per round: expected log-likelihood (sum over sites of Q_c), bytes sent per
-        site, sites that replied.
+        site, sites that replied, and in ``metrics`` the number of sites per view and
+        the global standard deviations ``<view>/sd_mu``, ``<view>/sd_W``,
+        ``<view>/sd_sigma2`` (their evolution under DP is spec §8.5).
     schema_ : ViewSchema
     n_sites_ : int
     """
@@ -188,7 +200,7 @@ class FedMVPPCA:
         protocol = self._protocol(schema)
         if self.privacy is not None:
             self._check_privacy(sites)
-        callbacks = list(callbacks)
+        callbacks = [_record_global_sd, *callbacks]
         bar = None
         if self.progress:
             from .utils.progress import RoundProgress
