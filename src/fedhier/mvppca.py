@@ -309,6 +309,22 @@ class FedMVPPCA:
         """Per-feature predictive variance (n, d_view) of ``view`` given the observed views."""
         return predictive.impute_variance(self.model_, self._views(X), view)
 
+    def impute_covariance(self, X: Mapping[str, Any], view: str) -> np.ndarray:
+        """Full predictive covariance (n, d_view, d_view) of ``view`` given the observed views (§9).
+
+        The only method that forms d x d matrices: use :meth:`impute_variance` for wide views.
+        """
+        return predictive.impute_covariance(self.model_, self._views(X), view)
+
+    def impute_variance_new_site(self, X: Mapping[str, Any], view: str) -> np.ndarray:
+        """Per-feature predictive variance for a subject of an unseen site (§9 [R]).
+
+        Adds the between-site uncertainty of the hierarchical prior,
+        sigma2_mu + sigma2_W (tr M_O + ||x-hat||^2), to :meth:`impute_variance`.
+        """
+        self._check_fitted()
+        return predictive.hierarchical_predictive_variance(self._global, self._views(X), view)
+
     def score_samples(self, X: Mapping[str, Any]) -> np.ndarray:
         """Marginal log-likelihood (n,) of each subject's observed views (§10, x integrated out)."""
         return predictive.marginal_loglik(self.model_, self._views(X))
