@@ -104,3 +104,14 @@ def test_errors_before_any_work(iid_problem):
     m = FedMVPPCA(n_components=3, n_rounds=1, n_first_iter=3, random_state=0).fit(sites)
     with pytest.raises(ValueError, match="unknown"):
         m.transform({"nope": test["v0"]})
+
+
+def test_interrupted_fit_resumes_from_its_checkpoint(tmp_path, iid_problem):
+    sites, _ = iid_problem
+    kw = dict(n_components=3, n_local_iter=3, n_first_iter=5, random_state=1)
+    full = FedMVPPCA(n_rounds=4, **kw).fit(sites)
+    path = tmp_path / "fit.ckpt.npz"
+    FedMVPPCA(n_rounds=2, **kw).fit(sites, checkpoint=path)
+    resumed = FedMVPPCA(n_rounds=4, **kw).fit(sites, checkpoint=path)
+    assert np.asarray(resumed.global_params_["v1"]["W"]).tobytes() == np.asarray(full.global_params_["v1"]["W"]).tobytes()
+    assert [h["round"] for h in resumed.history_] == [1, 2, 3, 4]

@@ -189,11 +189,19 @@ class FedMVPPCA:
 
         return SecureAggregator(n_sites)
 
-    def fit(self, sites: Sequence[Mapping[str, Any]], callbacks: Sequence[Callable[[RoundRecord, Any], None]] = ()) -> "FedMVPPCA":
+    def fit(
+        self,
+        sites: Sequence[Mapping[str, Any]],
+        callbacks: Sequence[Callable[[RoundRecord, Any], None]] = (),
+        checkpoint: str | Path | None = None,
+    ) -> "FedMVPPCA":
         """Fit the global model on ``sites`` (list of ``{view: (n, d) array}``).
 
         A site may lack views (absent keys) and subjects may lack views (all-NaN rows).
         Bad input raises ``ValueError`` naming the site and view before any work.
+        ``callbacks`` are called after every round with ``(record, broadcast)``.
+        ``checkpoint``: a file rewritten after every round; if it exists, the fit
+        resumes from it and ends exactly as an uninterrupted fit would.
         """
         self._check_params()
         sites, schema = check_sites(sites, n_components=self.n_components, min_subjects=2)
@@ -219,6 +227,7 @@ class FedMVPPCA:
                 callbacks=callbacks,
                 aggregation="plain" if self.aggregation == "plain" else "secure",
                 aggregator=self._aggregator(len(sites)),
+                checkpoint=checkpoint,
             )
         finally:
             if bar is not None:

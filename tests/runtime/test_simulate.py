@@ -100,13 +100,19 @@ def test_a_failing_site_is_dropped_and_reported_and_too_few_sites_stop_the_fit()
         simulate(NoisyMean(fail_site=2), sites, n_rounds=1, random_state=0, min_sites=4)
 
 
-def test_resume_from_a_checkpoint_gives_the_same_result():
+def test_resume_from_a_checkpoint_gives_the_same_result(tmp_path):
     sites = make_sites()
     full = simulate(NoisyMean(), sites, n_rounds=4, random_state=5)
-    half = simulate(NoisyMean(), sites, n_rounds=2, random_state=5)
-    rest = simulate(NoisyMean(), sites, n_rounds=4, random_state=5, start=(2, half.broadcast, half.site_states))
+    path = tmp_path / "run.ckpt.npz"
+    simulate(NoisyMean(), sites, n_rounds=2, random_state=5, checkpoint=path)  # "interrupted" after round 2
+    rest = simulate(NoisyMean(), sites, n_rounds=4, random_state=5, checkpoint=path)
     assert rest.broadcast["mean"].tobytes() == full.broadcast["mean"].tobytes()
-    assert [r.round for r in rest.history] == [3, 4]
+    assert [r.round for r in rest.history] == [1, 2, 3, 4]
+    assert [s["rounds_seen"] for s in rest.site_states] == [4, 4, 4, 4]
+    with np.load(path, allow_pickle=False) as data:  # no pickled object inside
+        assert "__meta__" in data.files
+    with pytest.raises(ValueError, match="seed 5, not 6"):
+        simulate(NoisyMean(), sites, n_rounds=5, random_state=6, checkpoint=path)
 
 
 @pytest.mark.parametrize(

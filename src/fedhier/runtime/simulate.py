@@ -23,11 +23,13 @@ import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from ..protocol.base import RoundProtocol, SiteContext, sum_messages
+from .checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from ..protocol.messages import Field, Message, MessageSpec, decode, encode, header_fields
 
 __all__ = [
@@ -61,6 +63,19 @@ class RoundRecord:
     bytes_down: int
     metrics: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> "RoundRecord":
+        return cls(
+            round=int(row["round"]),
+            sites=[int(s) for s in row["sites"]],
+            absent=[int(s) for s in row["absent"]],
+            failed={int(k): v for k, v in row["failed"].items()},
+            bytes_up={int(k): int(v) for k, v in row["bytes_up"].items()},
+            bytes_down=int(row["bytes_down"]),
+            metrics=dict(row["metrics"]),
+            seconds=float(row["seconds"]),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -227,7 +242,7 @@ def simulate(
     callbacks: Sequence[Callable[[RoundRecord, Message], None]] = (),
     aggregation: Literal["plain", "secure"] = "plain",
     aggregator: Any = None,
-    start: tuple[int, Message, list[dict[str, np.ndarray]]] | None = None,
+    checkpoint: str | Path | None = None,
 ) -> SimulationResult:
     """Run ``n_rounds`` rounds of ``protocol`` over ``sites`` in this process.
 
@@ -253,8 +268,10 @@ def simulate(
         ``sum(spec, replies, round, rng) -> (sum, bytes sent per site, contributing
         sites)``); only for ``combine == "sum"`` protocols.  The recorded bytes are then
         those of the whole secure-sum exchange.
-    start : (last_round, broadcast, site_states), optional
-        Resume after ``last_round`` from a checkpoint.
+    checkpoint : path, optional
+        Write a checkpoint (:mod:`fedhier.runtime.checkpoint`) after every round; if the
+        file exists when the run starts, resume from it (same protocol, sites and seed
+        required) -- the result is bit-identical to an uninterrupted run.
 
     Returns
     -------
@@ -282,15 +299,21 @@ def simulate(
         protocol.validate_site_data(s, data)
 
     seed = int(np.random.SeedSequence().entropy % (2**63)) if random_state is None else int(random_state)
-    if start is None:
-        first_round, broadcast, states = 1, protocol.broadcast_spec.validate(protocol.initial_broadcast()), [{} for _ in sites]
-    else:
-        last, broadcast, states = start
-        first_round, broadcast, states = last + 1, protocol.broadcast_spec.validate(broadcast), [dict(s) for s in states]
-        if len(states) != n_sites:
-            raise ValueError(f"checkpoint has {len(states)} site states, but {n_sites} sites were given")
-
+    first_round, broadcast, states = 1, protocol.broadcast_spec.validate(protocol.initial_broadcast()), [{} for _ in sites]
     history: list[RoundRecord] = []
+    if checkpoint is not None and Path(checkpoint).exists():
+        saved = read_checkpoint(checkpoint)
+        if saved.protocol != protocol.name or len(saved.site_states) != n_sites:
+            raise ValueError(
+                f"checkpoint {checkpoint} is for protocol {saved.protocol!r} with {len(saved.site_states)} sites, "
+                f"not {protocol.name!r} with {n_sites}"
+            )
+        if random_state is not None and saved.seed != seed:
+            raise ValueError(f"checkpoint {checkpoint} was written with seed {saved.seed}, not {seed}")
+        seed, first_round = saved.seed, saved.round + 1
+        broadcast, states = protocol.broadcast_spec.validate(saved.broadcast), saved.site_states
+        history = [RoundRecord.from_dict(h) for h in saved.history]
+
     pool = ProcessPoolExecutor(max_workers=n_jobs, initializer=_pool_init, initargs=(protocol, sites)) if n_jobs > 1 else None
     try:
         for rnd in range(first_round, n_rounds + 1):
@@ -343,6 +366,11 @@ def simulate(
                 seconds=time.perf_counter() - t0,
             )
             history.append(record)
+            if checkpoint is not None:
+                write_checkpoint(
+                    checkpoint,
+                    Checkpoint(protocol.name, rnd, seed, broadcast, states, [h.to_dict() for h in history]),
+                )
             for cb in callbacks:
                 cb(record, broadcast)
     finally:

@@ -1,0 +1,633 @@
+"""Flower runtime: run a fedhier round protocol on real machines (ARCHITECTURE "Runtimes").
+
+One SuperLink (the coordinator) and one SuperNode per site, talking gRPC/HTTP over
+Flower's Message API.  Flower only carries bytes; the round itself is ours:
+
+* the :data:`server_app` (a Flower ``ServerApp``) runs :func:`run_rounds`, our own round
+  loop over ``Grid.push_messages`` / ``Grid.pull_messages`` -- not Flower's strategies;
+* the :data:`client_app` (a Flower ``ClientApp``) runs the site half of a round on the
+  site's own file, whose path comes from the SuperNode's ``node_config`` (``data``), with
+  the site's name in ``site``;
+* every message crossing the network is a declared fedhier message serialised by
+  :func:`fedhier.protocol.messages.encode` and carried as a ``bytes`` value of a Flower
+  ``ConfigRecord`` -- never a pickle;
+* the site step is :func:`fedhier.runtime.simulate.run_site_step` and the server step is
+  :func:`fedhier.runtime.simulate.server_update`, with the same ``(seed, round, site)``
+  generators, so a Flower fit equals :func:`fedhier.runtime.simulate` bit for bit on the
+  same sites (same seed, same site indices).
+
+Robustness (issue 6, "Robustness"):
+
+* every round has a deadline (``round_timeout``); the server never waits longer;
+* a site whose step raises is dropped from that round (its error is recorded) and asked
+  again in the next round;
+* a site that does not answer before the deadline (crashed, disconnected) is dropped
+  from that round and *lost*: it is not asked again in this fit, so one dead site costs
+  one deadline, not one per round;
+* a round with fewer than ``min_sites`` replies stops the fit with
+  :class:`~fedhier.runtime.simulate.RoundFailed`; no partial global update is broadcast.
+
+Site indices: the fit configuration lists the site names; site ``s`` is the ``s``-th name
+(0-based), the index that seeds its generator.  A SuperNode whose ``site`` is not in
+the list is ignored (and reported); two SuperNodes claiming the same site stop the fit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..protocol.base import RoundProtocol
+from ..protocol.messages import Message, decode, encode
+from ..utils.io import atomic_write_bytes, write_json
+from .simulate import RoundFailed, RoundRecord, decode_state, encode_state, run_site_step, server_update
+
+try:
+    from flwr.app import ConfigRecord, Context, Message as FlowerMessage, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError("the Flower runtime needs the optional extra: pip install 'fedhier[flower]'") from exc
+
+__all__ = [
+    "FlowerFitConfig",
+    "FlowerFitResult",
+    "run_rounds",
+    "load_site",
+    "site_round",
+    "server_app",
+    "client_app",
+    "write_result",
+    "read_result",
+    "MESSAGE_TYPE",
+    "RUN_CONFIG_KEY",
+]
+
+log = logging.getLogger(__name__)
+
+#: Flower message type of a round (a ClientApp "train" action).
+MESSAGE_TYPE = "train"
+#: run-config key holding the fit configuration (JSON) in the Flower app.
+RUN_CONFIG_KEY = "fedhier-fit"
+_RECORD = "fedhier"
+_STATE = "fedhier-state"
+
+_ALLOWED_KEYS = {
+    "n_components", "n_rounds", "n_local_iter", "n_first_iter", "seed", "ig_solver", "sigma2_prior", "views", "flower",
+}
+_FLOWER_KEYS = {"sites", "min_sites", "round_timeout", "connect_timeout", "poll_interval", "out"}
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class FlowerFitConfig:
+    """A Fed-mv-PPCA fit over Flower, as written in ``fit.toml`` (see ``docs/flower.md``).
+
+    Parameters
+    ----------
+    views : mapping view name -> tuple of column names
+        View order and dimensions (the schema every site is checked against).
+    sites : tuple of str
+        Site names in site-index order; each SuperNode declares its name in its
+        ``node_config`` (``site="..."``).
+    n_components, n_rounds, n_local_iter, n_first_iter, ig_solver, sigma2_prior
+        As :class:`fedhier.mvppca.FedMVPPCA`.
+    seed : int or None
+        One seed for everything; None draws one (recorded in the result).
+    min_sites : int
+        Fewest replies a round needs; fewer stop the fit.
+    round_timeout : float
+        Seconds the server waits for the replies of one round.
+    connect_timeout : float
+        Seconds the server waits, before round 1, for a SuperNode per listed site.
+    poll_interval : float
+        Seconds between two pulls of replies from the SuperLink.
+    out : str
+        Folder, on the machine that runs the ServerApp (the SuperLink host), that
+        receives ``model.npz``, ``broadcast.fhm``, ``history.json`` and ``summary.json``.
+    """
+
+    views: Mapping[str, tuple[str, ...]]
+    sites: tuple[str, ...]
+    n_components: int = 5
+    n_rounds: int = 100
+    n_local_iter: int = 15
+    n_first_iter: int = 30
+    seed: int | None = None
+    ig_solver: str = "newton"
+    sigma2_prior: str | None = "weak"
+    min_sites: int = 1
+    round_timeout: float = 600.0
+    connect_timeout: float = 300.0
+    poll_interval: float = 0.2
+    out: str = "fedhier-flower-fit"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "views", {str(v): tuple(c) for v, c in dict(self.views).items()})
+        object.__setattr__(self, "sites", tuple(self.sites))
+        self._check()
+
+    def _check(self) -> None:
+        if not self.views:
+            raise ValueError("fit configuration: [views] must map at least one view name to its columns")
+        seen: dict[str, str] = {}
+        for view, columns in self.views.items():
+            if not columns or not all(isinstance(c, str) and c for c in columns):
+                raise ValueError(f"fit configuration: view {view!r} must list its columns as non-empty strings")
+            for c in columns:
+                if c in seen:
+                    raise ValueError(f"fit configuration: column {c!r} is in both view {seen[c]!r} and view {view!r}")
+                seen[c] = view
+        if not self.sites or not all(isinstance(s, str) and s for s in self.sites):
+            raise ValueError("fit configuration: [flower] sites must list the site names (non-empty strings)")
+        if len(set(self.sites)) != len(self.sites):
+            raise ValueError(f"fit configuration: site names must be unique, got {list(self.sites)}")
+        for name in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "min_sites"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"fit configuration: {name} must be a positive integer, got {value!r}")
+        if self.min_sites > len(self.sites):
+            raise ValueError(f"fit configuration: min_sites={self.min_sites} exceeds the {len(self.sites)} listed sites")
+        largest = max(len(c) for c in self.views.values())
+        if self.n_components >= largest:
+            raise ValueError(
+                f"fit configuration: n_components={self.n_components} must be smaller than the largest view dimension ({largest})"
+            )
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"fit configuration: seed must be a non-negative integer, got {self.seed!r}")
+        if self.ig_solver not in ("newton", "fixed_point"):
+            raise ValueError(f"fit configuration: ig_solver must be 'newton' or 'fixed_point', got {self.ig_solver!r}")
+        if self.sigma2_prior not in ("weak", None):
+            raise ValueError(f"fit configuration: sigma2_prior must be 'weak' or 'none', got {self.sigma2_prior!r}")
+        for name in ("round_timeout", "connect_timeout", "poll_interval"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"fit configuration: {name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(self.out, str) or not self.out:
+            raise ValueError("fit configuration: out must be a folder name")
+
+    # ------------------------------------------------------------------ reading / writing
+    @classmethod
+    def from_toml(cls, text: str, source: str = "fit.toml") -> "FlowerFitConfig":
+        """Parse the TOML text of a fit configuration; ValueError naming ``source`` and the key."""
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{source}: invalid TOML: {exc}") from exc
+        unknown = sorted(set(raw) - _ALLOWED_KEYS)
+        if unknown:
+            raise ValueError(f"{source}: unknown key(s) {unknown}; allowed: {sorted(_ALLOWED_KEYS)}")
+        flower = raw.pop("flower", None)
+        if not isinstance(flower, dict):
+            raise ValueError(f"{source}: a [flower] table with the site names (sites = [...]) is required")
+        unknown = sorted(set(flower) - _FLOWER_KEYS)
+        if unknown:
+            raise ValueError(f"{source}: unknown key(s) {unknown} in [flower]; allowed: {sorted(_FLOWER_KEYS)}")
+        views = raw.pop("views", None)
+        if not isinstance(views, dict) or not all(isinstance(c, list) for c in views.values()):
+            raise ValueError(f"{source}: a [views] table mapping view names to column lists is required")
+        if raw.get("sigma2_prior") == "none":
+            raw["sigma2_prior"] = None
+        try:
+            return cls(views=views, **raw, **flower)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
+
+    @classmethod
+    def read(cls, path: str | Path) -> "FlowerFitConfig":
+        """Read ``fit.toml``; a relative ``out`` is resolved against the file's folder."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"fit configuration {path} does not exist")
+        config = cls.from_toml(path.read_text(), str(path))
+        out = Path(config.out)
+        if not out.is_absolute():
+            config = config.replace(out=str((path.parent / out).resolve()))
+        return config
+
+    def replace(self, **changes: Any) -> "FlowerFitConfig":
+        return type(self)(**{**self.to_dict(), **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["views"] = {v: list(c) for v, c in self.views.items()}
+        out["sites"] = list(self.sites)
+        return out
+
+    def to_json(self) -> str:
+        """The form that travels in the Flower run config (key :data:`RUN_CONFIG_KEY`)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "FlowerFitConfig":
+        return cls(**json.loads(text))
+
+    # ------------------------------------------------------------------ the model
+    def schema(self):
+        from ..data.schema import ViewSchema
+
+        return ViewSchema(tuple(self.views), tuple(len(c) for c in self.views.values()))
+
+    def protocol(self) -> RoundProtocol:
+        """The Fed-mv-PPCA round, built as :class:`fedhier.mvppca.FedMVPPCA` builds it."""
+        from ..protocol.mvppca import MVPPCAProtocol
+
+        return MVPPCAProtocol(
+            self.schema(),
+            self.n_components,
+            n_local_iter=self.n_local_iter,
+            n_first_iter=self.n_first_iter,
+            ig_solver=self.ig_solver,
+            sigma2_prior=self.sigma2_prior,
+        )
+
+
+def load_site(config: FlowerFitConfig, path: str | Path, site: str) -> dict[str, np.ndarray]:
+    """Read and check one site's CSV file (columns named as in ``config.views``).
+
+    Returns ``{view: (n, d_view) float64 array}`` in schema order, views the file lacks
+    omitted.  Raises ValueError naming the site, view and problem.
+    """
+    from ..data.validation import check_sites
+    from ..userdata import read_site_table
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
+    table = read_site_table(path, {v: list(c) for v, c in config.views.items()}, site)
+    checked, _ = check_sites([table], schema=config.schema(), n_components=config.n_components, min_subjects=2, site_names=[site])
+    return checked[0]
+
+
+# --------------------------------------------------------------------------- the round loop
+
+
+@dataclass
+class FlowerFitResult:
+    """Outcome of :func:`run_rounds`.
+
+    Attributes
+    ----------
+    broadcast : Message
+        Final broadcast (the global parameters).
+    history : list of RoundRecord
+        One record per round: sites that replied, sites absent (lost earlier or never
+        connected), sites that failed this round with the reason, bytes of our messages.
+    seed : int
+    nodes : dict site index -> Flower node id
+    lost : dict site index -> round in which it stopped answering
+    ignored : dict Flower node id -> reason (a node that is not one of the listed sites)
+    """
+
+    broadcast: Message
+    history: list[RoundRecord]
+    seed: int
+    nodes: dict[int, int] = field(default_factory=dict)
+    lost: dict[int, int] = field(default_factory=dict)
+    ignored: dict[int, str] = field(default_factory=dict)
+
+
+def _wait_for_nodes(grid: Grid, n_wanted: int, timeout: float, poll: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    nodes = sorted(grid.get_node_ids())
+    while len(nodes) < n_wanted and time.monotonic() < deadline:
+        time.sleep(max(poll, 1.0))
+        nodes = sorted(grid.get_node_ids())
+    return nodes
+
+
+def _exchange(grid: Grid, contents: Mapping[int, RecordDict], round: int, timeout: float, poll: float):
+    """Push one message per node and pull the replies until all came or the deadline passed.
+
+    Returns ({node: reply Flower message}, {node: reason} for nodes without a reply).
+    """
+    nodes = list(contents)
+    messages = [
+        FlowerMessage(contents[n], dst_node_id=n, message_type=MESSAGE_TYPE, group_id=str(round), ttl=timeout)
+        for n in nodes
+    ]
+    ids = list(grid.push_messages(messages))
+    missing = {n: "the SuperLink refused the message" for n, i in zip(nodes, ids) if i is None}
+    pending = {i: n for n, i in zip(nodes, ids) if i is not None}
+    replies: dict[int, FlowerMessage] = {}
+    deadline = time.monotonic() + timeout
+    while pending:
+        for msg in grid.pull_messages(list(pending)):
+            node = pending.pop(msg.metadata.reply_to_message_id, None)
+            if node is not None:
+                replies[node] = msg
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(poll)
+    missing.update({n: f"no reply within {timeout:g} s" for n in pending.values()})
+    return replies, missing
+
+
+def _read_reply(msg: FlowerMessage) -> tuple[str | None, str, bytes | str]:
+    """(site name or None, status, payload) of a site's reply; Flower errors become status 'error'."""
+    if msg.has_error():
+        return None, "error", f"Flower error {msg.error.code}: {msg.error.reason}"
+    record = msg.content.config_records.get(_RECORD)
+    if record is None:
+        return None, "error", "reply without a fedhier record"
+    site = str(record.get("site", "")) or None
+    status = str(record.get("status", "error"))
+    payload = record.get("reply") if status == "ok" else str(record.get("error", "unknown error"))
+    if status == "ok" and not isinstance(payload, bytes):
+        return site, "error", "reply without payload bytes"
+    return site, status, payload
+
+
+def run_rounds(
+    grid: Grid,
+    protocol: RoundProtocol,
+    sites: Sequence[str],
+    *,
+    n_rounds: int,
+    seed: int | None = None,
+    min_sites: int = 1,
+    round_timeout: float = 600.0,
+    connect_timeout: float = 300.0,
+    poll_interval: float = 0.2,
+    callbacks: Sequence[Callable[[RoundRecord, Message], None]] = (),
+) -> FlowerFitResult:
+    """Run ``n_rounds`` rounds of ``protocol`` over the SuperNodes connected to ``grid``.
+
+    The server half of :func:`fedhier.runtime.simulate` over the network (see the module
+    docstring for the dropout rules).  Before round 1 the server waits up to
+    ``connect_timeout`` seconds for one SuperNode per listed site.  Round 1 goes to every
+    connected node; each reply names its site, which fixes the node of each site for the
+    rest of the fit.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+    protocol : RoundProtocol
+        Must be the protocol the sites build from the same configuration.
+    sites : sequence of str
+        Site names in site-index order.
+    n_rounds, seed, min_sites, round_timeout, connect_timeout, poll_interval
+        See :class:`FlowerFitConfig`.
+    callbacks : sequence of callables ``(record, broadcast) -> None`` run after each round.
+
+    Returns
+    -------
+    FlowerFitResult
+
+    Raises
+    ------
+    RoundFailed
+        Fewer than ``min_sites`` SuperNodes connected or replied in a round, or two
+        SuperNodes claim the same site.
+    """
+    sites = list(sites)
+    if not 1 <= min_sites <= len(sites):
+        raise ValueError(f"min_sites must be between 1 and the number of sites ({len(sites)}), got {min_sites}")
+    if int(n_rounds) != n_rounds or n_rounds < 1:
+        raise ValueError(f"n_rounds must be a positive integer, got {n_rounds!r}")
+    seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else int(seed)
+    broadcast = protocol.broadcast_spec.validate(protocol.initial_broadcast())
+
+    connected = _wait_for_nodes(grid, len(sites), connect_timeout, poll_interval)
+    if len(connected) < min_sites:
+        raise RoundFailed(1, f"{len(connected)} SuperNode(s) connected within {connect_timeout:g} s, at least {min_sites} needed")
+    log.info("round loop: %d SuperNode(s) connected for %d listed site(s)", len(connected), len(sites))
+
+    result = FlowerFitResult(broadcast=broadcast, history=[], seed=seed)
+    for rnd in range(1, n_rounds + 1):
+        t0 = time.perf_counter()
+        broadcast_bytes = encode(protocol.broadcast_spec, broadcast)
+        targets = connected if rnd == 1 else [n for s, n in sorted(result.nodes.items()) if s not in result.lost]
+        request = ConfigRecord({"round": rnd, "seed": seed, "broadcast": broadcast_bytes})
+        contents = {n: RecordDict({_RECORD: request}) for n in targets}
+        messages, silent = _exchange(grid, contents, rnd, round_timeout, poll_interval)
+
+        site_of_node = {n: s for s, n in result.nodes.items()}
+        replies: dict[int, Message] = {}
+        failed: dict[int, str] = {}
+        bytes_up: dict[int, int] = {}
+        for node, msg in messages.items():
+            name, status, payload = _read_reply(msg)
+            if rnd == 1:
+                if name not in sites:
+                    result.ignored[node] = f"site {name!r} is not in the fit's site list" if name else str(payload)
+                    continue
+                index = sites.index(name)
+                if index in result.nodes:
+                    raise RoundFailed(rnd, f"SuperNodes {result.nodes[index]} and {node} both claim site {name!r}")
+                result.nodes[index] = node
+                site_of_node[node] = index
+            index = site_of_node[node]
+            if status == "ok":
+                try:
+                    replies[index] = decode(protocol.reply_spec, payload)
+                    bytes_up[index] = len(payload)
+                except ValueError as exc:
+                    failed[index] = f"malformed reply: {exc}"
+            else:
+                failed[index] = str(payload).splitlines()[0] if str(payload) else "error"
+        for node, reason in silent.items():
+            if node in site_of_node:
+                index = site_of_node[node]
+                failed[index] = reason
+                result.lost[index] = rnd
+            elif rnd == 1:
+                result.ignored[node] = reason
+        absent = [s for s in range(len(sites)) if s not in replies and s not in failed]
+        if len(replies) < min_sites:
+            detail = "; ".join(
+                [f"site {s} ({sites[s]}): {m}" for s, m in sorted(failed.items())]
+                + [f"SuperNode {n}: {m}" for n, m in result.ignored.items()]
+            )
+            raise RoundFailed(rnd, f"{len(replies)} site(s) replied, at least {min_sites} needed" + (f" ({detail})" if detail else ""))
+
+        # sites in index order, as simulate() sums them: the float sums are then identical
+        replies = {s: replies[s] for s in sorted(replies)}
+        broadcast, metrics, contributors, _ = server_update(protocol, replies, rnd, broadcast, seed=seed)
+        record = RoundRecord(
+            round=rnd,
+            sites=sorted(contributors),
+            absent=absent,
+            failed=failed,
+            bytes_up=bytes_up,
+            bytes_down=len(broadcast_bytes),
+            metrics=metrics,
+            seconds=time.perf_counter() - t0,
+        )
+        result.history.append(record)
+        result.broadcast = broadcast
+        for index, reason in sorted(failed.items()):
+            log.warning("round %d: site %d (%s) dropped: %s", rnd, index, sites[index], reason)
+        for cb in callbacks:
+            cb(record, broadcast)
+    return result
+
+
+# --------------------------------------------------------------------------- the site half
+
+
+def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, request: Mapping[str, Any], state: Mapping[str, np.ndarray]):
+    """One site's answer to a round request (what the ClientApp does, without Flower).
+
+    Parameters
+    ----------
+    config : FlowerFitConfig
+    site : str
+        This site's name (``node_config["site"]``).
+    data_path : path
+        This site's CSV file (``node_config["data"]``).
+    request : mapping with ``round`` (int), ``seed`` (int), ``broadcast`` (bytes)
+    state : dict of arrays kept by the site between rounds
+
+    Returns
+    -------
+    (reply fields, new state): the reply has ``site``, ``status`` ("ok"/"error") and
+    ``reply`` (our encoded message) or ``error`` (one line).
+    """
+    if site not in config.sites:
+        return {"site": site, "status": "error", "error": f"site {site!r} is not in the fit's site list {list(config.sites)}"}, state
+    index = config.sites.index(site)
+    try:
+        data = load_site(config, data_path, site)
+    except (ValueError, OSError) as exc:
+        return {"site": site, "status": "error", "error": f"{type(exc).__name__}: {exc}"}, state
+    status, payload, new_state = run_site_step(
+        config.protocol(), data, index, int(request["round"]), int(request["seed"]), bytes(request["broadcast"]), dict(state)
+    )
+    if status == "ok":
+        return {"site": site, "status": "ok", "reply": payload}, new_state
+    return {"site": site, "status": "error", "error": str(payload).splitlines()[0]}, state
+
+
+# --------------------------------------------------------------------------- Flower apps
+
+server_app = ServerApp()
+client_app = ClientApp()
+
+
+def _node_setting(context: Context, key: str) -> str:
+    value = context.node_config.get(key)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"SuperNode {context.node_id}: node_config has no {key!r}; start it with --node-config '{key}=\"...\"'")
+    return value
+
+
+@client_app.train()
+def _site_message(msg: FlowerMessage, context: Context) -> FlowerMessage:
+    """ClientApp entry: decode the request, run the site step, reply with our bytes."""
+    try:
+        config = FlowerFitConfig.from_json(str(context.run_config[RUN_CONFIG_KEY]))
+        site, path = _node_setting(context, "site"), _node_setting(context, "data")
+    except (KeyError, ValueError, TypeError) as exc:
+        fields = {"site": str(context.node_config.get("site", "")), "status": "error", "error": f"{type(exc).__name__}: {exc}"}
+        return FlowerMessage(RecordDict({_RECORD: ConfigRecord(fields)}), reply_to=msg)
+    kept = context.state.config_records.get(_STATE)
+    state = decode_state(kept["state"]) if kept is not None and "state" in kept else {}
+    fields, new_state = site_round(config, site, path, msg.content.config_records[_RECORD], state)
+    encoded = encode_state(new_state)
+    if encoded is not None:
+        context.state[_STATE] = ConfigRecord({"state": encoded})
+    return FlowerMessage(RecordDict({_RECORD: ConfigRecord(fields)}), reply_to=msg)
+
+
+@server_app.main()
+def _coordinate(grid: Grid, context: Context) -> None:
+    """ServerApp entry: run the fit of the run config and write the result folder."""
+    config = FlowerFitConfig.from_json(str(context.run_config[RUN_CONFIG_KEY]))
+    out = Path(config.out)
+    protocol = config.protocol()
+    history: list[RoundRecord] = []
+
+    def progress(record: RoundRecord, _broadcast: Message) -> None:
+        history.append(record)
+        write_json(out / "history.json", [r.to_dict() for r in history])
+
+    write_json(out / "summary.json", {"status": "running", "sites": list(config.sites)})
+    try:
+        result = run_rounds(
+            grid,
+            protocol,
+            config.sites,
+            n_rounds=config.n_rounds,
+            seed=config.seed,
+            min_sites=config.min_sites,
+            round_timeout=config.round_timeout,
+            connect_timeout=config.connect_timeout,
+            poll_interval=config.poll_interval,
+            callbacks=[progress],
+        )
+    except RoundFailed as exc:
+        write_json(out / "summary.json", {"status": "failed", "error": str(exc), "round": exc.round, "sites": list(config.sites)})
+        raise
+    write_result(out, config, result)
+
+
+# --------------------------------------------------------------------------- result folder
+
+
+def write_result(out: str | Path, config: FlowerFitConfig, result: FlowerFitResult) -> Path:
+    """Write ``model.npz`` (a :class:`fedhier.mvppca.FedMVPPCA` file), ``broadcast.fhm``
+    (the final broadcast, encoded), ``history.json`` and ``summary.json`` into ``out``."""
+    from ..mvppca import FedMVPPCA
+    from ..protocol.mvppca import global_from_message
+
+    out = Path(out)
+    protocol = config.protocol()
+    schema = config.schema()
+    atomic_write_bytes(out / "broadcast.fhm", encode(protocol.broadcast_spec, result.broadcast))
+    model = FedMVPPCA(
+        n_components=config.n_components,
+        n_rounds=config.n_rounds,
+        n_local_iter=config.n_local_iter,
+        n_first_iter=config.n_first_iter,
+        random_state=result.seed,
+        ig_solver=config.ig_solver,
+        sigma2_prior=config.sigma2_prior,
+        min_sites=config.min_sites,
+    )
+    # the estimator's fitted state, as FedMVPPCA.fit sets it from simulate()'s broadcast
+    model._global = global_from_message(result.broadcast, schema)
+    model.schema_ = schema
+    model.n_sites_ = len(config.sites)
+    model.seed_ = result.seed
+    model.history_ = [FedMVPPCA._history_row(r) for r in result.history]
+    model.save(out / "model.npz")
+    write_json(out / "history.json", [r.to_dict() for r in result.history])
+    write_json(
+        out / "summary.json",
+        {
+            "status": "completed",
+            "sites": list(config.sites),
+            "nodes": {config.sites[s]: str(n) for s, n in sorted(result.nodes.items())},
+            "lost": {config.sites[s]: r for s, r in sorted(result.lost.items())},
+            "ignored_nodes": {str(n): why for n, why in result.ignored.items()},
+            "seed": result.seed,
+            "n_rounds": config.n_rounds,
+            "final_metrics": result.history[-1].metrics if result.history else {},
+            "bytes_up": int(sum(sum(r.bytes_up.values()) for r in result.history)),
+            "bytes_down": int(sum(r.bytes_down * len(r.sites) for r in result.history)),
+            "model": str(out / "model.npz"),
+        },
+    )
+    return out
+
+
+def read_result(out: str | Path, config: FlowerFitConfig) -> tuple[Message, list[dict[str, Any]], dict[str, Any]]:
+    """(final broadcast, history rows, summary) of a result folder written by :func:`write_result`."""
+    out = Path(out)
+    summary = json.loads((out / "summary.json").read_text())
+    if summary.get("status") != "completed":
+        raise RuntimeError(f"{out}: the fit did not complete: {summary.get('error', summary.get('status'))}")
+    broadcast = decode(config.protocol().broadcast_spec, (out / "broadcast.fhm").read_bytes())
+    history = json.loads((out / "history.json").read_text())
+    return broadcast, history, summary

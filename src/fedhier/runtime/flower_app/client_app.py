@@ -1,0 +1,5 @@
+"""ClientApp entry point of the fedhier Flower app (see ``fedhier.runtime.flower``)."""
+
+from fedhier.runtime.flower import client_app as app
+
+__all__ = ["app"]
