@@ -77,7 +77,7 @@ def _experiments() -> dict:
         try:
             mod = __import__(module, fromlist=["EXPERIMENTS"])
         except ModuleNotFoundError as exc:
-            if exc.name == module:
+            if exc.name and module.startswith(exc.name):  # that family's experiments are not installed
                 continue
             raise
         registry.update(getattr(mod, "EXPERIMENTS", {}))
