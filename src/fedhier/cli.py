@@ -6,6 +6,7 @@
 * ``fedhier fit linear ...`` -- FedLin (hierarchical linear regression).
 * ``fedhier experiment NAME [--quick]`` -- re-run an experiment of the docs.
 * ``fedhier collab ...`` -- CollabDict anomaly detection.
+* ``fedhier flower ...`` -- run a fit on real machines with Flower (``docs/flower.md``).
 """
 
 from __future__ import annotations
@@ -140,6 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .fedlin import cli_fit_linear
 
         return int(cli_fit_linear(argv[2:]) or 0)
+    if argv[:1] == ["flower"]:
+        from .flower_cli import cli_flower
+
+        return int(cli_flower(argv[1:]) or 0)
     if argv[:1] == ["collab"]:
         from .collab import cli_collab
 

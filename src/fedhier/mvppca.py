@@ -232,12 +232,7 @@ class FedMVPPCA:
         finally:
             if bar is not None:
                 bar.close()
-        global_params = global_from_message(result.broadcast, schema)
-        self._global: GlobalParams = global_params
-        self.schema_ = schema
-        self.n_sites_ = len(sites)
-        self.seed_ = result.seed
-        self.history_ = [self._history_row(r) for r in result.history]
+        self._adopt(result.broadcast, schema, result.history, seed=result.seed, n_sites=len(sites))
         if self.privacy is not None:
             self.privacy_ledger_ = self._mirror_ledger(sites, result.history)
             self.privacy_spent_ = self.privacy_ledger_.spent(self._privacy_delta())
@@ -277,6 +272,33 @@ class FedMVPPCA:
                 if message.startswith("PrivacyBudgetExhausted"):
                     ledger.record_stop(s, record.round, message.splitlines()[0])
         return ledger
+
+    def _adopt(self, broadcast, schema: ViewSchema, history: Sequence[RoundRecord], *, seed: int, n_sites: int) -> None:
+        self._global: GlobalParams = global_from_message(broadcast, schema)
+        self.schema_ = schema
+        self.n_sites_ = int(n_sites)
+        self.seed_ = int(seed)
+        self.history_ = [self._history_row(r) for r in history]
+
+    @classmethod
+    def from_broadcast(
+        cls,
+        broadcast: Mapping[str, np.ndarray],
+        schema: ViewSchema,
+        history: Sequence[RoundRecord],
+        *,
+        seed: int,
+        n_sites: int,
+        **params: Any,
+    ) -> "FedMVPPCA":
+        """A fitted estimator from the final broadcast of a Fed-mv-PPCA run on any runtime.
+
+        Used by deployments (e.g. :mod:`fedhier.runtime.flower`) that run the rounds
+        themselves; ``params`` are the constructor's parameters of that run.
+        """
+        model = cls(**params)
+        model._adopt(broadcast, schema, history, seed=seed, n_sites=n_sites)
+        return model
 
     @staticmethod
     def _history_row(record: RoundRecord) -> dict[str, Any]:

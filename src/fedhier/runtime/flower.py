@@ -21,9 +21,10 @@ Robustness (issue 6, "Robustness"):
 * every round has a deadline (``round_timeout``); the server never waits longer;
 * a site whose step raises is dropped from that round (its error is recorded) and asked
   again in the next round;
-* a site that does not answer before the deadline (crashed, disconnected) is dropped
-  from that round and *lost*: it is not asked again in this fit, so one dead site costs
-  one deadline, not one per round;
+* a site that does not answer before the deadline, or that Flower reports unreachable
+  (its SuperNode crashed or disconnected, the message expired), is dropped from that
+  round and *lost*: it is not asked again in this fit, so one dead site costs one
+  deadline, not one per round;
 * a round with fewer than ``min_sites`` replies stops the fit with
   :class:`~fedhier.runtime.simulate.RoundFailed`; no partial global update is broadcast.
 
@@ -53,6 +54,7 @@ from .simulate import RoundFailed, RoundRecord, decode_state, encode_state, run_
 try:
     from flwr.app import ConfigRecord, Context, Message as FlowerMessage, RecordDict
     from flwr.clientapp import ClientApp
+    from flwr.common.constant import ErrorCode
     from flwr.serverapp import Grid, ServerApp
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("the Flower runtime needs the optional extra: pip install 'fedhier[flower]'") from exc
@@ -78,6 +80,8 @@ MESSAGE_TYPE = "train"
 #: run-config key holding the fit configuration (JSON) in the Flower app.
 RUN_CONFIG_KEY = "fedhier-fit"
 _RECORD = "fedhier"
+#: Flower error codes meaning that the SuperNode or the message cannot be reached.
+_UNREACHABLE = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE})
 _STATE = "fedhier-state"
 
 _ALLOWED_KEYS = {
@@ -334,9 +338,15 @@ def _exchange(grid: Grid, contents: Mapping[int, RecordDict], round: int, timeou
 
 
 def _read_reply(msg: FlowerMessage) -> tuple[str | None, str, bytes | str]:
-    """(site name or None, status, payload) of a site's reply; Flower errors become status 'error'."""
+    """(site name or None, status, payload) of a site's reply.
+
+    Status "ok", "error" (the site's step or its ClientApp failed: dropped from this
+    round) or "gone" (Flower reports the SuperNode or the message unreachable: the
+    site disappeared).
+    """
     if msg.has_error():
-        return None, "error", f"Flower error {msg.error.code}: {msg.error.reason}"
+        status = "gone" if msg.error.code in _UNREACHABLE else "error"
+        return None, status, f"Flower error {msg.error.code}: {msg.error.reason}"
     record = msg.content.config_records.get(_RECORD)
     if record is None:
         return None, "error", "reply without a fedhier record"
@@ -428,6 +438,9 @@ def run_rounds(
                 result.nodes[index] = node
                 site_of_node[node] = index
             index = site_of_node[node]
+            if status == "gone":
+                silent[node] = str(payload)
+                continue
             if status == "ok":
                 try:
                     replies[index] = decode(protocol.reply_spec, payload)
@@ -579,13 +592,17 @@ def write_result(out: str | Path, config: FlowerFitConfig, result: FlowerFitResu
     """Write ``model.npz`` (a :class:`fedhier.mvppca.FedMVPPCA` file), ``broadcast.fhm``
     (the final broadcast, encoded), ``history.json`` and ``summary.json`` into ``out``."""
     from ..mvppca import FedMVPPCA
-    from ..protocol.mvppca import global_from_message
 
     out = Path(out)
     protocol = config.protocol()
     schema = config.schema()
     atomic_write_bytes(out / "broadcast.fhm", encode(protocol.broadcast_spec, result.broadcast))
-    model = FedMVPPCA(
+    model = FedMVPPCA.from_broadcast(
+        result.broadcast,
+        schema,
+        result.history,
+        seed=result.seed,
+        n_sites=len(config.sites),
         n_components=config.n_components,
         n_rounds=config.n_rounds,
         n_local_iter=config.n_local_iter,
@@ -595,12 +612,6 @@ def write_result(out: str | Path, config: FlowerFitConfig, result: FlowerFitResu
         sigma2_prior=config.sigma2_prior,
         min_sites=config.min_sites,
     )
-    # the estimator's fitted state, as FedMVPPCA.fit sets it from simulate()'s broadcast
-    model._global = global_from_message(result.broadcast, schema)
-    model.schema_ = schema
-    model.n_sites_ = len(config.sites)
-    model.seed_ = result.seed
-    model.history_ = [FedMVPPCA._history_row(r) for r in result.history]
     model.save(out / "model.npz")
     write_json(out / "history.json", [r.to_dict() for r in result.history])
     write_json(

@@ -1,0 +1,410 @@
+"""Flower runtime (issue 6): our round loop over Flower's Message API equals simulate().
+
+Two kinds of tests:
+
+* fast tests of the round loop against an in-memory stand-in for Flower's ``Grid`` that
+  runs the real ClientApp in this process (dropouts, errors, minimum sites, site names),
+  of the fit configuration, of the command lines and of the TLS certificates;
+* integration tests (marked) that start a real ``flower-superlink`` and three
+  ``flower-supernode`` processes on 127.0.0.1, plain and with TLS + node authentication, fit Fed-mv-PPCA on
+  three bundled-data sites with ``fedhier flower run`` and compare with simulate() to
+  1e-10; one SuperNode is killed mid-fit and the fit completes from the other two.
+  Every process is stopped by PID at the end, pass or fail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is not installed (pip install 'fedhier[flower]')")
+
+from flwr.app import Context, RecordDict  # noqa: E402
+
+from fedhier.data import load_alzheimer, partition  # noqa: E402
+from fedhier.flower_cli import (  # noqa: E402
+    LoopbackFederation,
+    cli_flower,
+    make_certificates,
+    make_site_key,
+    superlink_command,
+    supernode_command,
+    write_demo_sites,
+)
+from fedhier.runtime.flower import (  # noqa: E402
+    RUN_CONFIG_KEY,
+    FlowerFitConfig,
+    client_app,
+    read_result,
+    run_rounds,
+    server_app,
+)
+from fedhier.runtime.simulate import RoundFailed, simulate  # noqa: E402
+
+SITES = ("hospital-a", "hospital-b", "hospital-c")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """Three Alzheimer hospitals on disk, the fit config, and the same sites in memory."""
+    folder = tmp_path_factory.mktemp("flower-sites")
+    path = write_demo_sites(folder, n_sites=3, seed=3, n_components=3, n_rounds=3, n_local_iter=4, n_first_iter=8)
+    data = load_alzheimer()
+    sites = partition(data.views, data.labels, 3, "iid", random_state=3).sites
+    return folder, FlowerFitConfig.read(path), sites
+
+
+def _max_diff(a, b) -> float:
+    assert set(a) == set(b)
+    return max(float(np.max(np.abs(np.asarray(a[k], float) - np.asarray(b[k], float)))) for k in a)
+
+
+# --------------------------------------------------------------------------- in-memory grid
+
+
+class LocalGrid:
+    """Stand-in for ``flwr.serverapp.Grid``: delivers each message to the real ClientApp.
+
+    ``behaviour[node]`` is "ok" (answer), "silent" (never answer: a dead SuperNode),
+    "crash" (Flower error reply, as when the ClientApp process dies) or "unreachable"
+    (the SuperLink's reply when the message to a vanished SuperNode expires).
+    """
+
+    def __init__(self, config: FlowerFitConfig, nodes: dict[int, tuple[str, Path]], behaviour: dict[int, str] | None = None):
+        self.config = config
+        self.nodes = nodes
+        self.behaviour = behaviour or {}
+        self.states = {n: RecordDict() for n in nodes}
+        self.inbox: dict[str, object] = {}
+        self.sent: list[tuple[int, str]] = []
+        self._ids = itertools.count()
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            mid = f"m{next(self._ids)}"
+            msg.metadata.__dict__["_message_id"] = mid  # what Flower's own grids do on push
+            self.inbox[mid] = msg
+            self.sent.append((msg.metadata.dst_node_id, msg.metadata.group_id))
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        replies = []
+        for mid in message_ids:
+            msg = self.inbox.pop(mid, None)
+            if msg is None:
+                continue
+            node = msg.metadata.dst_node_id
+            behaviour = self.behaviour.get(node, "ok")
+            if behaviour == "silent":
+                self.inbox[mid] = msg
+                continue
+            if behaviour in ("crash", "unreachable"):
+                from flwr.app import Error, Message
+
+                error = Error(code=0, reason="ClientApp process died") if behaviour == "crash" else Error(code=3, reason="Message Unavailable")
+                replies.append(Message(error, reply_to=msg))
+                continue
+            site, path = self.nodes[node]
+            context = Context(
+                run_id=1, node_id=node, node_config={"site": site, "data": str(path)}, state=self.states[node],
+                run_config={RUN_CONFIG_KEY: self.config.to_json()},
+            )
+            replies.append(client_app(msg, context))
+        return replies
+
+
+@pytest.fixture(autouse=True)
+def server_identity(monkeypatch):
+    """The identity Flower's ServerApp process sets before the app runs (run, node, task ids)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_node_id", 1), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+def _grid(folder, config, behaviour=None, names=SITES):
+    nodes = {1000 + 7 * k: (name, folder / f"{name}.csv") for k, name in enumerate(names)}
+    return LocalGrid(config, nodes, behaviour), list(nodes)
+
+
+def _run(grid, config, **kw):
+    options = dict(n_rounds=config.n_rounds, seed=config.seed, min_sites=1, round_timeout=5.0, connect_timeout=1.0, poll_interval=0.01)
+    options.update(kw)
+    return run_rounds(grid, config.protocol(), config.sites, **options)
+
+
+def test_round_loop_equals_simulate(demo):
+    folder, config, sites = demo
+    grid, _ = _grid(folder, config)
+    result = _run(grid, config)
+    reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed)
+    assert _max_diff(result.broadcast, reference.broadcast) <= 1e-10
+    assert [r.sites for r in result.history] == [[0, 1, 2]] * config.n_rounds
+    assert [r.bytes_up for r in result.history] == [r.bytes_up for r in reference.history]
+    assert [r.metrics for r in result.history] == [r.metrics for r in reference.history]
+
+
+@pytest.mark.parametrize("how, reason", [("silent", "no reply within 0.3 s"), ("unreachable", "Flower error 3: Message Unavailable")])
+def test_site_that_disappears_is_dropped_once_and_lost(demo, how, reason):
+    folder, config, sites = demo
+    grid, nodes = _grid(folder, config)
+
+    def vanish_after_round_1(record, _broadcast):
+        if record.round == 1:
+            grid.behaviour[nodes[1]] = how
+
+    result = _run(grid, config, round_timeout=0.3, callbacks=[vanish_after_round_1])
+    assert result.lost == {1: 2}
+    assert result.history[0].sites == [0, 1, 2]
+    assert result.history[1].failed[1] == reason
+    assert all(r.sites == [0, 2] for r in result.history[1:])
+    assert all(r.absent == [1] for r in result.history[2:])
+    assert sum(1 for node, _ in grid.sent if node == nodes[1]) == 2  # not asked after it was lost
+    reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed,
+                         participation={r: [1] for r in range(2, config.n_rounds + 1)})
+    assert _max_diff(result.broadcast, reference.broadcast) <= 1e-10
+
+
+def test_node_silent_from_the_start_is_reported_and_the_site_absent(demo):
+    folder, config, sites = demo
+    grid, nodes = _grid(folder, config)
+    grid.behaviour[nodes[0]] = "silent"
+    result = _run(grid, config, round_timeout=0.3)
+    assert result.ignored == {nodes[0]: "no reply within 0.3 s"}
+    assert all(r.absent == [0] and r.sites == [1, 2] for r in result.history)
+    reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed,
+                         participation={r: [0] for r in range(1, config.n_rounds + 1)})
+    assert _max_diff(result.broadcast, reference.broadcast) <= 1e-10
+
+
+def test_site_whose_step_fails_is_dropped_per_round(demo, tmp_path):
+    folder, config, sites = demo
+    broken = tmp_path / "broken.csv"
+    lines = (folder / "hospital-c.csv").read_text().splitlines()
+    broken.write_text("\n".join([lines[0], lines[1].replace(lines[1].split(",")[0], "not-a-number", 1), *lines[2:]]) + "\n")
+    grid, nodes = _grid(folder, config)
+    grid.nodes[nodes[2]] = ("hospital-c", broken)
+    result = _run(grid, config)
+    for record in result.history:
+        assert record.sites == [0, 1]
+        assert "non-numeric value 'not-a-number'" in record.failed[2]
+    assert result.lost == {}
+    assert sum(1 for node, _ in grid.sent if node == nodes[2]) == config.n_rounds  # asked every round
+    reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed,
+                         participation={r: [2] for r in range(1, config.n_rounds + 1)})
+    assert _max_diff(result.broadcast, reference.broadcast) <= 1e-10
+
+
+def test_too_few_sites_stop_the_fit_with_a_clear_error(demo):
+    folder, config, _ = demo
+    grid, nodes = _grid(folder, config)
+    grid.behaviour.update({nodes[0]: "silent", nodes[2]: "crash"})
+    with pytest.raises(RoundFailed, match=r"round 1: 1 site\(s\) replied, at least 2 needed") as info:
+        _run(grid, config, min_sites=2, round_timeout=0.3)
+    assert f"SuperNode {nodes[0]}: no reply within 0.3 s" in str(info.value)
+    assert f"SuperNode {nodes[2]}: Flower error 0: ClientApp process died" in str(info.value)
+    grid, nodes = _grid(folder, config)
+
+    def crash_after_round_1(record, _broadcast):
+        grid.behaviour[nodes[1]] = "crash"
+
+    with pytest.raises(RoundFailed, match=r"round 2: 2 site\(s\) replied, at least 3 needed \(site 1 \(hospital-b\): Flower error"):
+        _run(grid, config, min_sites=3, callbacks=[crash_after_round_1])
+    grid, _ = _grid(folder, config)
+    grid.nodes = {}
+    with pytest.raises(RoundFailed, match="0 SuperNode"):
+        _run(grid, config, connect_timeout=0.05)
+
+
+def test_unknown_and_duplicate_site_names(demo):
+    folder, config, _ = demo
+    grid, nodes = _grid(folder, config, names=("hospital-a", "hospital-b", "hospital-x"))
+    result = _run(grid, config)
+    assert result.ignored == {nodes[2]: "site 'hospital-x' is not in the fit's site list"}
+    assert result.history[0].absent == [2] and result.history[0].sites == [0, 1]
+    grid, _ = _grid(folder, config, names=("hospital-a", "hospital-a", "hospital-b"))
+    with pytest.raises(RoundFailed, match="both claim site 'hospital-a'"):
+        _run(grid, config)
+
+
+def test_site_state_is_kept_between_rounds_at_the_site(demo):
+    folder, config, _ = demo
+    grid, nodes = _grid(folder, config)
+    _run(grid, config)
+    # Fed-mv-PPCA sites are stateless: nothing is stored, and nothing crossed the boundary
+    assert all(len(state.config_records) == 0 for state in grid.states.values())
+
+
+def test_server_app_writes_a_loadable_model_and_reports_failure(demo, tmp_path):
+    from fedhier.mvppca import FedMVPPCA
+
+    folder, config, sites = demo
+    config = config.replace(out=str(tmp_path / "out"), round_timeout=5.0, poll_interval=0.01)
+    grid, nodes = _grid(folder, config)
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={RUN_CONFIG_KEY: config.to_json()})
+    server_app(grid, context)
+    broadcast, history, summary = read_result(tmp_path / "out", config)
+    assert summary["status"] == "completed" and summary["nodes"] == {name: str(n) for name, n in zip(SITES, nodes)}
+    model = FedMVPPCA.load(tmp_path / "out" / "model.npz")
+    pooled = FedMVPPCA(n_components=config.n_components, n_rounds=config.n_rounds, n_local_iter=config.n_local_iter,
+                       n_first_iter=config.n_first_iter, random_state=config.seed).fit(sites)
+    for view, params in pooled.global_params_.items():
+        for name, value in params.items():
+            assert np.max(np.abs(np.asarray(model.global_params_[view][name]) - np.asarray(value))) <= 1e-10, (view, name)
+    assert [h["expected_ll"] for h in model.history_] == [h["expected_ll"] for h in pooled.history_]
+
+    grid, nodes = _grid(folder, config.replace(out=str(tmp_path / "failed"), min_sites=3))
+    grid.behaviour[nodes[1]] = "crash"
+    context.run_config[RUN_CONFIG_KEY] = config.replace(out=str(tmp_path / "failed"), min_sites=3).to_json()
+    with pytest.raises(RoundFailed):
+        server_app(grid, context)
+    failed = json.loads((tmp_path / "failed" / "summary.json").read_text())
+    assert failed["status"] == "failed" and "at least 3 needed" in failed["error"]
+    with pytest.raises(RuntimeError, match="did not complete"):
+        read_result(tmp_path / "failed", config)
+
+
+# --------------------------------------------------------------------------- configuration, commands, TLS
+
+
+def test_config_errors_name_the_key(tmp_path):
+    views = '[views]\na = ["x", "y", "z"]\n'
+    flower = '[flower]\nsites = ["s1", "s2"]\n'
+    config = FlowerFitConfig.from_toml("n_components = 2\n" + views + flower)
+    assert config.schema().dims == (3,) and config.sites == ("s1", "s2") and config.min_sites == 1
+    cases = {
+        "n_components = 3\n" + views + flower: "n_components=3 must be smaller",
+        "n_components = 2\ncolour = 1\n" + views + flower: r"unknown key\(s\) \['colour'\]",
+        "n_components = 2\n" + views: r"\[flower\] table",
+        "n_components = 2\n" + views + flower + "min_sites = 3\n": "min_sites=3 exceeds the 2 listed sites",
+        "n_components = 2\n" + views + flower + "round_timeout = 0\n": "round_timeout must be a positive number",
+        "n_components = 2\n" + views + flower.replace('"s2"', '"s1"'): "site names must be unique",
+        "n_components = 1\n" + '[views]\na = ["x", "y"]\nb = ["y"]\n' + flower: "column 'y' is in both view 'a' and view 'b'",
+    }
+    for text, message in cases.items():
+        with pytest.raises(ValueError, match="my.toml: .*" + message):
+            FlowerFitConfig.from_toml(text, "my.toml")
+    path = tmp_path / "fit.toml"
+    path.write_text("n_components = 1\n" + views + flower)
+    assert FlowerFitConfig.read(path).out == str(tmp_path / "fedhier-flower-fit")
+    assert FlowerFitConfig.from_json(config.to_json()) == config
+
+
+def test_command_lines(tmp_path, demo):
+    folder, _, _ = demo
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    cmd = supernode_command(superlink="10.0.0.1:9091", site="hospital-a", data=folder / "hospital-a.csv", root_certificates=ca, port=9100)
+    assert cmd[cmd.index("--root-certificates") + 1] == str(ca.resolve())
+    assert cmd[-2:] == ["--node-config", f'site="hospital-a" data="{(folder / "hospital-a.csv").resolve()}"']
+    assert "--insecure" not in cmd
+    with pytest.raises(FileNotFoundError, match="hospital-z.*does not exist"):
+        supernode_command(superlink="h:1", site="hospital-z", data=tmp_path / "nope.csv", insecure=True)
+    with pytest.raises(ValueError, match="TLS needs the CA certificate"):
+        supernode_command(superlink="h:1", site="hospital-a", data=folder / "hospital-a.csv")
+    with pytest.raises(ValueError, match="needs TLS certificates"):
+        superlink_command()
+    link = superlink_command(insecure=True, port=9200, node_auth=True)
+    assert {"--insecure", "--enable-supernode-auth", "--disable-runtime-dependency-installation"} <= set(link)
+    assert cli_flower(["site", "--site", "hospital-a", "--data", str(tmp_path / "nope.csv"), "--superlink", "h:1", "--insecure"]) == 2
+
+
+def test_certificates_verify_for_loopback(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    paths = make_certificates(tmp_path, hosts=["127.0.0.1", "localhost"])
+    ca = x509.load_pem_x509_certificate(paths["ca.pem"].read_bytes())
+    server = x509.load_pem_x509_certificate(paths["server.pem"].read_bytes())
+    ca.public_key().verify(server.signature, server.tbs_certificate_bytes, ec.ECDSA(server.signature_hash_algorithm))
+    san = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert san.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert oct(paths["server.key"].stat().st_mode & 0o777) == "0o600"
+
+
+def test_site_key_is_an_openssh_ecdsa_pair(tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private, public = make_site_key(tmp_path / "hospital-a-key")
+    key = serialization.load_ssh_private_key(private.read_bytes(), None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+    pub = serialization.load_ssh_public_key(public.read_bytes())
+    assert pub.public_numbers() == key.public_key().public_numbers()
+    assert oct(private.stat().st_mode & 0o777) == "0o600"
+
+
+# --------------------------------------------------------------------------- real SuperLink + SuperNodes
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _flower_fit(cluster: LoopbackFederation, config_path: Path, out: Path) -> int:
+    tls = ["--root-certificates", str(cluster.certificates["ca.pem"])] if cluster.tls else ["--insecure"]
+    return cli_flower(["run", "--config", str(config_path), "--superlink", cluster.address, *tls, "--timeout", "300", "--out", str(out)])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("transport", ["insecure", "tls+node-auth"])
+def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, transport):
+    folder, config, sites = demo
+    secure = transport == "tls+node-auth"
+    cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES}, tls=secure, node_auth=secure)
+    try:
+        # 1. all three sites: the same global parameters as simulate()
+        out = tmp_path / "fit-all"
+        assert _flower_fit(cluster, folder / "fit.toml", out) == 0, cluster.logs()
+        broadcast, history, summary = read_result(out, config)
+        reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed)
+        assert _max_diff(broadcast, reference.broadcast) <= 1e-10
+        assert [r["sites"] for r in history] == [[0, 1, 2]] * config.n_rounds
+        assert summary["lost"] == {} and set(summary["nodes"]) == set(SITES)
+
+        # 2. hospital-c's SuperNode is killed after round 1: the fit completes from the other two
+        dropout = tmp_path / "fit-dropout.toml"
+        dropout.write_text((folder / "fit.toml").read_text().replace("round_timeout = 300.0", "round_timeout = 25.0").replace("min_sites = 2", "min_sites = 1"))
+        out = tmp_path / "fit-dropout"
+        codes: list[int] = []
+        runner = threading.Thread(target=lambda: codes.append(_flower_fit(cluster, dropout, out)), daemon=True)
+        runner.start()
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and runner.is_alive():
+            rows = json.loads((out / "history.json").read_text()) if (out / "history.json").is_file() else []
+            if rows:
+                cluster.kill("hospital-c")
+                break
+            time.sleep(0.2)
+        runner.join(timeout=330)
+        assert codes == [0], cluster.logs()
+        broadcast, history, summary = read_result(out, config)
+        assert history[0]["sites"] == [0, 1, 2]
+        assert summary["lost"].keys() == {"hospital-c"}
+        dropped = summary["lost"]["hospital-c"]  # the round whose deadline it missed
+        assert history[dropped - 1]["failed"]["2"].startswith(("no reply within 25 s", "Flower error 3", "Flower error 5"))
+        for row in history[dropped - 1:]:
+            assert row["sites"] == [0, 1]
+        reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed,
+                             participation={r: [2] for r in range(dropped, config.n_rounds + 1)})
+        assert _max_diff(broadcast, reference.broadcast) <= 1e-10
+    finally:
+        stopped = cluster.stop()
+    assert not [pid for pid in stopped if _alive(pid)]
