@@ -62,6 +62,13 @@ class PeerAggregation:
         Fixed-point fractional bits for ``"shamir"`` (O6: 24).
     threshold : int or None
         Shamir threshold ``t``; default ``floor(S/2) + 1`` (O6).
+    private_masks : bool
+        Draw chunk masks from the operating system's entropy instead of the run's seed.
+        Needed in a deployment (with the seed every site could recompute another site's
+        masks); off by default so that runs are reproducible and the MPI runtime matches
+        the simulator bit for bit.  Results then differ only at the consensus tolerance.
+        Shamir coefficients always come from a cryptographic source (the sum does not
+        depend on them).
     """
 
     method: str = "consensus"
@@ -73,6 +80,7 @@ class PeerAggregation:
     agree: bool = True
     frac_bits: int = 24
     threshold: int | None = None
+    private_masks: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in ("consensus", "chunked", "shamir"):
@@ -201,10 +209,6 @@ def _chunk_rng(seed: int, round: int, site: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(5, round, site))))
 
 
-def _share_rng(seed: int, round: int, site: int) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(6, round, site))))
-
-
 def _consensus_session(transport: Transport, adjacency: np.ndarray, values: dict[int, np.ndarray], eps: float,
                        n_steps: int, spec: MessageSpec) -> dict[int, np.ndarray]:
     topo = transport.open_topology(adjacency)
@@ -232,7 +236,7 @@ def _agree(transport: Transport, adjacency: np.ndarray, values: dict[int, np.nda
     return x
 
 
-def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray], round: int, seed: int,
+def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray],
                  aggregation: PeerAggregation) -> dict[int, np.ndarray]:
     from ..privacy.fixedpoint import PRIME, FixedPoint
     from ..privacy.shamir import reconstruct, share
@@ -247,7 +251,7 @@ def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray], round: in
     spec = _vector_spec(size, "int64")
     shares = {}
     for s, v in vectors.items():
-        rows = share(codec.encode(v), n_sites, threshold, rng=_share_rng(seed, round, s))  # (S, m), x = 1..S
+        rows = share(codec.encode(v), n_sites, threshold, rng=None)  # (S, m) at x = 1..S; cryptographic coefficients
         shares[s] = [{"x": rows[j]} for j in range(n_sites)]
     received = transport.all_to_all(spec, shares)
     holder_sums = {}
@@ -280,12 +284,15 @@ def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, roun
     """
     n_sites = transport.n_sites
     if aggregation.method == "shamir":
-        return _shamir_sums(transport, vectors, round, seed, aggregation), 0
+        return _shamir_sums(transport, vectors, aggregation), 0
     size = next(iter(vectors.values())).size
     spec = _vector_spec(size)
     if aggregation.method == "chunked":
-        chunks = {s: random_chunks(v, aggregation.n_chunks, aggregation.mask_scale * max(float(np.max(np.abs(v))), 1.0),
-                                   _chunk_rng(seed, round, s)) for s, v in vectors.items()}
+        chunks = {}
+        for s, v in vectors.items():
+            rng = np.random.default_rng() if aggregation.private_masks else _chunk_rng(seed, round, s)
+            scale = aggregation.mask_scale * max(float(np.abs(v).max()), 1.0)
+            chunks[s] = random_chunks(v, aggregation.n_chunks, scale, rng)
         n_steps = plan.n_steps_chunked
     else:
         chunks = {s: v[None, :] for s, v in vectors.items()}

@@ -1,0 +1,560 @@
+"""CollabDict estimator and ``fedhier collab`` command (spec collabdict §2-§11).
+
+Sites with no coordinator learn a shared dictionary of sparse Gaussian patterns
+``{mu_k, Lambda_k}`` while each keeps private mixture weights ``pi^s``; a sample's anomaly
+score at site ``s`` is its log loss under ``p^s(x) = sum_k pi_k^s N(x | mu_k, Lambda_k^{-1})``.
+
+>>> model = CollabDict(n_components=5).fit([X_site0, X_site1, X_site2])   # doctest: +SKIP
+>>> model.score_samples(X_new, site=1)                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .models.collabdict.graphs import check_adjacency
+from .models.collabdict.protocol import (GGMMixtureProtocol, MomentsProtocol, VAEProtocol, check_site_matrix,
+                                         standardise)
+from .models.collabdict.rdp import (dp_event, epsilon_dp, optimal_order, paper_epsilon, precision_norm_bound,
+                                    release_pattern_means, tight_epsilon)
+from .models.collabdict.scores import score_expected, score_logloss, variable_scores
+from .utils.io import atomic_write_bytes, write_csv
+
+__all__ = ["CollabDict", "CollabVAE", "cli_collab"]
+
+_RUNTIMES = ("peer", "star")
+_ARRAYS = ("center_", "scale_", "mu_", "precision_", "sigma_", "n_bar_", "active_", "published_means_",
+           "thresholds_", "weights_")
+
+
+class CollabDict:
+    """Decentralised sparse GGM mixture for multi-site anomaly detection (spec §5-§6, §10-§11).
+
+    Parameters
+    ----------
+    n_components : int
+        Initial dictionary size ``K`` (pruned to components with ``Nbar_k >= n_min``).
+    rho : float
+        l1 strength on the precision matrices (Eq. (8)), on standardised data.
+    lambda0 : float
+        Prior strength of the pattern means (A3: > 0).
+    n_min : float or None
+        Pruning threshold ``N_min``; default ``max(M, 0.01 N / K)`` (§5.7).
+    weights : {"local", "shared"}
+        Private per-site weights (the paper) or one pooled weight vector.
+    l0_penalty : float or None
+        l0-sparse weights of §5.5 with this ``tau``.
+    score : {"expected", "logloss"}
+        Eq. (20) (paper, default) or Eq. (1).
+    aggregation : {"consensus", "chunked", "shamir"}
+        How sums are computed without a centre (§3-§4).
+    graph : ndarray (S, S) or None
+        Peer graph; default inverse-chord for prime ``S`` else random 4-regular (O2).
+    step : {"max-degree", "optimal", "paper"} or float
+        Consensus step (O1).
+    rel_tol : float
+        Consensus tolerance (sets the fixed step count ``T``, §3.4).
+    private_masks : bool
+        Chunk masks from OS entropy rather than the run's seed (use in deployments; see
+        :class:`fedhier.runtime.peer.PeerAggregation`).
+    runtime : {"peer", "star"}
+        ``"peer"``: serverless in-process simulator (``S > 2``); ``"star"``: exact sums
+        through :func:`fedhier.runtime.simulate.simulate` (the centralised reference; also
+        fits a single site: a local-only or pooled model).  Use
+        :meth:`fit_mpi` under ``mpiexec`` for real processes.
+    max_iter, tol : int, float
+        Outer iteration cap and convergence tolerance (§5.7).
+    glasso_tol : float
+        Duality-gap tolerance of the graphical-lasso step (scikit-learn's default 1e-4).
+    ell0 : float
+        l-diversity threshold (§11).
+    diversity_rule : {"min", "max"}
+        ``E^s = min_k H_k^s`` [R] or ``max_k`` [P].
+    mitigate : bool
+        Add posterior-shaped noise to concentrated ``m_k^s`` on a breach (O15).
+    clip_norm : float or None
+        Clip standardised samples to this norm, enforcing (A1) with ``R = 2 clip_norm``; if
+        None, ``R`` is twice the largest standardised training norm (reported, not enforced).
+    delta : float
+        DP ``delta`` for the ``(epsilon, delta)`` conversion (O16: 1e-5).
+    contamination : float
+        Per-site training quantile used as the default :meth:`predict` threshold.
+    random_state : int
+        The one seed of the run.
+
+    Attributes
+    ----------
+    mu_ : ndarray (K, M)               MAP pattern means (standardised coordinates)
+    precision_ : ndarray (K, M, M)     pattern precision matrices
+    active_ : ndarray of bool (K,)     retained components
+    weights_ : ndarray (S, K)          per-site mixture weights (private to each site)
+    published_means_ : ndarray (K, M)  posterior draws released under §10 (inactive rows zero)
+    privacy_spent_ : dict site -> {"epsilon", "delta", "accountant", ...}
+    history_ : list of dict            per-round records (consensus exchanges, bytes, l-diversity)
+    thresholds_ : ndarray (S,)         default per-site anomaly thresholds
+    """
+
+    def __init__(self, n_components: int = 7, *, rho: float = 0.8, lambda0: float = 1.0, n_min: float | None = None,
+                 weights: str = "local", l0_penalty: float | None = None, score: str = "expected",
+                 aggregation: str = "consensus", graph: np.ndarray | None = None, step: str | float = "max-degree",
+                 rel_tol: float = 1e-12, n_chunks: int = 3, private_masks: bool = False, runtime: str = "peer",
+                 max_iter: int = 100,
+                 tol: float = 1e-4, glasso_tol: float = 1e-4, ell0: float = 10.0, diversity_rule: str = "min",
+                 mitigate: bool = True,
+                 clip_norm: float | None = None, delta: float = 1e-5, contamination: float = 0.05,
+                 random_state: int = 0) -> None:
+        self.n_components = n_components
+        self.rho = rho
+        self.lambda0 = lambda0
+        self.n_min = n_min
+        self.weights = weights
+        self.l0_penalty = l0_penalty
+        self.score = score
+        self.aggregation = aggregation
+        self.graph = graph
+        self.step = step
+        self.rel_tol = rel_tol
+        self.n_chunks = n_chunks
+        self.private_masks = private_masks
+        self.runtime = runtime
+        self.max_iter = max_iter
+        self.tol = tol
+        self.glasso_tol = glasso_tol
+        self.ell0 = ell0
+        self.diversity_rule = diversity_rule
+        self.mitigate = mitigate
+        self.clip_norm = clip_norm
+        self.delta = delta
+        self.contamination = contamination
+        self.random_state = random_state
+
+    # ------------------------------------------------------------------ helpers
+    def _params(self) -> dict[str, Any]:
+        keys = ("n_components", "rho", "lambda0", "n_min", "weights", "l0_penalty", "score", "aggregation", "step",
+                "rel_tol", "n_chunks", "private_masks", "runtime", "max_iter", "tol", "glasso_tol", "ell0",
+                "diversity_rule", "mitigate", "clip_norm", "delta", "contamination", "random_state")
+        return {k: getattr(self, k) for k in keys}
+
+    def _check_params(self) -> None:
+        if self.score not in ("expected", "logloss"):
+            raise ValueError(f"score must be 'expected' or 'logloss', got {self.score!r}")
+        if self.runtime not in _RUNTIMES:
+            raise ValueError(f"runtime must be one of {_RUNTIMES} (use fit_mpi for MPI), got {self.runtime!r}")
+        if int(self.n_components) < 1:
+            raise ValueError(f"n_components must be >= 1, got {self.n_components}")
+        if not 0.0 < self.contamination < 1.0:
+            raise ValueError(f"contamination must lie in (0, 1), got {self.contamination}")
+
+    def _aggregation(self):
+        from .runtime.peer import PeerAggregation
+
+        return PeerAggregation(method=self.aggregation, step=self.step, rel_tol=self.rel_tol, n_chunks=self.n_chunks,
+                               private_masks=self.private_masks)
+
+    def _ggm_protocol(self, n_features: int, moments: dict[str, np.ndarray]) -> GGMMixtureProtocol:
+        n_total = float(moments["n_total"])
+        n_min = self.n_min if self.n_min is not None else max(n_features, 0.01 * n_total / self.n_components)
+        return GGMMixtureProtocol(n_features, int(self.n_components), moments["center"], moments["scale"],
+                                  rho=self.rho, lambda0=self.lambda0, n_min=n_min, weights=self.weights,
+                                  l0_penalty=self.l0_penalty, seed=int(self.random_state), ell0=self.ell0,
+                                  diversity_rule=self.diversity_rule, mitigate=self.mitigate,
+                                  clip_norm=self.clip_norm, tol=self.tol, glasso_tol=self.glasso_tol)
+
+    def _run(self, protocol, sites, n_rounds, stop):
+        """Run a protocol on the in-process runtime chosen by ``runtime``; (broadcast, states, history)."""
+        if self.runtime == "star":
+            from .runtime.simulate import simulate
+
+            res = simulate(protocol, sites, n_rounds=n_rounds, random_state=int(self.random_state))
+            return res.broadcast, dict(enumerate(res.site_states)), [r.to_dict() for r in res.history]
+        from .runtime.peer import simulate_peers
+
+        res = simulate_peers(protocol, sites, n_rounds=n_rounds, graph=self.graph, aggregation=self._aggregation(),
+                             random_state=int(self.random_state), stop=stop)
+        return res.broadcast, res.site_states, res.history
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, sites: Sequence[np.ndarray]) -> "CollabDict":
+        """Fit on the sites' private data (in-process runtimes).
+
+        Parameters
+        ----------
+        sites : sequence of ndarray (N^s, M)
+            Site ``s``'s samples; more than two sites (spec §1).
+
+        Raises
+        ------
+        ValueError
+            Naming the site, on malformed data or fewer than three sites.
+        """
+        self._check_params()
+        sites = list(sites)
+        if self.runtime == "peer" and len(sites) < 3:
+            raise ValueError(f"the serverless runtime needs more than 2 sites (spec §1), got {len(sites)}; "
+                             "runtime='star' fits one or two sites (e.g. a local-only or pooled reference)")
+        if not sites:
+            raise ValueError("no sites given")
+        first = check_site_matrix(0, sites[0])
+        sites = [check_site_matrix(s, x, first.shape[1]) for s, x in enumerate(sites)]
+        if self.graph is not None and check_adjacency(self.graph).shape[0] != len(sites):
+            raise ValueError(f"graph has {np.shape(self.graph)[0]} vertices but there are {len(sites)} sites")
+
+        moments, _, _ = self._run(MomentsProtocol(first.shape[1]), sites, 1, None)
+        protocol = self._ggm_protocol(first.shape[1], moments)
+        model, states, history = self._run(protocol, sites, int(self.max_iter), protocol.converged)
+        train = {s: protocol.transform(x) for s, x in enumerate(sites)}
+        self._finish(protocol, moments, model, states, history, train, n_sites=len(sites))
+        return self
+
+    def fit_mpi(self, X: np.ndarray, comm=None) -> "CollabDict":
+        """Fit with this MPI process as site ``rank`` (collective; run under ``mpiexec -n S``).
+
+        Only this site's weights, threshold and l-diversity log are known afterwards;
+        the other sites' rows of ``weights_``/``thresholds_`` are NaN.
+        """
+        from .runtime.mpi import run_mpi, world
+
+        self._check_params()
+        comm = comm if comm is not None else world()
+        rank, n_sites = comm.Get_rank(), comm.Get_size()
+        X = check_site_matrix(rank, X)
+        agg = self._aggregation()
+        seed = int(self.random_state)
+        moments = run_mpi(MomentsProtocol(X.shape[1]), X, n_rounds=1, graph=self.graph, aggregation=agg,
+                          random_state=seed, comm=comm).broadcast
+        protocol = self._ggm_protocol(X.shape[1], moments)
+        res = run_mpi(protocol, X, n_rounds=int(self.max_iter), graph=self.graph, aggregation=agg, random_state=seed,
+                      stop=protocol.converged, comm=comm)
+        from mpi4py import MPI
+
+        local_norm = np.array([np.linalg.norm(protocol.transform(X), axis=1).max()])
+        global_norm = np.empty_like(local_norm)
+        comm.Allreduce(local_norm, global_norm, op=MPI.MAX)
+        self._finish(protocol, moments, res.broadcast, res.site_states, res.history, {rank: protocol.transform(X)},
+                     n_sites=n_sites, max_norm=float(global_norm[0]))
+        return self
+
+    def _finish(self, protocol: GGMMixtureProtocol, moments, model, states, history, train: dict[int, np.ndarray], *,
+                n_sites: int, max_norm: float | None = None) -> None:
+        k = int(self.n_components)
+        self.n_sites_ = n_sites
+        self.n_features_in_ = protocol.n_features
+        self.center_, self.scale_ = np.asarray(moments["center"]), np.asarray(moments["scale"])
+        self.n_min_ = protocol.n_min
+        self.mu_, self.precision_ = np.asarray(model["mu"]), np.asarray(model["precision"])
+        self.sigma_, self.n_bar_ = np.asarray(model["sigma"]), np.asarray(model["n_bar"])
+        self.active_ = np.asarray(model["active"], dtype=bool)
+        self.weights_ = np.full((n_sites, k), np.nan)
+        self.thresholds_ = np.full(n_sites, np.nan)
+        for s, state in states.items():
+            self.weights_[s] = model["weights"] if self.weights == "shared" else state["weights"]
+        self.n_iter_ = len(history)
+        self.converged_ = protocol.converged(model)
+        log = protocol.diversity_log
+        for rec in history:
+            rnd = rec["round"]
+            rec["diversity"] = {r.site: {"level": r.level, "threshold": r.threshold, "breached": r.breached,
+                                         "mitigated": r.mitigated} for r in log if r.round == rnd}
+        self.history_ = history
+        for s, Z in train.items():
+            self.thresholds_[s] = float(np.quantile(self._score_std(Z, s), 1.0 - self.contamination))
+        self._release(protocol, train, n_sites, max_norm)
+
+    def _release(self, protocol: GGMMixtureProtocol, train, n_sites: int, max_norm: float | None) -> None:
+        """Spec §10 / O16: publish posterior draws of the means and account for them."""
+        from .privacy.ledger import PrivacyLedger
+
+        act = self.active_
+        if self.clip_norm is not None:
+            self.diameter_, self.diameter_enforced_ = 2.0 * float(self.clip_norm), True
+        else:
+            norm = max_norm if max_norm is not None else max(
+                float(np.linalg.norm(z, axis=1).max()) for z in train.values())
+            self.diameter_, self.diameter_enforced_ = 2.0 * norm, False
+        n_total = float(self.n_bar_[act].sum())
+        self.bound_ = precision_norm_bound(self.sigma_[act], self.n_bar_[act], rho=max(self.rho, 1e-12),
+                                           n_min=self.n_min_, n_sites=n_sites,
+                                           max_site_size=max(int(round(n_total)), 1))
+        self.epsilon_rdp_paper_ = paper_epsilon(int(act.sum()), self.bound_, self.diameter_, self.lambda0)
+        self.epsilon_rdp_tight_ = tight_epsilon(self.bound_, self.diameter_, self.lambda0, self.n_min_)
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(self.random_state), spawn_key=(7,))))
+        self.published_means_ = np.zeros_like(self.mu_)
+        self.published_means_[act] = release_pattern_means(self.mu_[act], self.precision_[act], self.n_bar_[act],
+                                                           lambda0=self.lambda0, rng=rng)
+        ledger = PrivacyLedger()
+        event = dp_event(self.epsilon_rdp_tight_)
+        for s in train:
+            ledger.record(s, max(self.n_iter_, 1), "pattern-means", event)
+        try:
+            cross = {s: ledger.epsilon(s, self.delta, "pld") for s in train}
+            cross_name = "epsilon_pld"
+        except (OverflowError, ValueError):  # PLD discretisation overflows for astronomically large epsilon
+            cross = {s: ledger.epsilon(s, self.delta, "rdp") for s in train}
+            cross_name = "epsilon_rdp_accountant"
+        eps = epsilon_dp(self.epsilon_rdp_tight_, self.delta)
+        self.privacy_spent_ = {
+            int(s): {"epsilon": float(eps), "delta": float(self.delta),
+                     "accountant": "rdp (spec §10.5, Mironov Prop. 3)",
+                     "alpha": float(optimal_order(self.epsilon_rdp_tight_, self.delta)),
+                     "epsilon_rdp_tight": float(self.epsilon_rdp_tight_),
+                     "epsilon_rdp_paper": float(self.epsilon_rdp_paper_),
+                     cross_name: float(cross[s]), "bound_B": float(self.bound_),
+                     "diameter_R": float(self.diameter_), "diameter_enforced": bool(self.diameter_enforced_)}
+            for s in train}
+
+    # ------------------------------------------------------------------ scoring
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "mu_"):
+            raise ValueError("this CollabDict is not fitted yet: call fit(sites) first")
+
+    def _site_weights(self, site: int) -> np.ndarray:
+        self._check_fitted()
+        if not 0 <= int(site) < self.n_sites_:
+            raise ValueError(f"site must lie in 0..{self.n_sites_ - 1}, got {site}")
+        w = self.weights_[int(site)]
+        if np.any(np.isnan(w)):
+            raise ValueError(f"site {site}: its private weights are not held by this process")
+        return np.where(self.active_, w, 0.0)
+
+    def _standardise(self, X: np.ndarray) -> np.ndarray:
+        self._check_fitted()
+        X = np.asarray(X, dtype=float)
+        if X.ndim != 2 or X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X must have shape (n, {self.n_features_in_}), got {X.shape}")
+        if not np.all(np.isfinite(X)):
+            raise ValueError("X contains NaN or inf")
+        return standardise(X, self.center_, self.scale_)
+
+    def _score_std(self, Z: np.ndarray, site: int) -> np.ndarray:
+        w = self._site_weights(site)
+        fn = score_expected if self.score == "expected" else score_logloss
+        return fn(Z, self.mu_, self.precision_, w)
+
+    def score_samples(self, X: np.ndarray, site: int) -> np.ndarray:
+        """Anomaly score ``a^s(x)`` of each row at ``site`` (Eq. (20) or (1)); shape (n,). Higher = more anomalous."""
+        return self._score_std(self._standardise(X), site)
+
+    def variable_scores(self, X: np.ndarray, site: int, kind: str = "logloss") -> np.ndarray:
+        """Variable-wise scores ``a_i^s(x)`` (spec §6.2), shape (n, M)."""
+        return variable_scores(self._standardise(X), self.mu_, self.precision_, self._site_weights(site), kind)
+
+    def predict(self, X: np.ndarray, site: int, threshold: float | None = None) -> np.ndarray:
+        """1 where ``score_samples(X, site) > threshold`` (anomaly), else 0; default ``thresholds_[site]``."""
+        scores = self.score_samples(X, site)
+        thr = self.thresholds_[int(site)] if threshold is None else float(threshold)
+        if np.isnan(thr):
+            raise ValueError(f"site {site}: no training threshold here; pass threshold=")
+        return (scores > thr).astype(np.int64)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> Path:
+        """Write the fitted model to one ``.npz`` (arrays + a JSON ``meta`` entry; no pickle)."""
+        self._check_fitted()
+        meta = {"params": self._params(), "n_sites": self.n_sites_, "n_features": self.n_features_in_,
+                "n_min": self.n_min_, "n_iter": self.n_iter_, "converged": bool(self.converged_),
+                "privacy_spent": {str(k): v for k, v in self.privacy_spent_.items()},
+                "diameter": self.diameter_, "bound": self.bound_}
+        arrays = {name: np.asarray(getattr(self, name)) for name in _ARRAYS}
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        import io
+
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        return atomic_write_bytes(path, buf.getvalue())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CollabDict":
+        """Read a model written by :meth:`save`."""
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+            arrays = {name: data[name] for name in _ARRAYS}
+        model = cls(**meta["params"])
+        for name, value in arrays.items():
+            setattr(model, name, value)
+        model.active_ = model.active_.astype(bool)
+        model.n_sites_, model.n_features_in_ = int(meta["n_sites"]), int(meta["n_features"])
+        model.n_min_, model.n_iter_, model.converged_ = meta["n_min"], meta["n_iter"], meta["converged"]
+        model.privacy_spent_ = {int(k): v for k, v in meta["privacy_spent"].items()}
+        model.diameter_, model.bound_ = meta["diameter"], meta["bound"]
+        model.history_ = []
+        return model
+
+
+class CollabVAE:
+    """Multi-task VAE on CollabDict (spec §8): shared decoder, private encoders.
+
+    Parameters
+    ----------
+    n_latent, width : int
+        Latent dimension ``d`` and hidden width ``H``.
+    learning_rate : float
+        Step ``eta`` on per-sample average gradients (decoder and encoders).
+    local_steps : int
+        Encoder steps per round.
+    max_iter : int
+        Rounds (fixed count, O7).
+    aggregation, graph, step, rel_tol, n_chunks, runtime, random_state
+        As :class:`CollabDict`.
+    n_draws : int
+        Monte Carlo draws ``J`` of the score (§8.4: ``J >= 32``).
+
+    Attributes
+    ----------
+    decoder_ : dict of ndarray       the shared decoder ``theta``
+    encoders_ : dict site -> dict    each site's private encoder ``phi^s``
+    history_ : list of dict          per round, including ``elbo_per_sample``
+
+    Privacy of the shared gradients is not analysed (spec Table 1: "largely open").
+    """
+
+    def __init__(self, n_latent: int = 3, *, width: int = 32, learning_rate: float = 0.05, local_steps: int = 2,
+                 max_iter: int = 200, aggregation: str = "consensus", graph: np.ndarray | None = None,
+                 step: str | float = "max-degree", rel_tol: float = 1e-12, n_chunks: int = 3, runtime: str = "peer",
+                 n_draws: int = 32, random_state: int = 0) -> None:
+        self.n_latent, self.width, self.learning_rate = n_latent, width, learning_rate
+        self.local_steps, self.max_iter, self.aggregation = local_steps, max_iter, aggregation
+        self.graph, self.step, self.rel_tol, self.n_chunks = graph, step, rel_tol, n_chunks
+        self.runtime, self.n_draws, self.random_state = runtime, n_draws, random_state
+
+    def fit(self, sites: Sequence[np.ndarray]) -> "CollabVAE":
+        """Fit on the sites' private data; see :meth:`CollabDict.fit`."""
+        helper = CollabDict(aggregation=self.aggregation, graph=self.graph, step=self.step, rel_tol=self.rel_tol,
+                            n_chunks=self.n_chunks, runtime=self.runtime, random_state=self.random_state)
+        sites = list(sites)
+        if not sites:
+            raise ValueError("no sites given")
+        n_features = check_site_matrix(0, sites[0]).shape[1]
+        sites = [check_site_matrix(s, x, n_features) for s, x in enumerate(sites)]
+        if self.runtime == "peer" and len(sites) < 3:
+            raise ValueError(f"the serverless runtime needs more than 2 sites (spec §1), got {len(sites)}")
+        moments, _, _ = helper._run(MomentsProtocol(n_features), sites, 1, None)
+        protocol = VAEProtocol(n_features, moments["center"], moments["scale"], n_latent=self.n_latent,
+                               width=self.width, learning_rate=self.learning_rate, local_steps=self.local_steps,
+                               seed=int(self.random_state))
+        model, states, history = helper._run(protocol, sites, int(self.max_iter), None)
+        self.n_features_in_, self.n_sites_ = n_features, len(sites)
+        self.center_, self.scale_ = np.asarray(moments["center"]), np.asarray(moments["scale"])
+        self.decoder_ = protocol.decoder(model)
+        self.encoders_ = {int(s): dict(state) for s, state in states.items()}
+        self.history_ = history
+        return self
+
+    def variable_scores(self, X: np.ndarray, site: int) -> np.ndarray:
+        """Variable-wise reconstruction scores (spec §8.4 [R]), shape (n, M)."""
+        from .models.collabdict.vae import reconstruction_scores
+
+        if not hasattr(self, "decoder_"):
+            raise ValueError("this CollabVAE is not fitted yet: call fit(sites) first")
+        if int(site) not in self.encoders_:
+            raise ValueError(f"site must lie in 0..{self.n_sites_ - 1}, got {site}")
+        X = np.asarray(X, dtype=float)
+        if X.ndim != 2 or X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X must have shape (n, {self.n_features_in_}), got {X.shape}")
+        seq = np.random.SeedSequence(int(self.random_state), spawn_key=(9, int(site)))
+        rng = np.random.Generator(np.random.PCG64(seq))
+        Z = standardise(X, self.center_, self.scale_)
+        return reconstruction_scores(Z, self.decoder_, self.encoders_[int(site)], rng, self.n_draws)
+
+    def score_samples(self, X: np.ndarray, site: int) -> np.ndarray:
+        """Eq. (39): Monte Carlo reconstruction log loss at ``site``, shape (n,)."""
+        return self.variable_scores(X, site).sum(axis=1)
+
+
+# ---------------------------------------------------------------------------- command line
+def _read_sites(csv_path: str, site_column: str, columns: list[str] | None, drop: list[str]):
+    import pandas as pd
+
+    frame = pd.read_csv(csv_path)
+    if site_column not in frame.columns:
+        raise ValueError(f"{csv_path}: no site column {site_column!r}; columns are {list(frame.columns)}")
+    names = columns or [c for c in frame.columns if c != site_column and c not in drop]
+    missing = [c for c in names if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{csv_path}: unknown column(s) {missing}")
+    labels = sorted(frame[site_column].unique().tolist())
+    sites = [frame.loc[frame[site_column] == lab, names].to_numpy(dtype=float) for lab in labels]
+    return labels, names, sites
+
+
+def cli_collab(argv: Sequence[str] | None = None) -> int:
+    """``fedhier collab {fit,score}``: fit CollabDict on a CSV split by a site column, or score.
+
+    ``fit`` with ``--runtime mpi`` must run under ``mpiexec -n S`` (one process per site);
+    each process then writes its own model file ``OUT`` with ``{site}`` replaced by its
+    index (or ``.site<k>`` inserted before the suffix).
+    """
+    parser = argparse.ArgumentParser(prog="fedhier collab", description="Serverless collaborative anomaly detection")
+    sub = parser.add_subparsers(dest="command", required=True)
+    fit = sub.add_parser("fit", help="fit on a CSV whose rows belong to sites")
+    fit.add_argument("--csv", required=True)
+    fit.add_argument("--site-column", required=True)
+    fit.add_argument("--columns", help="comma-separated variables (default: all but site/drop columns)")
+    fit.add_argument("--drop-columns", default="", help="comma-separated columns to ignore (e.g. labels)")
+    fit.add_argument("--out", required=True, help="model .npz path")
+    fit.add_argument("--runtime", choices=["peer", "star", "mpi"], default="peer")
+    fit.add_argument("--aggregation", choices=["consensus", "chunked", "shamir"], default="consensus")
+    fit.add_argument("--private-masks", action="store_true",
+                     help="chunk masks from OS entropy (deployments; differs from a seeded run by rounding only)")
+    fit.add_argument("--components", type=int, default=7)
+    fit.add_argument("--rho", type=float, default=0.8)
+    fit.add_argument("--weights", choices=["local", "shared"], default="local")
+    fit.add_argument("--max-iter", type=int, default=100)
+    fit.add_argument("--seed", type=int, default=0)
+    score = sub.add_parser("score", help="score a CSV with a fitted model")
+    score.add_argument("--model", required=True)
+    score.add_argument("--csv", required=True)
+    score.add_argument("--site", type=int, required=True, help="site index (sorted order of the site column)")
+    score.add_argument("--columns", required=True, help="comma-separated variables, in the model's order")
+    score.add_argument("--out", required=True, help="CSV of scores")
+    score.add_argument("--variable", action="store_true", help="also write variable-wise scores")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+
+    if args.command == "fit":
+        cols = args.columns.split(",") if args.columns else None
+        drop = [c for c in args.drop_columns.split(",") if c]
+        labels, names, sites = _read_sites(args.csv, args.site_column, cols, drop)
+        model = CollabDict(n_components=args.components, rho=args.rho, weights=args.weights,
+                           aggregation=args.aggregation, max_iter=args.max_iter, random_state=args.seed,
+                           private_masks=args.private_masks,
+                           runtime="peer" if args.runtime == "mpi" else args.runtime)
+        if args.runtime == "mpi":
+            from .runtime.mpi import world
+
+            comm = world()
+            if comm.Get_size() != len(sites):
+                raise ValueError(f"{len(sites)} sites in {args.csv} but {comm.Get_size()} MPI processes")
+            rank = comm.Get_rank()
+            model.fit_mpi(sites[rank], comm)
+            out = Path(args.out)
+            out = Path(str(out).format(site=rank)) if "{site}" in str(out) else out.with_name(
+                f"{out.stem}.site{rank}{out.suffix}")
+        else:
+            model.fit(sites)
+            out = Path(args.out)
+        model.save(out)
+        print(f"fitted CollabDict on {len(sites)} sites ({', '.join(map(str, labels))}); variables {names}; "
+              f"{int(model.active_.sum())} patterns; {model.n_iter_} rounds; wrote {out}")
+        return 0
+
+    model = CollabDict.load(args.model)
+    import pandas as pd
+
+    frame = pd.read_csv(args.csv)
+    X = frame[args.columns.split(",")].to_numpy(dtype=float)
+    rows = [{"row": i, "score": float(v)} for i, v in enumerate(model.score_samples(X, site=args.site))]
+    if args.variable:
+        for row, vs in zip(rows, model.variable_scores(X, site=args.site)):
+            row.update({f"score_{c}": float(v) for c, v in zip(args.columns.split(","), vs)})
+    write_csv(args.out, rows)
+    print(f"wrote {len(rows)} scores to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_collab(sys.argv[1:]))

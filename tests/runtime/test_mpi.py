@@ -1,0 +1,74 @@
+"""MPI runtime: 7 real processes under mpiexec give the in-process simulator's model (issue 8)."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install 'fedhier[mpi]')")
+
+from fedhier.collab import CollabDict  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+N_SITES = 7
+
+
+def _mpiexec() -> str:
+    here = Path(sys.executable).parent / "mpiexec"
+    found = str(here) if here.exists() else shutil.which("mpiexec")
+    if found is None:
+        pytest.fail("mpi4py is importable but no mpiexec was found (the mpich wheel provides it)")
+    return found
+
+
+def _frame():
+    import pandas as pd
+
+    rng = np.random.default_rng(11)
+    parts = []
+    for s in range(N_SITES):
+        n = 30 + 5 * s
+        shift = 1.5 if s % 2 else -1.5
+        x = rng.multivariate_normal([shift, -shift, 0], [[1, 0.7, 0], [0.7, 1, 0], [0, 0, 0.5]], size=n)
+        parts.append(pd.DataFrame(x, columns=["a", "b", "c"]).assign(site=s))
+    return pd.concat(parts, ignore_index=True)
+
+
+def _run_mpi(args, tmp_path):
+    proc = subprocess.Popen([_mpiexec(), "-n", str(N_SITES), sys.executable, "-m", "fedhier.collab", *args],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:  # clean up mpiexec and its 7 ranks
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, f"mpiexec failed\nstdout:\n{out}\nstderr:\n{err}"
+    return out
+
+
+@pytest.mark.parametrize("aggregation", ["chunked", "shamir"])
+def test_mpi_fit_equals_in_process_simulator(tmp_path, aggregation):
+    frame = _frame()
+    frame.to_csv(tmp_path / "data.csv", index=False)
+    _run_mpi(["fit", "--runtime", "mpi", "--csv", "data.csv", "--site-column", "site", "--components", "3",
+              "--max-iter", "6", "--aggregation", aggregation, "--seed", "5", "--out", "model_{site}.npz"], tmp_path)
+    sites = [frame.loc[frame.site == s, ["a", "b", "c"]].to_numpy() for s in range(N_SITES)]
+    ref = CollabDict(n_components=3, max_iter=6, aggregation=aggregation, random_state=5).fit(sites)
+    for s in range(N_SITES):
+        got = CollabDict.load(tmp_path / f"model_{s}.npz")
+        # every process holds the same global dictionary, equal to the simulator's
+        assert np.allclose(got.mu_, ref.mu_, rtol=0, atol=1e-10)
+        assert np.allclose(got.precision_, ref.precision_, rtol=0, atol=1e-10)
+        assert np.array_equal(got.active_, ref.active_)
+        # and its own private weights, equal to the simulator's site s
+        assert np.allclose(got.weights_[s], ref.weights_[s], atol=1e-12)
+        assert np.all(np.isnan(np.delete(got.weights_, s, axis=0)))
+        assert np.allclose(got.score_samples(sites[s], site=s), ref.score_samples(sites[s], site=s), atol=1e-9)
