@@ -19,7 +19,7 @@ import numpy as np
 from .data.schema import ViewSchema
 from .data.validation import check_sites, check_views
 from .models.mvppca import predictive
-from .models.mvppca import waic as waic_module
+from .models.mvppca.waic import waic_site_terms
 from .models.mvppca.params import GlobalParams, GlobalView, point_model
 from .protocol.mvppca import GLOBAL_FIELDS, MVPPCAProtocol, global_from_message
 from .runtime.simulate import RoundRecord, simulate
@@ -384,7 +384,7 @@ class FedMVPPCA:
         sites, _ = check_sites(sites, schema=self.schema_, min_subjects=1)
         lppd = p_waic = 0.0
         for site in sites:
-            a, b, _ = waic_module.waic_site_terms(self._global, site, n_draws=n_draws, seed=seed)
+            a, b, _ = waic_site_terms(self._global, site, n_draws=n_draws, seed=seed)
             lppd += a
             p_waic += b
         return -2.0 * (lppd - p_waic)
