@@ -234,7 +234,10 @@ class FedMVPPCA:
                 bar.close()
         self._adopt(result.broadcast, schema, result.history, seed=result.seed, n_sites=len(sites))
         if self.privacy is not None:
-            self.privacy_ledger_ = self._mirror_ledger(sites, result.history)
+            from .models.mvppca.dp import ledger_from_history
+
+            # what the accountant knows: who released which views in which round
+            self.privacy_ledger_ = ledger_from_history(self.privacy, [list(s) for s in sites], result.history)
             self.privacy_spent_ = self.privacy_ledger_.spent(self._privacy_delta())
         return self
 
@@ -254,24 +257,6 @@ class FedMVPPCA:
 
         budget = self.privacy.budget
         return float(budget.delta) if isinstance(budget, TotalBudget) else 1e-5
-
-    def _mirror_ledger(self, sites, history: Sequence[RoundRecord]):
-        """The accountant's ledger, rebuilt from public facts: who released which views when.
-
-        Each site also keeps its own ledger for the budget stop; a site that stopped is
-        recorded with the reason it gave.
-        """
-        from .models.mvppca.dp import record_round
-        from .privacy import PrivacyLedger
-
-        ledger = PrivacyLedger()
-        for record in history:
-            for s in record.sites:
-                record_round(ledger, s, record.round, list(sites[s]), self.privacy)
-            for s, message in record.failed.items():
-                if message.startswith("PrivacyBudgetExhausted"):
-                    ledger.record_stop(s, record.round, message.splitlines()[0])
-        return ledger
 
     def _adopt(self, broadcast, schema: ViewSchema, history: Sequence[RoundRecord], *, seed: int, n_sites: int) -> None:
         self._global: GlobalParams = global_from_message(broadcast, schema)

@@ -44,6 +44,7 @@ from fedhier.runtime.flower import (  # noqa: E402
     read_result,
     run_rounds,
     server_app,
+    write_result,
 )
 from fedhier.runtime.simulate import RoundFailed, simulate  # noqa: E402
 
@@ -153,6 +154,19 @@ def test_round_loop_equals_simulate(demo):
     assert [r.sites for r in result.history] == [[0, 1, 2]] * config.n_rounds
     assert [r.bytes_up for r in result.history] == [r.bytes_up for r in reference.history]
     assert [r.metrics for r in result.history] == [r.metrics for r in reference.history]
+
+
+def test_round_loop_with_client_level_dp_equals_simulate(demo, tmp_path):
+    folder, config, sites = demo
+    config = config.replace(epsilon=2.0, delta=1e-5, out=str(tmp_path / "out"))
+    grid, _ = _grid(folder, config)
+    result = _run(grid, config)
+    reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed)
+    assert config.protocol().privacy is not None
+    assert _max_diff(result.broadcast, reference.broadcast) <= 1e-10
+    write_result(config.out, config, result)
+    spent = json.loads((Path(config.out) / "summary.json").read_text())["privacy_spent"]
+    assert set(spent) == set(config.sites) and all(v["epsilon"] <= 2.0 + 1e-9 for v in spent.values())
 
 
 @pytest.mark.parametrize("how, reason", [("silent", "no reply within 0.3 s"), ("unreachable", "Flower error 3: Message Unavailable")])

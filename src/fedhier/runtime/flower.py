@@ -86,6 +86,7 @@ _STATE = "fedhier-state"
 
 _ALLOWED_KEYS = {
     "n_components", "n_rounds", "n_local_iter", "n_first_iter", "seed", "ig_solver", "sigma2_prior", "views", "flower",
+    "epsilon", "delta",
 }
 _FLOWER_KEYS = {"sites", "min_sites", "round_timeout", "connect_timeout", "poll_interval", "out"}
 
@@ -135,6 +136,8 @@ class FlowerFitConfig:
     connect_timeout: float = 300.0
     poll_interval: float = 0.2
     out: str = "fedhier-flower-fit"
+    epsilon: float | None = None
+    delta: float = 1e-5
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "views", {str(v): tuple(c) for v, c in dict(self.views).items()})
@@ -179,6 +182,10 @@ class FlowerFitConfig:
                 raise ValueError(f"fit configuration: {name} must be a positive number of seconds, got {value!r}")
         if not isinstance(self.out, str) or not self.out:
             raise ValueError("fit configuration: out must be a folder name")
+        if self.epsilon is not None and (isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float)) or not self.epsilon > 0):
+            raise ValueError(f"fit configuration: epsilon must be a positive number, got {self.epsilon!r}")
+        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not 0 < self.delta < 1:
+            raise ValueError(f"fit configuration: delta must be in (0, 1), got {self.delta!r}")
 
     # ------------------------------------------------------------------ reading / writing
     @classmethod
@@ -246,14 +253,35 @@ class FlowerFitConfig:
         """The Fed-mv-PPCA round, built as :class:`fedhier.mvppca.FedMVPPCA` builds it."""
         from ..protocol.mvppca import MVPPCAProtocol
 
+        schema = self.schema()
+        privacy = initial_prior = None
+        if self.epsilon is not None:
+            from ..models.mvppca.master import data_independent_prior
+
+            privacy = self.privacy()
+            initial_prior = data_independent_prior(dict(zip(schema.names, schema.dims)), self.n_components)
         return MVPPCAProtocol(
-            self.schema(),
+            schema,
             self.n_components,
             n_local_iter=self.n_local_iter,
             n_first_iter=self.n_first_iter,
             ig_solver=self.ig_solver,
             sigma2_prior=self.sigma2_prior,
+            privacy=privacy,
+            initial_prior=initial_prior,
         )
+
+    def privacy(self):
+        """The DP configuration of a fit with a total budget (``epsilon``, ``delta``), else None.
+
+        Calibrated for ``n_rounds`` rounds of releases of every view, so each site's
+        end-to-end epsilon is at most ``epsilon`` (client-level DP, docs/privacy.md).
+        """
+        if self.epsilon is None:
+            return None
+        from ..models.mvppca.dp import DPConfig
+
+        return DPConfig.total(float(self.epsilon), float(self.delta), n_rounds=self.n_rounds, n_views=len(self.views))
 
 
 def load_site(config: FlowerFitConfig, path: str | Path, site: str) -> dict[str, np.ndarray]:
@@ -628,9 +656,20 @@ def write_result(out: str | Path, config: FlowerFitConfig, result: FlowerFitResu
             "bytes_up": int(sum(sum(r.bytes_up.values()) for r in result.history)),
             "bytes_down": int(sum(r.bytes_down * len(r.sites) for r in result.history)),
             "model": str(out / "model.npz"),
+            **_privacy_summary(config, result),
         },
     )
     return out
+
+
+def _privacy_summary(config: FlowerFitConfig, result: FlowerFitResult) -> dict[str, Any]:
+    """Epsilon spent per site, counting every view as released (an upper bound for sites lacking views)."""
+    if config.epsilon is None:
+        return {}
+    from ..models.mvppca.dp import ledger_from_history
+
+    ledger = ledger_from_history(config.privacy(), [list(config.views)] * len(config.sites), result.history)
+    return {"privacy_spent": {config.sites[s]: v for s, v in ledger.spent(config.delta).items()}}
 
 
 def read_result(out: str | Path, config: FlowerFitConfig) -> tuple[Message, list[dict[str, Any]], dict[str, Any]]:

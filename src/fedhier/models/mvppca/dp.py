@@ -48,6 +48,7 @@ from .params import GlobalParams, GlobalView, LocalParams, ViewParams
 
 __all__ = [
     "BLOCKS", "DPConfig", "privatize_site_params", "round_events", "record_round", "site_ledger", "denoise_global",
+    "ledger_from_history",
 ]
 
 #: released blocks per observed view, in release order
@@ -406,3 +407,20 @@ def denoise_global(new: GlobalParams, anchor: GlobalParams, counts: dict[str, in
         updates["noise_var"] = max(a_sigma2 + lam * (g.noise_var - a_sigma2), config.sigma2_floor)
         out[view] = replace(g, **updates)
     return out
+
+
+def ledger_from_history(config: DPConfig, site_views, history) -> PrivacyLedger:
+    """The accountant's ledger of a whole fit, rebuilt from public facts.
+
+    ``site_views[s]`` lists the views site ``s`` releases; ``history`` holds the round
+    records of the runtime (``sites`` that replied, ``failed`` with their messages).
+    A site that stopped on its budget is recorded with the reason it gave.
+    """
+    ledger = PrivacyLedger()
+    for record in history:
+        for s in record.sites:
+            record_round(ledger, s, record.round, list(site_views[s]), config)
+        for s, message in record.failed.items():
+            if message.startswith("PrivacyBudgetExhausted"):
+                ledger.record_stop(s, record.round, message.splitlines()[0])
+    return ledger
