@@ -69,3 +69,16 @@ def test_more_drops_than_the_threshold_allows_fail_the_round_cleanly(sites):
     with pytest.raises(RoundFailed, match="round 2: secure aggregation failed"):
         model.fit(sites)
     assert not hasattr(model, "history_")  # nothing half-written
+
+
+@pytest.mark.parametrize("n_sites", [2, 4, 8])
+def test_secure_aggregator_sums_every_site_for_powers_of_two(n_sites):
+    from fedhier.protocol.messages import Field, MessageSpec
+
+    spec = MessageSpec("toy", {"x": Field((3,))})
+    rng = np.random.default_rng(n_sites)
+    replies = {s: {"x": rng.normal(size=3)} for s in range(n_sites)}
+    agg = SecureAggregator(n_sites)
+    total, _, contributors = agg.sum(spec, replies, 1, rng)
+    np.testing.assert_allclose(total["x"], sum(r["x"] for r in replies.values()), atol=n_sites * agg.precision)
+    assert contributors == list(range(n_sites))

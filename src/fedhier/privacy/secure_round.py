@@ -33,7 +33,7 @@ class SecureAggregator:
     frac_bits : int, default 30
         Fixed-point fractional bits: each reply entry is rounded to 2^-frac_bits
         (precision 9.3e-10).  The largest magnitude that can be summed without wrapping
-        is ``2^(60 - frac_bits - ceil(log2 n_sites))`` (1.3e8 for 5 sites); a larger
+        is ``2^(60 - frac_bits - ceil(log2(n_sites + 1)))`` (1.3e8 for 5 sites); a larger
         entry is refused with ``OverflowError``.
     drop_before_masking, drop_after_masking : mapping round -> sites, optional
         Fault injection for tests and demonstrations: sites that drop out of the secure
@@ -57,7 +57,7 @@ class SecureAggregator:
         if not 2 <= self.threshold <= self.n_sites:
             raise ValueError(f"threshold must be between 2 and {self.n_sites}, got {self.threshold}")
         self.fixed_point = FixedPoint(
-            frac_bits=frac_bits, max_abs=2.0 ** (60 - frac_bits - math.ceil(math.log2(self.n_sites)))
+            frac_bits=frac_bits, max_abs=2.0 ** (60 - frac_bits - math.ceil(math.log2(self.n_sites + 1)))
         )
         self.drop_before_masking = {int(r): [int(s) for s in v] for r, v in (drop_before_masking or {}).items()}
         self.drop_after_masking = {int(r): [int(s) for s in v] for r, v in (drop_after_masking or {}).items()}

@@ -243,6 +243,7 @@ def simulate(
     aggregation: Literal["plain", "secure"] = "plain",
     aggregator: Any = None,
     checkpoint: str | Path | None = None,
+    stop: Callable[[RoundRecord, Message], bool] | None = None,
 ) -> SimulationResult:
     """Run ``n_rounds`` rounds of ``protocol`` over ``sites`` in this process.
 
@@ -268,6 +269,9 @@ def simulate(
         ``sum(spec, replies, round, rng) -> (sum, bytes sent per site, contributing
         sites)``); only for ``combine == "sum"`` protocols.  The recorded bytes are then
         those of the whole secure-sum exchange.
+    stop : callable ``(record, broadcast) -> bool``, optional
+        Called after each round (after the callbacks); True ends the fit early (a
+        stopping rule such as FedLin's EP convergence test).
     checkpoint : path, optional
         Write a checkpoint (:mod:`fedhier.runtime.checkpoint`) after every round; if the
         file exists when the run starts, resume from it (same protocol, sites and seed
@@ -373,6 +377,8 @@ def simulate(
                 )
             for cb in callbacks:
                 cb(record, broadcast)
+            if stop is not None and stop(record, broadcast):
+                break
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)

@@ -1,0 +1,525 @@
+"""FedLin estimators in scikit-learn style (spec ``fedlin.md``): HM1 and HM2.
+
+>>> model = FedHM2Regressor(prior="lasso").fit([(X1, y1), (X2, y2)])   # doctest: +SKIP
+>>> model.coef_interval(0.9)[0]            # 90% credible intervals of site 0   # doctest: +SKIP
+>>> model.selected_features_[1]            # spec §5 inclusion decisions of site 1  # doctest: +SKIP
+
+Fits run through :func:`fedhier.runtime.simulate` with the protocols of
+:mod:`fedhier.protocol.fedlin`; only the declared messages cross a site boundary.
+``sites`` is a list of ``(X (n_k, d), y (n_k,))``, one pair per site.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .models.fedlin.ep import cavity, converged
+from .models.fedlin.hierarchy import BayesianRidge, GaussianHierarchy
+from .models.fedlin.inference import credible_interval, gaussian_interval, inclusion_score, reject_null, select_features, tail_probability
+from .models.fedlin.lasso import BayesianLasso
+from .models.fedlin.natural import to_moments
+from .models.fedlin.stats import SiteStats, check_site, check_sites
+from .models.fedlin.tilted import TiltedFailure, device_posterior, tilted_moments
+from .protocol.fedlin import EPProtocol, HM1Protocol, sample_fraction, settle_site_factor
+from .runtime.simulate import simulate, site_rng
+from .utils.io import atomic_write_bytes, atomic_write_text, markdown_table, write_csv, write_json
+
+__all__ = ["FedHM1Regressor", "FedHM2Regressor", "FedLinWarning", "load", "cli_fit_linear", "add_fit_linear_arguments"]
+
+_FORMAT = "fedhier-fedlin-v1"
+
+
+class FedLinWarning(UserWarning):
+    """A FedLin fit finished with a caveat (e.g. a site's posterior had to use q instead of its cavity)."""
+
+
+def _participation(value):
+    return None if value is None or value == 1.0 else sample_fraction(value)
+
+
+def _check_site_index(site, n_sites: int) -> int:
+    if isinstance(site, bool) or int(site) != site or not 0 <= int(site) < n_sites:
+        raise ValueError(f"site must be an integer in [0, {n_sites}), got {site!r}")
+    return int(site)
+
+
+def _save_npz(path, arrays: dict[str, np.ndarray], params: dict[str, Any]) -> Path:
+    buf = io.BytesIO()
+    meta = {"format": _FORMAT, **params}
+    np.savez(buf, __meta__=np.array(json.dumps(meta)), **arrays)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def _read_npz(path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    with np.load(path, allow_pickle=False) as data:
+        meta = json.loads(str(data["__meta__"]))
+        arrays = {k: data[k] for k in data.files if k != "__meta__"}
+    if meta.get("format") != _FORMAT:
+        raise ValueError(f"{path}: not a saved FedLin model (format {meta.get('format')!r})")
+    return meta, arrays
+
+
+class FedHM1Regressor:
+    """HM1 by Algorithm 1 (spec §2): federated MAP with a learned site covariance :math:`\\Omega`.
+
+    Parameters mirror :class:`~fedhier.protocol.fedlin.HM1Protocol`; in addition ``n_rounds``
+    (:math:`C`), ``participation`` (fraction of sites per round, spec §9 #7), ``random_state``
+    and ``n_jobs``. HM1 gives a point estimate only: no intervals and no new-site adaptation
+    (spec §2.3).
+
+    Attributes
+    ----------
+    coef_ : ndarray, shape (K, d)
+        :math:`\\Theta^{(C)\\top}`, one row per site.
+    omega_ : ndarray, shape (K, K)
+    history_ : list of dict
+        Per-round records of the runtime (sites, bytes, ...), plus ``theta`` snapshots when
+        ``record_theta=True``.
+    """
+
+    def __init__(
+        self,
+        *,
+        n_rounds: int = 30,
+        n_local_steps: int = 20,
+        eta: float = 1e-4,
+        alpha: float = 0.1,
+        omega_rule: str = "paper",
+        batch_size: int | None = None,
+        gradient: str = "sum",
+        shrink_scale: float = 1.0,
+        init: str = "zeros",
+        oracle_omega: np.ndarray | None = None,
+        jitter: bool = False,
+        participation: float | None = None,
+        record_theta: bool = False,
+        random_state: int | None = None,
+        n_jobs: int = 1,
+    ):
+        self.n_rounds, self.n_local_steps, self.eta, self.alpha = n_rounds, n_local_steps, eta, alpha
+        self.omega_rule, self.batch_size, self.gradient, self.shrink_scale = omega_rule, batch_size, gradient, shrink_scale
+        self.init, self.oracle_omega, self.jitter, self.participation = init, oracle_omega, jitter, participation
+        self.record_theta, self.random_state, self.n_jobs = record_theta, random_state, n_jobs
+
+    def _params(self) -> dict[str, Any]:
+        keys = ["n_rounds", "n_local_steps", "eta", "alpha", "omega_rule", "batch_size", "gradient", "shrink_scale", "init", "jitter", "participation", "record_theta", "random_state", "n_jobs"]
+        return {k: getattr(self, k) for k in keys}
+
+    def fit(self, sites: Sequence[tuple[np.ndarray, np.ndarray]]) -> "FedHM1Regressor":
+        """Run Algorithm 1 for ``n_rounds`` rounds over ``sites`` (list of ``(X, y)``)."""
+        sites = check_sites(sites)
+        K, d = len(sites), sites[0][0].shape[1]
+        protocol = HM1Protocol(
+            K, d, eta=self.eta, n_local_steps=self.n_local_steps, alpha=self.alpha, omega_rule=self.omega_rule,
+            batch_size=self.batch_size, gradient=self.gradient, shrink_scale=self.shrink_scale, init=self.init,
+            oracle_omega=self.oracle_omega, jitter=self.jitter, random_state=self.random_state,
+        )
+        snapshots: list[np.ndarray] = []
+        callbacks = [lambda rec, b: snapshots.append(b["theta"].T.copy())] if self.record_theta else []
+        result = simulate(
+            protocol, sites, n_rounds=int(self.n_rounds), random_state=self.random_state, n_jobs=self.n_jobs,
+            participation=_participation(self.participation), callbacks=callbacks,
+        )
+        self.coef_ = result.broadcast["theta"].T.copy()
+        self.omega_ = result.broadcast["omega"].copy()
+        self.history_ = [rec.to_dict() for rec in result.history]
+        self.theta_path_ = np.array(snapshots) if self.record_theta else None
+        self.n_sites_, self.n_features_ = K, d
+        return self
+
+    def predict(self, X, site: int) -> np.ndarray:
+        """:math:`\\hat y=X\\theta_k`; ``X`` of shape (n, d), returns (n,)."""
+        site = _check_site_index(site, self.n_sites_)
+        X, _ = check_site(X, np.zeros(np.shape(X)[0]), site=site, n_features=self.n_features_)
+        return X @ self.coef_[site]
+
+    def save(self, path) -> Path:
+        """Save to ``path`` (a ``.npz`` of plain arrays plus a JSON header; no pickle)."""
+        params = {k: v for k, v in self._params().items()}
+        return _save_npz(path, {"coef_": self.coef_, "omega_": self.omega_}, {"kind": "hm1", "params": params, "history": self.history_})
+
+
+class FedHM2Regressor:
+    """HM2 by federated EP (spec §3–5): posterior of :math:`\\phi`, device posteriors, intervals, tests,
+    variable selection and new-site adaptation.
+
+    Parameters
+    ----------
+    prior : {"gaussian", "lasso", "ridge"}
+        :math:`p(\\theta_k\\mid\\phi)`: the Gaussian hierarchy (spec §3.1) or a shrinkage prior (spec §5).
+    covariance, random, noise, tau, mu_scale :
+        Options of :class:`~fedhier.models.fedlin.hierarchy.GaussianHierarchy` (prior="gaussian").
+    n_rounds : int
+        Largest number of EP rounds :math:`C` (spec §9 #15: 20).
+    damping : float
+        EP damping :math:`\\delta` (spec §3.4; grid of §9 #12).
+    tol : float or None
+        Early-stop threshold of spec §3.4 (None: always run ``n_rounds``).
+    tilted_method : {"auto", "exact", "quadrature", "importance", "mcmc"}
+        See :mod:`fedhier.models.fedlin.tilted`.
+    n_draws : int
+        Importance-sampling draws per site and round.
+    mcmc : dict, optional
+        Lasso sampler settings (``n_chains``, ``n_warmup``, ``n_draws``; spec §9 #14 default 4 x (500 + 500)).
+    n_posterior_draws : int
+        Draws kept per site for intervals and tests.
+    level : float
+        Credible level of the selection rule (spec §5; 0.9).
+    standardize : bool or None
+        Centre ``y`` and standardise the columns of ``X`` per site (spec §9 #18); default True for
+        lasso/ridge, False for the Gaussian hierarchy. Coefficients are reported on the original scale.
+    participation : float, optional
+        Fraction of sites per round.
+    aggregation, aggregator :
+        Passed to :func:`~fedhier.runtime.simulate` ("secure" sums the EP deltas securely).
+    random_state : int, optional
+    n_jobs : int
+
+    Attributes
+    ----------
+    coef_ : ndarray, shape (K, d)
+        Posterior means of :math:`\\theta_k` (original scale).
+    intercept_ : ndarray, shape (K,)
+        Site intercepts from centring (0 when ``standardize`` is False).
+    coef_draws_ : ndarray, shape (K, n_posterior_draws, d)
+    phi_mean_, phi_cov_ : ndarray, shapes (p,), (p, p)
+        Moments of :math:`q(\\phi)`; ``phi_names_`` names the components.
+    selected_features_ : ndarray of bool, shape (K, d)
+        Spec §5: included iff the ``level`` interval excludes 0.
+    inclusion_score_ : ndarray, shape (K, d)
+        Graded score :math:`\\max\\{\\Pr(\\theta_{kj}>0),\\Pr(\\theta_{kj}<0)\\}` (spec §5).
+    history_ : list of dict
+        Runtime records per round plus the global mean and marginal variances of :math:`\\phi`.
+    n_rounds_ : int
+        Rounds actually run (early stop).
+    cavity_fallback_ : list of int
+        Sites whose final cavity was not positive definite; their posterior used :math:`q(\\phi)`
+        (a :class:`FedLinWarning` is issued).
+    """
+
+    def __init__(
+        self,
+        *,
+        prior: str = "gaussian",
+        covariance: str = "diagonal",
+        random=None,
+        noise="local",
+        tau=None,
+        mu_scale: float = 1.0,
+        n_rounds: int = 20,
+        damping: float = 0.5,
+        tol: float | None = 0.05,
+        tilted_method: str = "auto",
+        n_draws: int = 2000,
+        mcmc: dict | None = None,
+        n_posterior_draws: int = 4000,
+        level: float = 0.9,
+        standardize: bool | None = None,
+        participation: float | None = None,
+        aggregation: str = "plain",
+        aggregator: Any = None,
+        random_state: int | None = None,
+        n_jobs: int = 1,
+    ):
+        self.prior, self.covariance, self.random, self.noise, self.tau, self.mu_scale = prior, covariance, random, noise, tau, mu_scale
+        self.n_rounds, self.damping, self.tol, self.tilted_method, self.n_draws = n_rounds, damping, tol, tilted_method, n_draws
+        self.mcmc, self.n_posterior_draws, self.level, self.standardize = mcmc, n_posterior_draws, level, standardize
+        self.participation, self.aggregation, self.aggregator = participation, aggregation, aggregator
+        self.random_state, self.n_jobs = random_state, n_jobs
+
+    # ------------------------------------------------------------------ set-up
+    def _params(self) -> dict[str, Any]:
+        keys = ["prior", "covariance", "noise", "tau", "mu_scale", "n_rounds", "damping", "tol", "tilted_method", "n_draws", "mcmc", "n_posterior_draws", "level", "standardize", "participation", "aggregation", "random_state", "n_jobs"]
+        out = {k: getattr(self, k) for k in keys}
+        out["random"] = None if self.random is None else np.asarray(self.random, dtype=bool).tolist()
+        if isinstance(out["tau"], np.ndarray):
+            out["tau"] = out["tau"].tolist()
+        return out
+
+    def _make_model(self, d: int):
+        if self.prior == "gaussian":
+            return GaussianHierarchy(d, covariance=self.covariance, random=self.random, noise=self.noise, tau=self.tau, mu_scale=self.mu_scale)
+        if self.prior == "ridge":
+            return BayesianRidge(d)
+        if self.prior == "lasso":
+            return BayesianLasso(d)
+        raise ValueError(f"prior must be 'gaussian', 'lasso' or 'ridge', got {self.prior!r}")
+
+    def _standardizes(self) -> bool:
+        return (self.prior != "gaussian") if self.standardize is None else bool(self.standardize)
+
+    def _scaling(self, X: np.ndarray, y: np.ndarray):
+        if not self._standardizes():
+            return np.zeros(X.shape[1]), np.ones(X.shape[1]), 0.0
+        sd = X.std(axis=0)
+        return X.mean(axis=0), np.where(sd > 0, sd, 1.0), float(y.mean())
+
+    def _tilted_options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"method": self.tilted_method, "n_draws": int(self.n_draws)}
+        if self.mcmc:
+            opts["mcmc"] = dict(self.mcmc)
+        return opts
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, sites: Sequence[tuple[np.ndarray, np.ndarray]]) -> "FedHM2Regressor":
+        """Run federated EP (Algorithm 3) over ``sites`` and compute every site's posterior."""
+        sites = check_sites(sites)
+        K, d = len(sites), sites[0][0].shape[1]
+        self.model_ = self._make_model(d)
+        self.n_sites_, self.n_features_ = K, d
+        scalings = [self._scaling(X, y) for X, y in sites]
+        stats = [SiteStats.from_data((X - xm) / xs, y - ym, site=k) for k, ((X, y), (xm, xs, ym)) in enumerate(zip(sites, scalings))]
+        protocol = EPProtocol(self.model_, max_rounds=int(self.n_rounds), damping=self.damping, tilted_options=self._tilted_options())
+        seed = int(np.random.SeedSequence().entropy % (2**63)) if self.random_state is None else int(self.random_state)
+        m, S = to_moments(*(protocol.initial_broadcast()[k] for k in ("r", "Q")))
+        means, variances, history = [m], [np.diag(S)], []
+
+        def track(record, broadcast) -> bool:
+            """Record phi's moments after each round; the stopping rule of spec §3.4."""
+            m, S = to_moments(broadcast["r"], broadcast["Q"])
+            means.append(m)
+            variances.append(np.diag(S))
+            row = record.to_dict()
+            row.update(damping=float(broadcast["damping_log"][record.round - 1]), phi_mean=m.tolist(), phi_var=np.diag(S).tolist())
+            history.append(row)
+            return self.tol is not None and converged(means, variances, tol=self.tol)
+
+        result = simulate(
+            protocol, stats, n_rounds=int(self.n_rounds), random_state=seed, n_jobs=self.n_jobs,
+            participation=_participation(self.participation), aggregation=self.aggregation,
+            aggregator=self.aggregator, stop=track,
+        )
+        broadcast, states, rounds_run = result.broadcast, result.site_states, len(result.history)
+        self.history_, self.n_rounds_, self.seed_ = history, rounds_run, seed
+        self.r_, self.Q_ = broadcast["r"].copy(), broadcast["Q"].copy()
+        self.phi_mean_, self.phi_cov_ = to_moments(self.r_, self.Q_)
+        self.phi_names_ = list(self.model_.phi_names)
+        # device posteriors (spec §4.1), computed on each site from its cavity
+        draws = []
+        self.cavity_fallback_: list[int] = []
+        for k in range(K):
+            rng = site_rng(seed, rounds_run + 1, k)
+            if "r_k" in states[k]:
+                r_k, Q_k = settle_site_factor(states[k], broadcast)
+            else:
+                r_k, Q_k = np.zeros(self.model_.p), np.zeros((self.model_.p, self.model_.p))
+            cav = cavity(self.r_, self.Q_, r_k, Q_k)
+            if cav is None:
+                warnings.warn(
+                    f"site {k}: the final cavity is not positive definite; its posterior uses q(phi) instead "
+                    "(its own data then count twice); try more rounds or a smaller damping",
+                    FedLinWarning, stacklevel=2,
+                )
+                self.cavity_fallback_.append(k)
+                cav = (self.r_, self.Q_)
+            draws.append(self._posterior_draws(stats[k], cav, rng, states[k], where=f"site {k}"))
+        self.x_mean_ = np.array([xm for xm, _, _ in scalings])
+        self.x_scale_ = np.array([xs for _, xs, _ in scalings])
+        self.y_mean_ = np.array([ym for _, _, ym in scalings])
+        self._set_draws(np.stack(draws))
+        return self
+
+    def _posterior_draws(self, stats: SiteStats, cav, rng, state=None, where: str = "site") -> np.ndarray:
+        options = self._tilted_options()
+        if not self.model_.closed_form and state is not None and "chain_phi" in state:
+            options["init"] = {"phi": state["chain_phi"], "theta": state["chain_theta"]}
+        try:
+            tilted = tilted_moments(self.model_, stats, cav[0], cav[1], rng, **options)
+        except TiltedFailure as exc:
+            warnings.warn(f"{where}: {exc}; retrying with ten times the draws and no ESS threshold", FedLinWarning, stacklevel=3)
+            options.update(n_draws=10 * int(self.n_draws), min_ess=0.0)
+            tilted = tilted_moments(self.model_, stats, cav[0], cav[1], rng, **options)
+        post = device_posterior(self.model_, stats, tilted, rng, n_draws=int(self.n_posterior_draws))
+        draws = post.draws
+        n = int(self.n_posterior_draws)
+        if draws.shape[0] != n:  # MCMC draws: resample to the common count
+            draws = draws[rng.choice(draws.shape[0], size=n, replace=draws.shape[0] < n)]
+        return draws
+
+    def _set_draws(self, std_draws: np.ndarray) -> None:
+        """Store draws on the original scale: :math:`\\theta_j=\\theta^{\\rm std}_j/s_j`, intercept :math:`\\bar y-\\bar x^\\top\\theta`."""
+        self.coef_draws_ = std_draws / self.x_scale_[:, None, :]
+        self.coef_ = self.coef_draws_.mean(axis=1)
+        self.intercept_ = self.y_mean_ - np.einsum("kd,kd->k", self.x_mean_, self.coef_)
+        self.selected_features_ = np.stack([select_features(dr, self.level) for dr in self.coef_draws_])
+        self.inclusion_score_ = np.stack([inclusion_score(dr) for dr in self.coef_draws_])
+
+    # ------------------------------------------------------------------ products
+    def predict(self, X, site: int) -> np.ndarray:
+        """Posterior-mean prediction on ``site``: ``X (n, d) @ coef_[site] + intercept_[site]``."""
+        site = _check_site_index(site, self.coef_.shape[0])
+        X, _ = check_site(X, np.zeros(np.shape(X)[0]), site=site, n_features=self.n_features_)
+        return X @ self.coef_[site] + self.intercept_[site]
+
+    def coef_interval(self, level: float = 0.9) -> np.ndarray:
+        """Equal-tailed credible intervals of every :math:`\\theta_{kj}` (spec §4.2), shape (K, d, 2)."""
+        return np.stack([credible_interval(dr, level) for dr in self.coef_draws_])
+
+    def coef_test(self, value: float | np.ndarray = 0.0, level: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+        """Test :math:`H_0:\\theta_{kj}=c` (spec §4.2): (reject (K, d) bool, posterior tail probability (K, d))."""
+        reject = np.stack([reject_null(dr, value, level) for dr in self.coef_draws_])
+        tail = np.stack([tail_probability(dr, value) for dr in self.coef_draws_])
+        return reject, tail
+
+    def phi_interval(self, level: float = 0.9, natural_scale: bool = False) -> np.ndarray:
+        """Gaussian intervals of :math:`\\phi` (spec §4.2), shape (p, 2); ``natural_scale`` exponentiates log-components."""
+        ci = gaussian_interval(self.phi_mean_, np.diag(self.phi_cov_), level)
+        if natural_scale:
+            logs = np.array([n.startswith("log_") for n in self.phi_names_])
+            ci[logs] = np.exp(ci[logs])
+        return ci
+
+    def adapt(self, X_new, y_new) -> int:
+        """Posterior of a new site from its data and :math:`q(\\phi)` only (spec §4.3, full Bayesian version).
+
+        The new site is appended (its index is returned) so that :meth:`predict`,
+        :meth:`coef_interval` and :attr:`selected_features_` cover it.
+        """
+        X, y = check_site(X_new, y_new, site="new", n_features=self.n_features_)
+        xm, xs, ym = self._scaling(X, y)
+        stats = SiteStats.from_data((X - xm) / xs, y - ym, site="new")
+        k = self.coef_draws_.shape[0]
+        rng = site_rng(self.seed_, self.n_rounds_ + 1, k)
+        std = self._posterior_draws(stats, (self.r_, self.Q_), rng, where="new site")
+        self.x_mean_ = np.vstack([self.x_mean_, xm])
+        self.x_scale_ = np.vstack([self.x_scale_, xs])
+        self.y_mean_ = np.append(self.y_mean_, ym)
+        self._set_draws(np.concatenate([self.coef_draws_ * self.x_scale_[:-1, None, :], std[None]]))
+        return k
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path) -> Path:
+        """Save to ``path`` (``.npz`` of plain arrays plus a JSON header; no pickle)."""
+        arrays = {
+            "r_": self.r_, "Q_": self.Q_, "coef_draws_": self.coef_draws_, "x_mean_": self.x_mean_,
+            "x_scale_": self.x_scale_, "y_mean_": self.y_mean_,
+        }
+        meta = {"kind": "hm2", "params": self._params(), "history": self.history_, "n_rounds_": self.n_rounds_, "seed_": self.seed_, "n_sites_": self.n_sites_}
+        return _save_npz(path, arrays, meta)
+
+
+def load(path) -> FedHM1Regressor | FedHM2Regressor:
+    """Load a model written by ``save`` (no pickle; refuses other files with a ValueError)."""
+    meta, arrays = _read_npz(path)
+    params = meta["params"]
+    if meta["kind"] == "hm1":
+        est = FedHM1Regressor(**params)
+        est.coef_, est.omega_, est.history_ = arrays["coef_"], arrays["omega_"], meta["history"]
+        est.n_sites_, est.n_features_ = est.coef_.shape
+        est.theta_path_ = None
+        return est
+    if meta["kind"] != "hm2":
+        raise ValueError(f"{path}: unknown model kind {meta['kind']!r}")
+    est = FedHM2Regressor(**params)
+    est.n_features_ = arrays["coef_draws_"].shape[2]
+    est.model_ = est._make_model(est.n_features_)
+    est.r_, est.Q_ = arrays["r_"], arrays["Q_"]
+    est.phi_mean_, est.phi_cov_ = to_moments(est.r_, est.Q_)
+    est.phi_names_ = list(est.model_.phi_names)
+    est.x_mean_, est.x_scale_, est.y_mean_ = arrays["x_mean_"], arrays["x_scale_"], arrays["y_mean_"]
+    est.history_, est.n_rounds_, est.seed_, est.n_sites_ = meta["history"], meta["n_rounds_"], meta["seed_"], meta["n_sites_"]
+    est._set_draws(arrays["coef_draws_"] * est.x_scale_[:, None, :])
+    return est
+
+
+# ---------------------------------------------------------------------- CLI
+def add_fit_linear_arguments(parser) -> None:
+    """Arguments of ``fedhier fit linear`` (to be attached by :mod:`fedhier.cli`)."""
+    parser.add_argument("csv", type=Path, help="CSV file with a header row")
+    parser.add_argument("--site", required=True, help="column naming the site of each row")
+    parser.add_argument("--target", required=True, help="response column")
+    parser.add_argument("--features", required=True, help="comma-separated predictor columns")
+    parser.add_argument("--model", choices=["hm2", "hm1"], default="hm2")
+    parser.add_argument("--prior", choices=["gaussian", "lasso", "ridge"], default="gaussian")
+    parser.add_argument("--intercept", action="store_true", help="add a column of ones (prior=gaussian, hm1)")
+    parser.add_argument("--random", default=None, help="comma-separated columns with site-varying coefficients (gaussian prior; default all)")
+    parser.add_argument("--noise", choices=["local", "shared"], default="local", help="gaussian prior: site-local log sigma_k or one shared log sigma^2 in phi")
+    parser.add_argument("--mu-scale", type=float, default=10.0, help="gaussian prior: mu ~ N(0, mu_scale^2 I) (default 10, vague)")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--level", type=float, default=0.9)
+    parser.add_argument("--eta", type=float, default=1e-4, help="HM1 step size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+
+
+def _read_sites(path: Path, site_col: str, target: str, features: list[str]):
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    missing = [c for c in [site_col, target, *features] if c not in rows[0]]
+    if missing:
+        raise ValueError(f"{path}: column(s) {missing} not found")
+    names = list(dict.fromkeys(r[site_col] for r in rows))
+    sites = []
+    for name in names:
+        part = [r for r in rows if r[site_col] == name]
+        try:
+            X = np.array([[float(r[c]) for c in features] for r in part])
+            y = np.array([float(r[target]) for r in part])
+        except ValueError as exc:
+            raise ValueError(f"{path}: site {name!r}: non-numeric value ({exc})") from exc
+        sites.append((X, y))
+    return names, sites
+
+
+def cli_fit_linear(argv) -> int:
+    """``fedhier fit linear``: fit HM1 or HM2 to a CSV with a site column; write results to ``--out``.
+
+    ``argv`` is the list of arguments after ``fit linear`` (or an ``argparse.Namespace`` built with
+    :func:`add_fit_linear_arguments`). Writes ``coefficients.csv`` (site, feature, estimate, and for
+    HM2 the interval and inclusion), ``phi.csv`` (HM2), ``summary.md``, ``history.json`` and
+    ``model.npz``. Returns 0, or 2 after printing ``fedhier: error: ...`` for bad input.
+    """
+    if isinstance(argv, argparse.Namespace):
+        return _fit_linear(argv)
+    parser = argparse.ArgumentParser(prog="fedhier fit linear", description="FedLin: federated hierarchical linear regression (HM1 / HM2).")
+    add_fit_linear_arguments(parser)
+    args = parser.parse_args(list(argv))
+    try:
+        return _fit_linear(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"fedhier: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _fit_linear(args: argparse.Namespace) -> int:
+    features = [c.strip() for c in args.features.split(",") if c.strip()]
+    names, sites = _read_sites(Path(args.csv), args.site, args.target, features)
+    if args.intercept:
+        features = ["(intercept)", *features]
+        sites = [(np.column_stack([np.ones(len(y)), X]), y) for X, y in sites]
+    out = Path(args.out)
+    if args.model == "hm1":
+        est = FedHM1Regressor(n_rounds=args.rounds, eta=args.eta, random_state=args.seed).fit(sites)
+        rows = [{"site": n, "feature": f, "estimate": float(est.coef_[k, j])} for k, n in enumerate(names) for j, f in enumerate(features)]
+    else:
+        random = None
+        if args.random:
+            wanted = {c.strip() for c in args.random.split(",")}
+            unknown = wanted - set(features)
+            if unknown:
+                raise ValueError(f"--random names unknown column(s) {sorted(unknown)}")
+            random = [f in wanted for f in features]
+        est = FedHM2Regressor(prior=args.prior, random=random, noise=args.noise, mu_scale=args.mu_scale, n_rounds=args.rounds, level=args.level, random_state=args.seed).fit(sites)
+        ci = est.coef_interval(args.level)
+        rows = [
+            {"site": n, "feature": f, "estimate": float(est.coef_[k, j]), "lower": float(ci[k, j, 0]), "upper": float(ci[k, j, 1]), "included": bool(est.selected_features_[k, j])}
+            for k, n in enumerate(names) for j, f in enumerate(features)
+        ]
+        phi_ci = est.phi_interval(args.level)
+        write_csv(out / "phi.csv", [{"component": nm, "mean": float(est.phi_mean_[i]), "lower": float(phi_ci[i, 0]), "upper": float(phi_ci[i, 1])} for i, nm in enumerate(est.phi_names_)])
+    write_csv(out / "coefficients.csv", rows)
+    write_json(out / "history.json", est.history_)
+    est.save(out / "model.npz")
+    atomic_write_text(out / "summary.md", f"# fedhier fit linear ({args.model})\n\n" + markdown_table(rows))
+    return 0

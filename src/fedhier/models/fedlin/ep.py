@@ -1,0 +1,137 @@
+"""Federated EP in natural parameters (spec §3.3–3.4, Algorithms 2 and 3).
+
+The global approximation is :math:`q(\\phi)=p(\\phi)\\prod_kq_k(\\phi)`, i.e. :math:`r=r_0+\\sum_kr_k`,
+:math:`Q=Q_0+\\sum_kQ_k`. A site computes its cavity, tilted moments and the **undamped** delta
+:math:`(\\Delta r_k,\\Delta Q_k)=(\\hat r^{\\rm tilt}_k-r,\\ \\hat Q^{\\rm tilt}_k-Q)`; the server sums the
+deltas, picks the damping :math:`\\delta` with the positive-definiteness back-off, and every site
+later adds :math:`\\delta(\\Delta r_k,\\Delta Q_k)` to its own factor. Both sides therefore keep
+:math:`Q=Q_0+\\sum_kQ_k` exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .natural import is_pd, symmetrise
+from .stats import SiteStats
+from .tilted import TiltedFailure, TiltedResult, tilted_moments
+
+__all__ = ["SiteUpdate", "cavity", "site_update", "damped_update", "converged"]
+
+
+def cavity(r: np.ndarray, Q: np.ndarray, r_k: np.ndarray, Q_k: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Cavity :math:`(r-r_k,\\ Q-Q_k)`, or None when :math:`Q-Q_k` is not positive definite (spec §3.4)."""
+    Q_c = symmetrise(Q - Q_k)
+    if not is_pd(Q_c):
+        return None
+    return r - r_k, Q_c
+
+
+@dataclass
+class SiteUpdate:
+    """Undamped EP delta of one site and the tilted result it came from (None if skipped)."""
+
+    dr: np.ndarray
+    dQ: np.ndarray
+    tilted: TiltedResult | None
+    reason: str = ""
+
+
+def site_update(
+    model,
+    stats: SiteStats,
+    r: np.ndarray,
+    Q: np.ndarray,
+    r_k: np.ndarray,
+    Q_k: np.ndarray,
+    rng: np.random.Generator,
+    **tilted_options,
+) -> SiteUpdate:
+    """One site's step of Algorithm 3: cavity, tilted moments, undamped delta.
+
+    Parameters
+    ----------
+    model : HM2 instance (see :mod:`.hierarchy`, :mod:`.lasso`)
+    stats : SiteStats
+    r, Q : ndarray, shapes (p,), (p, p)
+        The broadcast global approximation.
+    r_k, Q_k : ndarray, shapes (p,), (p, p)
+        The site's current factor (kept on the site).
+    rng : numpy.random.Generator
+    **tilted_options
+        Passed to :func:`~.tilted.tilted_moments`.
+
+    Returns
+    -------
+    SiteUpdate
+        Zero deltas (and ``tilted=None``) when the cavity is not positive definite or the
+        tilted estimate failed; ``reason`` says which.
+    """
+    p = r.shape[0]
+    zero = SiteUpdate(np.zeros(p), np.zeros((p, p)), None)
+    cav = cavity(r, Q, r_k, Q_k)
+    if cav is None:
+        zero.reason = "cavity not positive definite"
+        return zero
+    try:
+        tilted = tilted_moments(model, stats, cav[0], cav[1], rng, **tilted_options)
+    except TiltedFailure as exc:
+        zero.reason = f"tilted moments failed: {exc}"
+        return zero
+    return SiteUpdate(tilted.r - r, symmetrise(tilted.Q - Q), tilted)
+
+
+def damped_update(
+    r: np.ndarray,
+    Q: np.ndarray,
+    dr_sum: np.ndarray,
+    dQ_sum: np.ndarray,
+    damping: float,
+    *,
+    backoff: float = 0.8,
+    min_damping: float = 1e-6,
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Server step of spec §3.4: :math:`Q\\leftarrow Q+\\delta\\sum_k\\Delta Q_k`, :math:`r\\leftarrow r+\\delta\\sum_k\\Delta r_k`.
+
+    The step is accepted only if the new :math:`Q` is positive definite; otherwise
+    :math:`\\delta\\leftarrow0.8\\,\\delta` and retry (ep-stan safeguard). Cavities are checked on the
+    sites, which alone know their factors.
+
+    Returns
+    -------
+    r_new, Q_new, delta
+
+    Raises
+    ------
+    ValueError
+        When :math:`\\delta` falls below ``min_damping``.
+    """
+    if not 0.0 < damping <= 1.0:
+        raise ValueError(f"damping must be in (0, 1], got {damping}")
+    delta = float(damping)
+    while True:
+        Q_new = symmetrise(Q + delta * dQ_sum)
+        if is_pd(Q_new):
+            return r + delta * dr_sum, Q_new, delta
+        delta *= backoff
+        if delta < min_damping:
+            raise ValueError(f"EP update: no damping above {min_damping} keeps the global precision positive definite")
+
+
+def converged(means: list[np.ndarray], variances: list[np.ndarray], *, tol: float = 0.05, window: int = 3) -> bool:
+    """Spec §3.4 stopping rule on the history of global means and marginal variances.
+
+    True when over the last ``window`` consecutive rounds
+    :math:`\\max_j|m_j^{(c)}-m_j^{(c-1)}|/\\sqrt{\\Sigma_{jj}^{(c)}}<` ``tol`` and
+    :math:`\\max_j|\\log\\Sigma_{jj}^{(c)}-\\log\\Sigma_{jj}^{(c-1)}|<` ``tol``.
+    """
+    if len(means) < window + 1:
+        return False
+    for c in range(len(means) - window, len(means)):
+        dm = np.max(np.abs(means[c] - means[c - 1]) / np.sqrt(variances[c]))
+        dv = np.max(np.abs(np.log(variances[c]) - np.log(variances[c - 1])))
+        if not (dm < tol and dv < tol):
+            return False
+    return True

@@ -1,0 +1,82 @@
+"""Gaussians in natural parameters (spec §3.4, the corrected Lemma 1 of §10.8).
+
+A Gaussian :math:`\\mathcal N(m,\\Sigma)` is stored as :math:`(r,Q)=(\\Sigma^{-1}m,\\Sigma^{-1})`;
+products add natural parameters and quotients subtract them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["inv_pd", "is_pd", "to_moments", "moments_from_draws", "unbiased_precision", "symmetrise"]
+
+
+def symmetrise(a: np.ndarray) -> np.ndarray:
+    """:math:`(A+A^\\top)/2`, shape unchanged."""
+    return 0.5 * (a + np.swapaxes(a, -1, -2))
+
+
+def is_pd(Q: np.ndarray) -> bool:
+    """True when the symmetric matrix ``Q`` (shape (p, p)) has a Cholesky factor."""
+    try:
+        np.linalg.cholesky(symmetrise(Q))
+    except np.linalg.LinAlgError:
+        return False
+    return bool(np.all(np.isfinite(Q)))
+
+
+def inv_pd(A: np.ndarray, what: str = "matrix") -> np.ndarray:
+    """Inverse of a symmetric positive-definite ``A (p, p)`` through its Cholesky factor.
+
+    Raises
+    ------
+    ValueError
+        If ``A`` is not positive definite; the message names ``what``.
+    """
+    try:
+        L = np.linalg.cholesky(symmetrise(A))
+    except np.linalg.LinAlgError as exc:
+        raise ValueError(f"{what} is not positive definite") from exc
+    Linv = np.linalg.inv(L)
+    return symmetrise(Linv.T @ Linv)
+
+
+def to_moments(r: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean ``(p,)`` and covariance ``(p, p)`` from natural parameters ``r (p,)``, ``Q (p, p)``.
+
+    Raises
+    ------
+    ValueError
+        If ``Q`` is not positive definite (an improper Gaussian has no moments).
+    """
+    cov = inv_pd(Q, "precision matrix")
+    return cov @ r, cov
+
+
+def moments_from_draws(draws: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted mean ``(p,)`` and covariance ``(p, p)`` of ``draws (n, p)``; weights sum to one."""
+    draws = np.asarray(draws, dtype=float)
+    if weights is None:
+        weights = np.full(draws.shape[0], 1.0 / draws.shape[0])
+    mean = weights @ draws
+    centred = draws - mean
+    cov = (centred * weights[:, None]).T @ centred
+    return mean, symmetrise(cov)
+
+
+def unbiased_precision(draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Spec §3.4: :math:`\\hat Q=(n-p-2)M^{-1}`, :math:`\\hat r=\\hat Q\\bar\\phi` from ``draws (n, p)``.
+
+    Raises
+    ------
+    ValueError
+        If the scatter matrix :math:`M` is not positive definite or ``n <= p + 2``.
+    """
+    n, p = draws.shape
+    if n <= p + 2:
+        raise ValueError(f"{n} draws are too few for a {p}-dimensional precision estimate")
+    mean = draws.mean(axis=0)
+    centred = draws - mean
+    M = centred.T @ centred
+    Q = (n - p - 2) * inv_pd(M, "scatter matrix of the draws")
+    return Q @ mean, Q

@@ -1,0 +1,216 @@
+"""HM2 math (spec §3): site factors, tilted moments and EP updates against brute force."""
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+from scipy.special import logsumexp
+
+from fedhier.models.fedlin.ep import converged, damped_update, site_update
+from fedhier.models.fedlin.hierarchy import BayesianRidge, GaussianHierarchy
+from fedhier.models.fedlin.lasso import BayesianLasso, split_rhat
+from fedhier.models.fedlin.natural import to_moments, unbiased_precision
+from fedhier.models.fedlin.stats import SiteStats
+from fedhier.models.fedlin.tilted import device_posterior, tilted_moments
+
+
+def _data(rng, n, theta, noise_sd):
+    X = rng.standard_normal((n, len(theta)))
+    return X, X @ theta + noise_sd * rng.standard_normal(n)
+
+
+def test_log_lik_matches_multivariate_normal_on_raw_data():
+    rng = np.random.default_rng(0)
+    X, y = _data(rng, 12, np.array([1.0, -0.5, 2.0]), 0.3)
+    model = GaussianHierarchy(3, random=[True, False, True], noise="shared")
+    phi = np.array([[0.2, -0.1, 0.4, np.log(0.5), np.log(2.0), np.log(0.2)]])
+    mu, tau = phi[0, :3], np.exp(phi[0, 3:5])
+    Xr = X[:, [0, 2]]
+    cov = Xr @ np.diag(tau) @ Xr.T + 0.2 * np.eye(12)
+    expected = sps.multivariate_normal(X @ mu, cov).logpdf(y)
+    got = model.log_lik(SiteStats.from_data(X, y), phi, np.zeros((1, 0)))
+    np.testing.assert_allclose(got, expected, rtol=1e-10)
+
+
+def test_conditional_theta_matches_gaussian_conditioning():
+    rng = np.random.default_rng(1)
+    X, y = _data(rng, 10, np.array([1.0, 2.0]), 0.5)
+    model = GaussianHierarchy(2, covariance="fixed", tau=[0.7, 1.3], noise=0.25)
+    mu = np.array([0.3, -0.2])
+    mean, cov = model.theta_conditional(SiteStats.from_data(X, y), mu[None], np.zeros((1, 0)))
+    # joint (theta, y): theta ~ N(mu, D), y = X theta + e
+    D = np.diag([0.7, 1.3])
+    S_ty = D @ X.T
+    S_yy = X @ D @ X.T + 0.25 * np.eye(10)
+    np.testing.assert_allclose(mean[0], mu + S_ty @ np.linalg.solve(S_yy, y - X @ mu), atol=1e-10)
+    np.testing.assert_allclose(cov[0], D - S_ty @ np.linalg.solve(S_yy, S_ty.T), atol=1e-10)
+
+
+def _grid_moments(logp, axes):
+    mesh = np.meshgrid(*axes, indexing="ij")
+    pts = np.stack([m.ravel() for m in mesh], axis=1)
+    lw = logp(pts)
+    w = np.exp(lw - logsumexp(lw))
+    mean = w @ pts
+    c = pts - mean
+    return mean, (c * w[:, None]).T @ c
+
+
+def test_ridge_tilted_quadrature_matches_brute_force_grid():
+    rng = np.random.default_rng(2)
+    X, y = _data(rng, 15, np.array([0.8, -0.4]), 0.4)
+    stats = SiteStats.from_data(X, y)
+    model = BayesianRidge(2)
+    cav_mean, cav_cov = np.array([0.2, -1.0]), np.array([[0.6, 0.1], [0.1, 0.5]])
+    Q = np.linalg.inv(cav_cov)
+    res = tilted_moments(model, stats, Q @ cav_mean, Q, rng, method="quadrature", n_nodes=14)
+
+    # independent: y ~ N(0, s2 (X X^T / lam + I)) on the raw data, in the eigenbasis of X X^T
+    e, U = np.linalg.eigh(X @ X.T)
+    z2 = (U.T @ y) ** 2
+    ll0, ls20 = 0.3, -1.2
+    check = sps.multivariate_normal(np.zeros(15), np.exp(ls20) * (X @ X.T / np.exp(ll0) + np.eye(15))).logpdf(y)
+
+    def logp(pts):
+        ll, ls2 = pts[:, :1], pts[:, 1:]
+        v = np.exp(ls2) * (e / np.exp(ll) + 1.0)
+        return sps.multivariate_normal(cav_mean, cav_cov).logpdf(pts) - 0.5 * (np.log(2 * np.pi * v) + z2 / v).sum(1)
+
+    assert np.isclose(logp(np.array([[ll0, ls20]]))[0] - sps.multivariate_normal(cav_mean, cav_cov).logpdf([ll0, ls20]), check)
+
+    mean, cov = _grid_moments(logp, [np.linspace(-4, 5, 120), np.linspace(-4.5, 1.0, 120)])
+    np.testing.assert_allclose(res.mean, mean, atol=2e-3)
+    np.testing.assert_allclose(res.cov, cov, atol=2e-3)
+
+
+def test_local_noise_importance_sampling_matches_brute_force_grid():
+    """Diagonal instance, d=1: phi = (mu, log tau), local log sigma_k integrated inside the site."""
+    rng = np.random.default_rng(3)
+    X, y = _data(rng, 25, np.array([1.5]), 0.6)
+    stats = SiteStats.from_data(X, y)
+    model = GaussianHierarchy(1, covariance="diagonal", noise="local")
+    cav_mean, cav_cov = np.array([0.5, 0.0]), np.diag([1.0, 1.0])
+    res = tilted_moments(model, stats, cav_mean, np.eye(2), rng, method="importance", n_draws=20000)
+    assert res.diagnostics["ess"] > 5000
+
+    x = X[:, 0]
+
+    def logp(pts):
+        mu, ltau, lsig = pts.T
+        out = sps.norm(0.5, 1).logpdf(mu) + sps.norm(0, 1).logpdf(ltau) + sps.norm(0, 1.5).logpdf(lsig)
+        # y ~ N(x mu, tau x x^T + s2 I), by Sherman-Morrison on the raw vectors
+        tau, s2 = np.exp(ltau), np.exp(2 * lsig)
+        res = y[None, :] - mu[:, None] * x[None, :]
+        c = 1 + tau * (x @ x) / s2
+        quad = (res**2).sum(1) / s2 - tau * (res @ x) ** 2 / (s2**2 * c)
+        return out - 0.5 * (25 * np.log(2 * np.pi * s2) + np.log(c) + quad)
+
+    # moments of the (mu, log tau) marginal from a 3-D grid
+    axes = [np.linspace(-4.0, 6.0, 150), np.linspace(-7, 4, 120), np.linspace(-1.5, 0.3, 80)]
+    mesh = np.meshgrid(*axes, indexing="ij")
+    pts = np.stack([m.ravel() for m in mesh], axis=1)
+    lw = logp(pts)
+    w = np.exp(lw - logsumexp(lw))
+    mean = w @ pts[:, :2]
+    c = pts[:, :2] - mean
+    cov = (c * w[:, None]).T @ c
+    np.testing.assert_allclose(res.mean, mean, atol=0.03)
+    np.testing.assert_allclose(res.cov, cov, atol=0.03, rtol=0.1)
+
+
+def test_lasso_mcmc_tilted_matches_brute_force_grid():
+    rng = np.random.default_rng(4)
+    X, y = _data(rng, 20, np.array([0.7]), 0.5)
+    stats = SiteStats.from_data(X, y)
+    cav_mean, cav_cov = np.array([0.0, -1.0]), np.diag([1.0, 0.5])
+    Q = np.linalg.inv(cav_cov)
+    res = tilted_moments(BayesianLasso(1), stats, Q @ cav_mean, Q, rng, method="mcmc", mcmc=dict(n_chains=4, n_warmup=500, n_draws=2000))
+    assert res.diagnostics["rhat"] < 1.05
+
+    def logp(pts):
+        ll, ls2, th = pts.T
+        s = np.exp(0.5 * ls2)
+        lam = np.exp(ll)
+        out = sps.multivariate_normal(cav_mean, cav_cov).logpdf(pts[:, :2])
+        out += sps.laplace(0, s / lam).logpdf(th)
+        out += -0.5 * 20 * ls2 - ((y[:, None] - X[:, :1] * th) ** 2).sum(0) / (2 * s**2)
+        return out
+
+    axes = [np.linspace(-4, 3, 60), np.linspace(-3, 0.5, 60), np.linspace(-0.2, 1.6, 60)]
+    mesh = np.meshgrid(*axes, indexing="ij")
+    pts = np.stack([m.ravel() for m in mesh], axis=1)
+    lw = logp(pts)
+    w = np.exp(lw - logsumexp(lw))
+    mean = w @ pts
+    sd = np.sqrt(w @ (pts - mean) ** 2)
+    # Monte-Carlo tolerance: a few effective-sample standard errors
+    assert np.all(np.abs(res.mean - mean[:2]) < 4 * sd[:2] / np.sqrt(800))
+    np.testing.assert_allclose(np.sqrt(np.diag(res.cov)), sd[:2], rtol=0.1)
+    post = device_posterior(BayesianLasso(1), stats, res, rng)
+    assert abs(post.mean[0] - mean[2]) < 4 * sd[2] / np.sqrt(800)
+
+
+def test_conjugate_site_update_is_exact_and_device_posterior_moments_exact():
+    rng = np.random.default_rng(5)
+    X, y = _data(rng, 8, np.array([1.0, -1.0]), 0.3)
+    stats = SiteStats.from_data(X, y)
+    model = GaussianHierarchy(2, covariance="fixed", tau=[0.5, 0.2], noise=0.09)
+    r, Q = np.array([0.1, 0.2]), np.diag([2.0, 3.0])
+    upd = site_update(model, stats, r, Q, np.zeros(2), np.zeros((2, 2)), rng)
+    # exact: f_k(mu) = N(y; X mu, X D X^T + s2 I)  ->  natural parameters X^T V^-1 X, X^T V^-1 y
+    V = X @ np.diag([0.5, 0.2]) @ X.T + 0.09 * np.eye(8)
+    np.testing.assert_allclose(upd.dQ, X.T @ np.linalg.solve(V, X), atol=1e-9)
+    np.testing.assert_allclose(upd.dr, X.T @ np.linalg.solve(V, y), atol=1e-9)
+    # device posterior: mu ~ tilted, theta | mu Gaussian; joint Gaussian brute force
+    m_t, S_t = to_moments(r + upd.dr, Q + upd.dQ)
+    post = device_posterior(model, stats, upd.tilted, rng, n_draws=10)
+    D = np.diag([0.5, 0.2])
+    # prior on (mu, theta): mu ~ N(Q^-1 r, Q^-1), theta = mu + b; condition on y = X theta + e
+    m_mu, S_mu = to_moments(r, Q)
+    S_th = S_mu + D
+    S_ty = S_th @ X.T
+    S_yy = X @ S_th @ X.T + 0.09 * np.eye(8)
+    exact_mean = m_mu + S_ty @ np.linalg.solve(S_yy, y - X @ m_mu)
+    exact_cov = S_th - S_ty @ np.linalg.solve(S_yy, S_ty.T)
+    np.testing.assert_allclose(post.mean, exact_mean, atol=1e-9)
+    np.testing.assert_allclose(post.cov, exact_cov, atol=1e-9)
+
+
+def test_cavity_not_positive_definite_skips_the_site():
+    rng = np.random.default_rng(6)
+    X, y = _data(rng, 8, np.array([1.0]), 0.3)
+    model = GaussianHierarchy(1, covariance="fixed", tau=[0.5], noise=0.09)
+    upd = site_update(model, SiteStats.from_data(X, y), np.zeros(1), np.eye(1), np.zeros(1), 2 * np.eye(1), rng)
+    assert upd.tilted is None and "cavity" in upd.reason
+    assert np.all(upd.dr == 0) and np.all(upd.dQ == 0)
+
+
+def test_damped_update_backs_off_until_positive_definite():
+    Q = np.eye(2)
+    dQ = np.diag([-2.0, 0.0])  # delta = 1 gives -1; need delta < 0.5
+    r_new, Q_new, delta = damped_update(np.zeros(2), Q, np.ones(2), dQ, 1.0)
+    assert np.isclose(delta, 0.8**4)  # 1, .8, .64, .512 fail; .4096 passes
+    np.testing.assert_allclose(Q_new, Q + delta * dQ)
+    np.testing.assert_allclose(r_new, delta * np.ones(2))
+    with pytest.raises(ValueError, match="positive definite"):
+        damped_update(np.zeros(2), Q, np.zeros(2), np.diag([-1e9, 0.0]), 1.0, min_damping=1e-3)
+
+
+def test_unbiased_precision_and_rhat():
+    rng = np.random.default_rng(7)
+    draws = rng.multivariate_normal([1.0, 2.0], [[1.0, 0.3], [0.3, 0.5]], size=50)
+    r, Q = unbiased_precision(draws)
+    M = (draws - draws.mean(0)).T @ (draws - draws.mean(0))
+    np.testing.assert_allclose(Q, (50 - 2 - 2) * np.linalg.inv(M))
+    np.testing.assert_allclose(r, Q @ draws.mean(0))
+    chains = rng.standard_normal((4, 400, 1))
+    assert split_rhat(chains)[0] < 1.02
+    chains[0] += 3.0
+    assert split_rhat(chains)[0] > 1.2
+
+
+def test_stopping_rule():
+    means = [np.zeros(2)] * 5
+    variances = [np.ones(2)] * 5
+    assert converged(means, variances)
+    assert not converged(means[:3], variances[:3])
+    assert not converged(means[:-1] + [np.array([0.2, 0.0])], variances)
