@@ -164,11 +164,6 @@ class FedMVPPCA:
 
     # ------------------------------------------------------------------ fitting
     def _protocol(self, schema: ViewSchema) -> MVPPCAProtocol:
-        initial_prior = None
-        if self.privacy is not None:
-            from .models.mvppca.master import data_independent_prior
-
-            initial_prior = data_independent_prior(dict(zip(schema.names, schema.dims)), self.n_components)
         return MVPPCAProtocol(
             schema,
             self.n_components,
@@ -177,7 +172,6 @@ class FedMVPPCA:
             ig_solver=self.ig_solver,
             sigma2_prior=self.sigma2_prior,
             privacy=self.privacy,
-            initial_prior=initial_prior,
         )
 
     def _aggregator(self, n_sites: int):

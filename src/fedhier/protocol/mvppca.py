@@ -96,7 +96,8 @@ class MVPPCAProtocol(RoundProtocol):
         added at the site before anything is sent.
     initial_prior : GlobalParams or None
         Public, data-independent theta~[0] broadcast before round 1.  It is used as the
-        DP anchor of round 1 only; round 1 itself runs EM without priors (§4.5).
+        DP anchor of round 1 only; round 1 itself runs EM without priors (§4.5).  With
+        ``privacy`` and no ``initial_prior``, :func:`master.data_independent_prior` (§8.2).
     """
 
     name = "fed-mv-ppca"
@@ -121,6 +122,8 @@ class MVPPCAProtocol(RoundProtocol):
         self.ig_solver = ig_solver
         self.sigma2_prior = sigma2_prior
         self.privacy = privacy
+        if privacy is not None and initial_prior is None:
+            initial_prior = master.data_independent_prior(dict(zip(schema.names, schema.dims)), self.n_components)
         self.initial_prior = initial_prior
         q = self.n_components
         reply: dict[str, Field] = {"expected_ll": Field(()), "safeguards": Field(())}

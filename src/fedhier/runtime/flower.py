@@ -253,22 +253,14 @@ class FlowerFitConfig:
         """The Fed-mv-PPCA round, built as :class:`fedhier.mvppca.FedMVPPCA` builds it."""
         from ..protocol.mvppca import MVPPCAProtocol
 
-        schema = self.schema()
-        privacy = initial_prior = None
-        if self.epsilon is not None:
-            from ..models.mvppca.master import data_independent_prior
-
-            privacy = self.privacy()
-            initial_prior = data_independent_prior(dict(zip(schema.names, schema.dims)), self.n_components)
         return MVPPCAProtocol(
-            schema,
+            self.schema(),
             self.n_components,
             n_local_iter=self.n_local_iter,
             n_first_iter=self.n_first_iter,
             ig_solver=self.ig_solver,
             sigma2_prior=self.sigma2_prior,
-            privacy=privacy,
-            initial_prior=initial_prior,
+            privacy=self.privacy(),
         )
 
     def privacy(self):
