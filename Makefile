@@ -15,7 +15,7 @@ $(VENV)/.installed-core: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[test,mpi,flower]"
+	$(BIN)/python -m pip install --quiet -e ".[test,mpi,flower,torch]"
 	touch $@
 
 ## make demo: Fed-mv-PPCA on the bundled Alzheimer data (3 sites, G/K); report in fedhier-report/
