@@ -32,7 +32,7 @@ class RoundProgress:
     def __call__(self, record: Any, broadcast: Any) -> None:
         info = ""
         if "expected_ll" in record.metrics:
-            info = f"E[log L] {record.metrics['expected_ll']:.4g}"
+            info = f"expected log-lik {record.metrics['expected_ll']:.4g}"
         if record.failed or record.absent:
             info += f"  sites {len(record.sites)}"
         self._progress.update(self._task, advance=1, info=info)
