@@ -242,15 +242,13 @@ class GaussianHierarchy:
         return r, 0.5 * (Q + Q.T)
 
 
-class BayesianRidge:
-    """HM2 ridge instance (spec §5): :math:`\\theta_{kj}\\mid\\phi\\sim\\mathcal N(0,\\sigma^2/\\lambda)`.
+class PenalisedHierarchy:
+    """phi = (log lambda, log sigma2) with independent Gaussian priors (spec §5, §9 #17).
 
-    :math:`\\phi=(\\log\\lambda,\\log\\sigma^2)` with independent Gaussian priors (spec §9 #17),
-    :math:`Y_k\\sim\\mathcal N(X_k^\\top\\theta_k,\\sigma^2I)` with a shared noise variance.
+    Shared by the HM2 ridge (:class:`BayesianRidge`) and lasso
+    (:class:`fedhier.models.fedlin.lasso.BayesianLasso`) instances.
     """
 
-    closed_form = True
-    is_conjugate = False
     n_local = 0
     p = 2
     phi_names = ["log_lambda", "log_sigma2"]
@@ -261,13 +259,27 @@ class BayesianRidge:
             raise ValueError(f"n_features must be >= 1, got {n_features}")
         self.log_lambda_prior = tuple(map(float, log_lambda_prior))
         self.log_sigma2_prior = tuple(map(float, log_sigma2_prior))
-        self.random = np.arange(self.d)
 
     def prior(self) -> tuple[np.ndarray, np.ndarray]:
         return (
             np.array([self.log_lambda_prior[0], self.log_sigma2_prior[0]]),
             np.diag([self.log_lambda_prior[1] ** 2, self.log_sigma2_prior[1] ** 2]),
         )
+
+
+class BayesianRidge(PenalisedHierarchy):
+    """HM2 ridge instance (spec §5): :math:`\\theta_{kj}\\mid\\phi\\sim\\mathcal N(0,\\sigma^2/\\lambda)`.
+
+    :math:`\\phi=(\\log\\lambda,\\log\\sigma^2)` with independent Gaussian priors (spec §9 #17),
+    :math:`Y_k\\sim\\mathcal N(X_k^\\top\\theta_k,\\sigma^2I)` with a shared noise variance.
+    """
+
+    closed_form = True
+    is_conjugate = False
+
+    def __init__(self, n_features: int, **priors):
+        super().__init__(n_features, **priors)
+        self.random = np.arange(self.d)
 
     def local_log_prior(self, u: np.ndarray) -> np.ndarray:
         return np.zeros(u.shape[0])

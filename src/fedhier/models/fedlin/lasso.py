@@ -27,32 +27,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .hierarchy import PenalisedHierarchy
 from .stats import SiteStats
 
 __all__ = ["BayesianLasso", "LassoDraws", "sample_lasso_tilted", "split_rhat"]
 
 
-class BayesianLasso:
+class BayesianLasso(PenalisedHierarchy):
     """HM2 lasso instance (spec §5); :math:`\\phi=(\\log\\lambda,\\log\\sigma^2)` with Gaussian priors."""
 
     closed_form = False
     is_conjugate = False
-    n_local = 0
-    p = 2
-    phi_names = ["log_lambda", "log_sigma2"]
-
-    def __init__(self, n_features: int, *, log_lambda_prior=(0.0, 1.0), log_sigma2_prior=(0.0, 1.0)):
-        self.d = int(n_features)
-        if self.d < 1:
-            raise ValueError(f"n_features must be >= 1, got {n_features}")
-        self.log_lambda_prior = tuple(map(float, log_lambda_prior))
-        self.log_sigma2_prior = tuple(map(float, log_sigma2_prior))
-
-    def prior(self) -> tuple[np.ndarray, np.ndarray]:
-        return (
-            np.array([self.log_lambda_prior[0], self.log_sigma2_prior[0]]),
-            np.diag([self.log_lambda_prior[1] ** 2, self.log_sigma2_prior[1] ** 2]),
-        )
 
 
 @dataclass
