@@ -90,7 +90,7 @@ class MessageSpec:
                 raise MessageError(
                     f"{self.name}: field {key!r} has shape {arr.shape}, declared {tuple(decl.shape)}"
                 )
-            if arr.dtype.name != decl.dtype:
+            if arr.dtype != decl.dtype:
                 if not np.can_cast(arr.dtype, decl.dtype, casting="same_kind"):
                     raise MessageError(
                         f"{self.name}: field {key!r} has dtype {arr.dtype.name}, declared {decl.dtype}"

@@ -104,8 +104,8 @@ def posterior(data: MultiViewData, model: Mapping[str, ViewParams]) -> LatentPos
     eye = np.eye(q)
     for p in range(n_patterns):
         precision = eye + sum((gram[name] for name in data.pattern_views(p)), np.zeros((q, q)))
-        chol = cholesky(precision, lower=True)
-        cov = cho_solve((chol, True), eye)
+        chol = cholesky(precision, lower=True, check_finite=False)
+        cov = cho_solve((chol, True), eye, check_finite=False)
         covariances[p] = 0.5 * (cov + cov.T)
         logdets[p] = 2.0 * np.log(np.diag(chol)).sum()
         rows = data.pattern_rows[p]

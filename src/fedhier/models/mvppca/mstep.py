@@ -71,7 +71,8 @@ def mean_step(
     shrink = n_obs * prior_var
     a = shrink + sigma2
     u = sample_mean - prior_mean
-    small = a * np.eye(W.shape[1]) + W.T @ W
+    small = W.T @ W
+    small.flat[:: W.shape[1] + 1] += a
     inner = np.linalg.solve(small, W.T @ u)
     return prior_mean + (shrink / a) * (u - W @ inner)
 
@@ -104,8 +105,10 @@ def loading_step(
     """
     q = second_moment.shape[0]
     rhs = cross if ridge == 0.0 else cross + ridge * prior_W
-    chol = cholesky(second_moment + ridge * np.eye(q), lower=True)
-    W = cho_solve((chol, True), rhs.T).T
+    system = second_moment.copy()
+    system.flat[:: q + 1] += ridge
+    chol = cholesky(system, lower=True, check_finite=False)
+    W = cho_solve((chol, True), rhs.T, check_finite=False).T
     W[:, n_effective:] = 0.0
     return W
 
