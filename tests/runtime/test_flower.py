@@ -422,3 +422,10 @@ def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, tra
     finally:
         stopped = cluster.stop()
     assert not [pid for pid in stopped if _alive(pid)]
+
+
+def test_a_protocol_with_per_site_broadcasts_is_refused_before_any_exchange():
+    from fedhier.protocol.fedlin import HM1Protocol
+
+    with pytest.raises(ValueError, match="sends each site its own part of the broadcast"):
+        run_rounds(None, HM1Protocol(2, 3, eta=0.01), ["a", "b"], n_rounds=1)

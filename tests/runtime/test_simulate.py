@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedhier.protocol.base import RoundProtocol
-from fedhier.protocol.messages import Field, MessageSpec
+from fedhier.protocol.messages import Field, MessageSpec, encode
 from fedhier.runtime.simulate import RoundFailed, simulate
 
 
@@ -61,7 +61,58 @@ def test_bytes_are_the_encoded_sizes():
     rec = res.history[0]
     # header + 3 floats + 1 float payload
     assert all(b > 32 for b in rec.bytes_up.values())
-    assert len(set(rec.bytes_up.values())) == 1 and rec.bytes_down > 24
+    assert len(set(rec.bytes_up.values())) == 1
+    assert sorted(rec.bytes_down) == [0, 1, 2, 3] and len(set(rec.bytes_down.values())) == 1
+    assert rec.bytes_down[0] == len(encode(NoisyMean().broadcast_spec, res.broadcast))
+
+
+class OwnColumn(RoundProtocol):
+    """The server keeps one column per site; each site is sent only its own column."""
+
+    name = "own-column"
+    combine = "gather"
+
+    def __init__(self, n_sites=3, dim=2):
+        self.n_sites, self.dim = n_sites, dim
+
+    @property
+    def reply_spec(self):
+        return MessageSpec("own-column-reply", {"column": Field((self.dim,))})
+
+    @property
+    def broadcast_spec(self):
+        return MessageSpec("own-column-broadcast", {"table": Field((self.dim, self.n_sites))})
+
+    @property
+    def site_broadcast_spec(self):
+        return MessageSpec("own-column-site", {"column": Field((self.dim,))})
+
+    def site_broadcast(self, broadcast, site):
+        return {"column": broadcast["table"][:, site]}
+
+    def initial_broadcast(self):
+        return {"table": np.arange(self.dim * self.n_sites, dtype=float).reshape(self.dim, self.n_sites)}
+
+    def site_step(self, ctx, broadcast):
+        assert set(broadcast) == {"column"} and broadcast["column"].shape == (self.dim,)
+        return {"column": broadcast["column"] + ctx.data}
+
+    def global_step(self, combined, round, previous):
+        table = previous["table"].copy()
+        for s, reply in combined.items():
+            table[:, s] = reply["column"]
+        return {"table": table}
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_each_site_is_sent_only_its_part_of_the_broadcast(n_jobs):
+    proto = OwnColumn()
+    res = simulate(proto, [10.0 * (s + 1) for s in range(3)], n_rounds=2, random_state=0, n_jobs=n_jobs)
+    start = proto.initial_broadcast()["table"]
+    np.testing.assert_array_equal(res.broadcast["table"], start + 2 * np.array([10.0, 20.0, 30.0]))
+    one_column = len(encode(proto.site_broadcast_spec, {"column": np.zeros(proto.dim)}))
+    assert all(rec.bytes_down == {0: one_column, 1: one_column, 2: one_column} for rec in res.history)
+    assert one_column < len(encode(proto.broadcast_spec, res.broadcast))
 
 
 def test_same_seed_same_bits_with_and_without_pool():

@@ -5,6 +5,9 @@
 A :class:`RoundProtocol` declares
 
 * ``reply_spec`` / ``broadcast_spec``: the messages that cross the site boundary;
+* :meth:`site_broadcast` / ``site_broadcast_spec``: the part of the broadcast one site
+  receives (default: all of it; FedLin HM1 sends site k only its own column of Theta, so
+  no site ever receives another site's parameters);
 * ``combine``: ``"sum"`` (the global step needs only the field-wise sum of the replies,
   so secure summation can replace plain summation) or ``"gather"`` (the global step
   needs the individual replies, e.g. FedLin HM1's Gram matrix Theta^T Theta);
@@ -73,13 +76,30 @@ class RoundProtocol(ABC):
     def broadcast_spec(self) -> MessageSpec:
         """Declared fields of the broadcast."""
 
+    @property
+    def site_broadcast_spec(self) -> MessageSpec:
+        """Declared fields of what one site receives (default: the whole broadcast)."""
+        return self.broadcast_spec
+
+    def site_broadcast(self, broadcast: Message, site: int) -> Message:
+        """The part of ``broadcast`` sent to ``site``; runs on the server (default: all of it)."""
+        return broadcast
+
+    @property
+    def broadcast_is_common(self) -> bool:
+        """True when every site receives the whole broadcast (:meth:`site_broadcast` not overridden)."""
+        return type(self).site_broadcast is RoundProtocol.site_broadcast
+
     @abstractmethod
     def initial_broadcast(self) -> Message:
         """Public, data-independent broadcast sent before round 1 (may be empty)."""
 
     @abstractmethod
     def site_step(self, ctx: SiteContext, broadcast: Message) -> Message:
-        """Local computation of one site in one round; returns its reply."""
+        """Local computation of one site in one round; returns its reply.
+
+        ``broadcast`` is what this site received: :meth:`site_broadcast` of the server's broadcast.
+        """
 
     @abstractmethod
     def global_step(self, combined: Message | Mapping[int, Message], round: int, previous: Message) -> Message:

@@ -44,11 +44,10 @@ class HM1Protocol(RoundProtocol):
     """Algorithm 1 (spec §2.3).
 
     Broadcast: ``theta`` :math:`\\Theta^{(c)}` (d, K), ``shrink`` :math:`S=\\Theta^{(c)}\\Omega^{-1}` (d, K),
-    ``omega`` (K, K). Site :math:`k` uses only columns :math:`k` of ``theta`` and ``shrink`` (the paper's
-    :math:`2d` floats); the in-process runtime sends one broadcast to every site, so all columns
-    travel -- a runtime that addresses sites individually would send the two columns only.
-    ``omega`` is in the broadcast so that the global step is a function of the previous broadcast
-    (checkpoint/resume). Reply: ``theta`` :math:`\\theta_k^{(c+1)}` (d,).
+    ``omega`` (K, K), kept by the server. Site :math:`k` receives only column :math:`k` of ``theta``
+    and of ``shrink`` (:meth:`site_broadcast`, the paper's :math:`2d` floats), never another site's
+    parameters. ``omega`` is in the broadcast so that the global step is a function of the previous
+    broadcast (checkpoint/resume). Reply: ``theta`` :math:`\\theta_k^{(c+1)}` (d,).
 
     Parameters
     ----------
@@ -130,6 +129,14 @@ class HM1Protocol(RoundProtocol):
             {"theta": Field((self.d, self.K)), "shrink": Field((self.d, self.K)), "omega": Field((self.K, self.K))},
         )
 
+    @property
+    def site_broadcast_spec(self) -> MessageSpec:
+        return MessageSpec("fedlin-hm1-site-broadcast", {"theta": Field((self.d,)), "shrink": Field((self.d,))})
+
+    def site_broadcast(self, broadcast: Message, site: int) -> Message:
+        """Column ``site`` of ``theta`` and ``shrink``: theta_k and (Theta Omega^{-1})_k."""
+        return {"theta": broadcast["theta"][:, site], "shrink": broadcast["shrink"][:, site]}
+
     def validate_site_data(self, site: int, data: Any) -> None:
         if not isinstance(data, (tuple, list)) or len(data) != 2:
             raise ValueError(f"site {site}: expected an (X, y) pair")
@@ -145,12 +152,11 @@ class HM1Protocol(RoundProtocol):
 
     def site_step(self, ctx: SiteContext, broadcast: Message) -> Message:
         X, y = ctx.data
-        k = ctx.site
         u = local_steps(
-            np.asarray(X, float), np.asarray(y, float), broadcast["theta"][:, k], eta=self.eta, n_steps=self.T,
+            np.asarray(X, float), np.asarray(y, float), broadcast["theta"], eta=self.eta, n_steps=self.T,
             batch_size=self.batch_size, gradient=self.gradient, rng=ctx.rng,
         )
-        return {"theta": prior_shrinkage(u, broadcast["shrink"][:, k], eta=self.eta, shrink_scale=self.shrink_scale)}
+        return {"theta": prior_shrinkage(u, broadcast["shrink"], eta=self.eta, shrink_scale=self.shrink_scale)}
 
     def global_step(self, combined: Mapping[int, Message], round: int, previous: Message) -> Message:
         theta = previous["theta"].copy()

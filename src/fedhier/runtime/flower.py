@@ -419,6 +419,10 @@ def run_rounds(
     RoundFailed
         Fewer than ``min_sites`` SuperNodes connected or replied in a round, or two
         SuperNodes claim the same site.
+    ValueError
+        Bad arguments, or a protocol that sends each site its own part of the broadcast
+        (``protocol.broadcast_is_common`` False): before round 1 the server does not know
+        which SuperNode is which site.
     """
     sites = list(sites)
     if not 1 <= min_sites <= len(sites):
@@ -426,6 +430,11 @@ def run_rounds(
     if int(n_rounds) != n_rounds or n_rounds < 1:
         raise ValueError(f"n_rounds must be a positive integer, got {n_rounds!r}")
     seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else int(seed)
+    if not protocol.broadcast_is_common:
+        raise ValueError(
+            f"protocol {protocol.name!r} sends each site its own part of the broadcast; this runtime learns which "
+            "SuperNode is which site from the round-1 replies, so it sends one common broadcast: use simulate()"
+        )
     broadcast = protocol.broadcast_spec.validate(protocol.initial_broadcast())
 
     connected = _wait_for_nodes(grid, len(sites), connect_timeout, poll_interval)
@@ -493,7 +502,7 @@ def run_rounds(
             absent=absent,
             failed=failed,
             bytes_up=bytes_up,
-            bytes_down=len(broadcast_bytes),
+            bytes_down={site_of_node[n]: len(broadcast_bytes) for n in targets if n in site_of_node},
             metrics=metrics,
             seconds=time.perf_counter() - t0,
         )
@@ -646,7 +655,7 @@ def write_result(out: str | Path, config: FlowerFitConfig, result: FlowerFitResu
             "n_rounds": config.n_rounds,
             "final_metrics": result.history[-1].metrics if result.history else {},
             "bytes_up": int(sum(sum(r.bytes_up.values()) for r in result.history)),
-            "bytes_down": int(sum(r.bytes_down * len(r.sites) for r in result.history)),
+            "bytes_down": int(sum(sum(r.bytes_down.values()) for r in result.history)),
             "model": str(out / "model.npz"),
             **_privacy_summary(config, result),
         },

@@ -364,7 +364,7 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
         vectors = {}
         for s in transport.local_sites:
             ctx = SiteContext(site=s, round=rnd, rng=site_rng(seed, rnd, s), data=site_data[s], state=states[s])
-            reply = protocol.site_step(ctx, broadcasts[s])
+            reply = protocol.site_step(ctx, protocol.site_broadcast(broadcasts[s], s))
             states[s] = ctx.state
             vectors[s] = protocol.reply_spec.flatten(reply)
         sums, exchanges = aggregate_sums(transport, vectors, round=rnd, seed=seed, plan=plan, aggregation=aggregation)

@@ -5,7 +5,8 @@ paper reproductions use it.  It behaves like a deployment in the ways that matte
 the results:
 
 * every reply and broadcast is validated against its declared spec, serialised with
-  :func:`fedhier.protocol.messages.encode` (no pickle) and its bytes are recorded;
+  :func:`fedhier.protocol.messages.encode` (no pickle) and its bytes are recorded; each
+  site is sent only its part of the broadcast (``protocol.site_broadcast``);
 * one seed determines everything: the site step of site ``s`` in round ``r`` gets
   ``Generator(PCG64(SeedSequence(seed, spawn_key=(1, r, s))))``, the runtime's own
   draws (participation) use ``spawn_key=(2, r)``, so results do not depend on the
@@ -60,7 +61,7 @@ class RoundRecord:
     absent: list[int]
     failed: dict[int, str]
     bytes_up: dict[int, int]
-    bytes_down: int
+    bytes_down: dict[int, int]
     metrics: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -72,7 +73,7 @@ class RoundRecord:
             absent=[int(s) for s in row["absent"]],
             failed={int(k): v for k, v in row["failed"].items()},
             bytes_up={int(k): int(v) for k, v in row["bytes_up"].items()},
-            bytes_down=int(row["bytes_down"]),
+            bytes_down={int(k): int(v) for k, v in row["bytes_down"].items()},
             metrics=dict(row["metrics"]),
             seconds=float(row["seconds"]),
         )
@@ -84,7 +85,7 @@ class RoundRecord:
             "absent": list(self.absent),
             "failed": {str(k): v for k, v in self.failed.items()},
             "bytes_up": {str(k): v for k, v in self.bytes_up.items()},
-            "bytes_down": self.bytes_down,
+            "bytes_down": {str(k): v for k, v in self.bytes_down.items()},
             "metrics": dict(self.metrics),
             "seconds": self.seconds,
         }
@@ -138,14 +139,14 @@ def run_site_step(
     broadcast_bytes: bytes,
     state: dict[str, np.ndarray],
 ) -> tuple[str, bytes | str, dict[str, np.ndarray]]:
-    """Run one site step from the broadcast bytes; the site-side half of a round.
+    """Run one site step from the bytes the site received (its :meth:`site_broadcast`); the site-side half of a round.
 
     Returns ("ok", reply bytes, new state) or ("error", message, old state).  Every
     runtime (this simulator, its process pool, the Flower ClientApp) calls this, so a
     site computes the same reply from the same (seed, round, site) wherever it runs.
     """
     try:
-        broadcast = decode(protocol.broadcast_spec, broadcast_bytes)
+        broadcast = decode(protocol.site_broadcast_spec, broadcast_bytes)
         ctx = SiteContext(site=site, round=round, rng=site_rng(seed, round, site), data=data, state=dict(state))
         reply = protocol.site_step(ctx, broadcast)
         return "ok", encode(protocol.reply_spec, reply), ctx.state
@@ -158,6 +159,11 @@ def _site_step_in_worker(site: int, round: int, seed: int, broadcast_bytes: byte
     state = decode_state(state_bytes)
     status, payload, new_state = run_site_step(protocol, _WORKER["sites"][site], site, round, seed, broadcast_bytes, state)
     return status, payload, encode_state(new_state)
+
+
+def encode_site_broadcast(protocol: RoundProtocol, broadcast: Message, site: int) -> bytes:
+    """The bytes sent to ``site``: its :meth:`~fedhier.protocol.base.RoundProtocol.site_broadcast`, encoded."""
+    return encode(protocol.site_broadcast_spec, protocol.site_broadcast(broadcast, site))
 
 
 # Site states never leave the site in a deployment; in the pool they travel between the
@@ -323,14 +329,14 @@ def simulate(
         for rnd in range(first_round, n_rounds + 1):
             t0 = time.perf_counter()
             active = _participants(participation, rnd, n_sites, _runtime_rng(seed, rnd))
-            broadcast_bytes = encode(protocol.broadcast_spec, broadcast)
+            down = {s: encode_site_broadcast(protocol, broadcast, s) for s in active}
             outcomes: dict[int, tuple[str, bytes | str, dict[str, np.ndarray]]] = {}
             if pool is None:
                 for s in active:
-                    outcomes[s] = run_site_step(protocol, sites[s], s, rnd, seed, broadcast_bytes, states[s])
+                    outcomes[s] = run_site_step(protocol, sites[s], s, rnd, seed, down[s], states[s])
             else:
                 futures = {
-                    s: pool.submit(_site_step_in_worker, s, rnd, seed, broadcast_bytes, encode_state(states[s]))
+                    s: pool.submit(_site_step_in_worker, s, rnd, seed, down[s], encode_state(states[s]))
                     for s in active
                 }
                 for s, fut in futures.items():
@@ -365,7 +371,7 @@ def simulate(
                 absent=absent,
                 failed=failed,
                 bytes_up=bytes_up,
-                bytes_down=len(broadcast_bytes),
+                bytes_down={s: len(down[s]) for s in active},
                 metrics=metrics,
                 seconds=time.perf_counter() - t0,
             )

@@ -61,6 +61,11 @@ def test_hm1_protocol_is_gather_and_round_matches_algorithm_1_by_hand():
         omega = 0.9 * omega + 0.1 / 2 * theta.T @ theta
     np.testing.assert_allclose(res.broadcast["theta"], theta, atol=1e-12)
     np.testing.assert_allclose(res.broadcast["omega"], omega, atol=1e-12)
+    # site k is sent theta_k and (Theta Omega^-1)_k only: 2 d floats, never another site's theta
+    assert proto.site_broadcast(res.broadcast, 1).keys() == {"theta", "shrink"}
+    np.testing.assert_array_equal(proto.site_broadcast(res.broadcast, 1)["theta"], res.broadcast["theta"][:, 1])
+    assert sum(f.size for f in proto.site_broadcast_spec.fields.values()) == 2 * 2
+    assert all(set(rec.bytes_down) == {0, 1, 2} for rec in res.history)
 
 
 def test_fedavg_is_the_unweighted_mean_of_local_runs():
