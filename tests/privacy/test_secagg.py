@@ -174,6 +174,33 @@ def test_a_site_unmasks_only_once_and_checks_the_survivor_list():
         session.sites[1].unmask(forged)
 
 
+def test_a_site_saved_and_resumed_between_steps_gives_the_same_total():
+    # what a runtime that runs every step in a fresh process does (the Flower ClientApp)
+    x = _inputs(m=50)
+    params = SecAggParams(SITES, 3, FP, 50)
+    saved = {}
+
+    def step(u, name, *args):
+        site = SecAggSite(u, params) if name == "advertise_keys" else SecAggSite.from_state(params, saved[u])
+        message = getattr(site, name)(*args)
+        saved[u] = site.to_state()
+        return message
+
+    server = SecAggServer(params)
+    roster = server.collect_keys({u: step(u, "advertise_keys") for u in SITES})
+    routed = server.route_shares({u: step(u, "share_keys", roster) for u in SITES if u != 4})
+    listing = server.collect_masked({u: step(u, "masked_input", x[u], routed[u]) for u in routed})
+    total = server.unmask({u: step(u, "unmask", listing) for u in (0, 2, 3)})  # site 1 drops after masking
+    np.testing.assert_array_equal(total, _grid_sum(x, (0, 1, 2, 3)))
+    resumed = SecAggSite.from_state(params, saved[0])
+    with pytest.raises(SecAggProtocolError, match="out of order"):
+        resumed.unmask(listing)  # the saved step counter forbids a second reveal
+    with pytest.raises(SecAggProtocolError, match="no secrets to keep"):
+        SecAggSite(0, params).to_state()
+    with pytest.raises(SecAggProtocolError, match="expected a 'secagg.site-state' message"):
+        SecAggSite.from_state(params, routed[0])
+
+
 def test_a_site_dropping_before_sharing_is_left_out_and_cannot_be_listed():
     session = Session(_inputs(seed=23))
     roster = session.server.collect_keys({u: s.advertise_keys() for u, s in session.sites.items()})

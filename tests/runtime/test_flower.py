@@ -8,7 +8,8 @@ Two kinds of tests:
 * integration tests (marked) that start a real ``flower-superlink`` and three
   ``flower-supernode`` processes on 127.0.0.1, plain and with TLS + node authentication, fit Fed-mv-PPCA on
   three bundled-data sites with ``fedhier flower run`` and compare with simulate() to
-  1e-10; one SuperNode is killed mid-fit and the fit completes from the other two.
+  1e-10; one SuperNode is killed mid-fit and the fit completes from the other two; a
+  secure-summation fit on the same kind of federation is marked slow as well.
   Every process is stopped by PID at the end, pass or fail.
 """
 
@@ -37,12 +38,16 @@ from fedhier.flower_cli import (  # noqa: E402
     supernode_command,
     write_demo_sites,
 )
+from fedhier.privacy.secure_round import SecureAggregator  # noqa: E402
+from fedhier.protocol.messages import decode  # noqa: E402
 from fedhier.runtime.flower import (  # noqa: E402
     RUN_CONFIG_KEY,
+    SECURE_STEPS,
     FlowerFitConfig,
     client_app,
     read_result,
     run_rounds,
+    secure_site_step,
     server_app,
     write_result,
 )
@@ -74,16 +79,20 @@ class LocalGrid:
 
     ``behaviour[node]`` is "ok" (answer), "silent" (never answer: a dead SuperNode),
     "crash" (Flower error reply, as when the ClientApp process dies) or "unreachable"
-    (the SuperLink's reply when the message to a vanished SuperNode expires).
+    (the SuperLink's reply when the message to a vanished SuperNode expires).  A node in
+    ``vanish_after[(round, message type)]`` becomes unreachable once it has answered that
+    message.  ``received`` keeps every (message type, reply) the server pulled.
     """
 
     def __init__(self, config: FlowerFitConfig, nodes: dict[int, tuple[str, Path]], behaviour: dict[int, str] | None = None):
         self.config = config
         self.nodes = nodes
         self.behaviour = behaviour or {}
+        self.vanish_after: dict[tuple[int, str], list[int]] = {}
         self.states = {n: RecordDict() for n in nodes}
         self.inbox: dict[str, object] = {}
         self.sent: list[tuple[int, str]] = []
+        self.received: list[tuple[str, object]] = []
         self._ids = itertools.count()
 
     def get_node_ids(self):
@@ -121,7 +130,11 @@ class LocalGrid:
                 run_id=1, node_id=node, node_config={"site": site, "data": str(path)}, state=self.states[node],
                 run_config={RUN_CONFIG_KEY: self.config.to_json()},
             )
-            replies.append(client_app(msg, context))
+            reply = client_app(msg, context)
+            replies.append(reply)
+            self.received.append((msg.metadata.message_type, reply))
+            if node in self.vanish_after.get((int(msg.metadata.group_id), msg.metadata.message_type), ()):
+                self.behaviour[node] = "unreachable"
         return replies
 
 
@@ -167,6 +180,14 @@ def test_round_loop_with_client_level_dp_equals_simulate(demo, tmp_path):
     write_result(config.out, config, result)
     spent = json.loads((Path(config.out) / "summary.json").read_text())["privacy_spent"]
     assert set(spent) == set(config.sites) and all(v["epsilon"] <= 2.0 + 1e-9 for v in spent.values())
+    # with secure summation too (one round): the sites noise their blocks, then mask them
+    config = config.replace(aggregation="secure", n_rounds=1)
+    protocol = config.protocol()
+    assert config.reply_spec() == protocol.reply_spec  # what the sites flatten, without calibrating the noise
+    result = run_rounds(_grid(folder, config)[0], protocol, config.sites, n_rounds=1, seed=config.seed, round_timeout=5.0,
+                        connect_timeout=1.0, poll_interval=0.01, aggregator=config.aggregator())
+    reference = simulate(protocol, sites, n_rounds=1, random_state=config.seed, aggregation="secure", aggregator=config.aggregator())
+    assert _max_diff(result.broadcast, reference.broadcast) == 0
 
 
 @pytest.mark.parametrize("how, reason", [("silent", "no reply within 0.3 s"), ("unreachable", "Flower error 3: Message Unavailable")])
@@ -287,6 +308,116 @@ def test_server_app_writes_a_loadable_model_and_reports_failure(demo, tmp_path):
     assert failed["status"] == "failed" and "at least 3 needed" in failed["error"]
     with pytest.raises(RuntimeError, match="did not complete"):
         read_result(tmp_path / "failed", config)
+
+
+# --------------------------------------------------------------------------- secure summation
+
+
+@pytest.fixture(scope="module")
+def demo5(tmp_path_factory):
+    """Five Alzheimer hospitals on disk (threshold 3 by default), a secure fit config, the same sites in memory."""
+    folder = tmp_path_factory.mktemp("flower-sites-5")
+    path = write_demo_sites(folder, n_sites=5, seed=4, n_components=2, n_rounds=3, n_local_iter=3, n_first_iter=6, min_sites=1)
+    data = load_alzheimer()
+    sites = partition(data.views, data.labels, 5, "iid", random_state=4).sites
+    return folder, FlowerFitConfig.read(path).replace(aggregation="secure"), sites
+
+
+def test_secure_round_loop_equals_simulate_and_the_server_never_receives_a_reply(demo, tmp_path):
+    folder, config, sites = demo
+    config = config.replace(aggregation="secure")
+    grid, _ = _grid(folder, config)
+    result = _run(grid, config, aggregator=config.aggregator())
+    reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed,
+                         aggregation="secure", aggregator=config.aggregator())
+    # the masks cancel exactly and the fixed-point sums are integers: the same model, bit for bit
+    assert _max_diff(result.broadcast, reference.broadcast) == 0
+    assert [r.sites for r in result.history] == [[0, 1, 2]] * config.n_rounds
+    assert [r.bytes_up for r in result.history] == [r.bytes_up for r in reference.history]
+    assert [r.metrics for r in result.history] == [r.metrics for r in reference.history]
+    # against plain sums, one global step: a sum is off by at most 3 * precision / 2 (fixed-point
+    # rounding); the inverse-gamma shape alpha ~ 1 / (2 s) turns an error e of s into a relative
+    # 2 alpha e, so alpha and beta get that bound (times 10, as tests/test_mvppca_secure.py)
+    error = 3 * config.aggregator().precision / 2
+    secure = _run(_grid(folder, config)[0], config.replace(n_rounds=1), aggregator=config.aggregator()).broadcast
+    plain = simulate(config.protocol(), sites, n_rounds=1, random_state=config.seed).broadcast
+    for key, value in plain.items():
+        view, _, name = key.rpartition("/")
+        rtol = 10 * 2 * plain[f"{view}/alpha"] * error if name in ("alpha", "beta") else 0.0
+        np.testing.assert_allclose(secure[key], value, rtol=rtol, atol=10 * error, err_msg=key)
+
+    spec = config.protocol().reply_spec
+    kinds = [kind for kind, _ in grid.received]
+    assert kinds == (["train"] * 3 + [f"train.{step}" for step in SECURE_STEPS for _ in range(3)]) * config.n_rounds
+    for kind, reply in grid.received:
+        record = dict(reply.content.config_records["fedhier"])
+        assert record["status"] == ("held" if kind == "train" else "ok"), record
+        for value in record.values():
+            if isinstance(value, bytes):
+                with pytest.raises(ValueError):
+                    decode(spec, value)
+    # the held replies and the secrets stayed at the sites, and are erased after the round
+    assert all("fedhier-secure" not in state.config_records for state in grid.states.values())
+    from fedhier.mvppca import FedMVPPCA
+
+    write_result(tmp_path, config, result)
+    assert FedMVPPCA.load(tmp_path / "model.npz").aggregation == "secure"
+
+
+def test_secure_round_recovers_a_site_dropping_after_its_masked_input(demo5):
+    folder, config, sites = demo5
+    grid, nodes = _grid(folder, config, names=config.sites)
+    grid.vanish_after[(2, "train.masked_input")] = [nodes[3]]
+    result = _run(grid, config, aggregator=config.aggregator())
+    assert result.lost == {3: 2}
+    assert [r.sites for r in result.history] == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4], [0, 1, 2, 4]]
+    assert result.history[1].failed == {} and result.history[2].absent == [3]
+    reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed, participation={3: [3]},
+                         aggregation="secure", aggregator=SecureAggregator(5, drop_after_masking={2: [3]}))
+    assert _max_diff(result.broadcast, reference.broadcast) == 0
+
+
+def test_secure_round_with_too_many_drops_fails_and_writes_nothing(demo5):
+    folder, config, _ = demo5
+    grid, nodes = _grid(folder, config, names=config.sites)
+    grid.vanish_after[(2, "train.masked_input")] = nodes[:3]
+    seen = []
+    with pytest.raises(RoundFailed, match=r"round 2: secure aggregation failed: .*fewer than the threshold t = 3") as info:
+        _run(grid, config, aggregator=config.aggregator(), callbacks=[lambda record, _b: seen.append(record.round)])
+    assert "site 0 (hospital-a): unmask: Flower error 3" in str(info.value)
+    assert seen == [1]
+
+
+def test_a_site_answers_each_secure_step_of_a_round_once(demo):
+    _, config, _ = demo
+    config = config.replace(aggregation="secure")
+    fields, kept = secure_site_step(config, "hospital-a", "advertise_keys", {"round": 2}, {"round": 2, "reply": b""})
+    assert fields["status"] == "ok" and set(kept) == {"round", "reply", "secagg"}
+    fields, kept = secure_site_step(config, "hospital-a", "advertise_keys", {"round": 2}, kept)
+    assert fields["error"] == "SecAggProtocolError: site 'hospital-a' already advertised its keys for round 2" and kept is None
+    fields, kept = secure_site_step(config, "hospital-a", "share_keys", {"round": 3, "payload": b""}, {"round": 2, "reply": b""})
+    assert fields["error"] == "ValueError: site 'hospital-a' holds no reply for round 3" and kept is None
+
+
+def test_secure_configuration(tmp_path):
+    base = 'n_components = 2\n[views]\na = ["x", "y", "z"]\n[flower]\nsites = ["s1", "s2", "s3"]\n'
+    config = FlowerFitConfig.from_toml('aggregation = "secure"\n' + base + "[secure]\nthreshold = 3\nfrac_bits = 20\n")
+    aggregator = config.aggregator()
+    assert (aggregator.n_sites, aggregator.threshold, aggregator.precision) == (3, 3, 2.0**-20)
+    assert FlowerFitConfig.from_json(config.to_json()) == config
+    assert FlowerFitConfig.from_toml('aggregation = "secure"\n' + base).aggregator().threshold == 2
+    assert FlowerFitConfig.from_toml(base).aggregator() is None
+    cases = {
+        'aggregation = "masked"\n' + base: "aggregation must be 'plain' or 'secure', got 'masked'",
+        base + "[secure]\nthreshold = 2\n": 'a \\[secure\\] table needs aggregation = "secure"',
+        'aggregation = "secure"\n' + base + "[secure]\nshares = 2\n": r"unknown key\(s\) \['shares'\] in \[secure\]",
+        'aggregation = "secure"\n' + base + "[secure]\nthreshold = 4\n": r"\[secure\] threshold must be between 2 and 3, got 4",
+        'aggregation = "secure"\n' + base + "[secure]\nthreshold = 2.5\n": r"\[secure\] threshold must be an integer, got 2.5",
+        'aggregation = "secure"\n' + base + "[secure]\nfrac_bits = 60\n": r"\[secure\] frac_bits must be an integer in \[0, 52\]",
+    }
+    for text, message in cases.items():
+        with pytest.raises(ValueError, match="my.toml: .*" + message):
+            FlowerFitConfig.from_toml(text, "my.toml")
 
 
 # --------------------------------------------------------------------------- configuration, commands, TLS
@@ -419,6 +550,26 @@ def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, tra
         reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed,
                              participation={r: [2] for r in range(dropped, config.n_rounds + 1)})
         assert _max_diff(broadcast, reference.broadcast) <= 1e-10
+    finally:
+        stopped = cluster.stop()
+    assert not [pid for pid in stopped if _alive(pid)]
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # five Flower exchanges per round: about two minutes on the project machine
+def test_secure_flower_fit_equals_simulate(tmp_path, demo):
+    folder, config, sites = demo
+    path = tmp_path / "fit-secure.toml"
+    path.write_text('aggregation = "secure"\n' + (folder / "fit.toml").read_text().replace("n_rounds = 3", "n_rounds = 2"))
+    cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES})
+    try:
+        out = tmp_path / "fit-secure"
+        assert _flower_fit(cluster, path, out) == 0, cluster.logs()
+        broadcast, history, summary = read_result(out, config)
+        reference = simulate(config.protocol(), sites, n_rounds=2, random_state=config.seed,
+                             aggregation="secure", aggregator=FlowerFitConfig.read(path).aggregator())
+        assert _max_diff(broadcast, reference.broadcast) == 0
+        assert [r["sites"] for r in history] == [[0, 1, 2]] * 2 and summary["lost"] == {}
     finally:
         stopped = cluster.stop()
     assert not [pid for pid in stopped if _alive(pid)]

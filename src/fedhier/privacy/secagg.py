@@ -258,6 +258,19 @@ class SecAggParams:
             fields[f"sk_{v}"] = Field((SECRET_ELEMENTS,), "int64", optional=True)
         return MessageSpec("secagg.unmask", fields)
 
+    @cached_property
+    def site_state_spec(self) -> MessageSpec:
+        """A site's secrets between two steps (:meth:`SecAggSite.to_state`); kept at the site, never sent."""
+        fields = {"site": Field((), "int64"), "step": Field((), "int64"),
+                  "c_sk": Field((_KEY_WORDS,), "uint64"), "s_sk": Field((_KEY_WORDS,), "uint64"),
+                  "b": Field((_KEY_WORDS,), "uint64", optional=True),
+                  "u2": Field((len(self.sites),), "bool", optional=True)}
+        for v in self.sites:
+            fields[f"c_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
+            fields[f"s_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
+            fields[f"held_{v}"] = Field((2 * SECRET_ELEMENTS,), "int64", optional=True)
+        return MessageSpec("secagg.site-state", fields)
+
 
 class SecAggSite:
     """The site side of one secure-sum session; holds the private input and all secrets.
@@ -286,6 +299,53 @@ class SecAggSite:
         self.params = params
         self._rng = rng
         self._step = 0
+
+    def to_state(self) -> bytes:
+        """This site's secrets between two steps, encoded with ``params.site_state_spec``.
+
+        For a runtime that runs each step in a fresh process (a Flower ClientApp): the site
+        keeps these bytes and resumes with :meth:`from_state`.  They hold the private keys,
+        the self-mask seed ``b_u`` and the shares received -- whoever reads them can unmask
+        this site's input, so they never leave the site.  Only after :meth:`advertise_keys`.
+        """
+        if self._step == 0:
+            raise SecAggProtocolError(f"site {self.site}: no secrets to keep before 'advertise_keys'")
+        p = self.params
+        state: dict[str, np.ndarray] = {"site": np.int64(self.site), "step": np.int64(self._step),
+                                        "c_sk": _words(crypto.private_bytes(self._c_key)),
+                                        "s_sk": _words(crypto.private_bytes(self._s_key))}
+        if self._step >= 2:
+            state["b"] = _words(self._b)
+            for v, (c_pk, s_pk) in self._public.items():
+                state[f"c_pk_{v}"], state[f"s_pk_{v}"] = _words(c_pk), _words(s_pk)
+            state.update({f"held_{v}": held for v, held in self._shares_held.items()})
+        if self._step >= 3:
+            state["u2"] = np.array([v in self._u2 for v in p.sites])
+        return encode(p.site_state_spec, state)
+
+    @classmethod
+    def from_state(cls, params: SecAggParams, data: bytes) -> "SecAggSite":
+        """The site saved by :meth:`to_state`, at the step where it stopped.
+
+        Later steps draw cryptographic randomness (``rng=None``).  Raises
+        :class:`SecAggProtocolError` if ``data`` is not a site state of ``params``.
+        """
+        msg = _decode(params.site_state_spec, data)
+        site = cls(int(msg["site"]), params)
+        site._step = int(msg["step"])
+        needed = {2: "b", 3: "u2"}
+        missing = [key for step, key in needed.items() if site._step >= step and key not in msg]
+        if not 1 <= site._step <= 4 or missing:
+            raise SecAggProtocolError(f"site {site.site}: saved state at step {site._step} is incomplete {missing}")
+        site._c_key = crypto.private_key_from_bytes(_raw(msg["c_sk"]))
+        site._s_key = crypto.private_key_from_bytes(_raw(msg["s_sk"]))
+        if site._step >= 2:
+            site._b = _raw(msg["b"])
+            site._public = {v: (_raw(msg[f"c_pk_{v}"]), _raw(msg[f"s_pk_{v}"])) for v in params.sites if f"c_pk_{v}" in msg}
+            site._shares_held = {v: msg[f"held_{v}"] for v in params.sites if f"held_{v}" in msg}
+        if site._step >= 3:
+            site._u2 = [v for v, inc in zip(params.sites, msg["u2"]) if inc]
+        return site
 
     def _advance(self, step: int, name: str) -> None:
         if self._step != step:

@@ -1,9 +1,12 @@
 """Secure summation as the combine step of a sum-protocol round (``aggregation="secure"``).
 
-Adapter between the runtime and :func:`fedhier.privacy.secagg.secure_sum`: every reply is
-flattened in its spec's declared order (absent optional fields as zeros), encoded in
-fixed point, masked, and only the masked vectors and the Shamir shares reach the server
-object, which recovers the field-wise sum.  See ``docs/secure-aggregation.md``.
+Adapter between the runtime and :mod:`fedhier.privacy.secagg`: every reply is flattened
+in its spec's declared order (absent optional fields as zeros), encoded in fixed point,
+masked, and only the masked vectors and the Shamir shares reach the server object, which
+recovers the field-wise sum.  :meth:`SecureAggregator.sum` runs the whole exchange in
+process (:func:`fedhier.runtime.simulate`); :meth:`SecureAggregator.params` gives a runtime
+that carries each step over the network (:mod:`fedhier.runtime.flower`) the same session.
+See ``docs/secure-aggregation.md``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 
 from ..protocol.messages import Message, MessageSpec
 from .fixedpoint import FixedPoint
-from .secagg import secure_sum
+from .secagg import SecAggParams, secure_sum
 
 __all__ = ["SecureAggregator"]
 
@@ -67,6 +70,19 @@ class SecureAggregator:
         """Rounding step of each summand (the bound on a sum's error is n * precision / 2)."""
         return self.fixed_point.precision
 
+    def params(self, spec: MessageSpec, round: int) -> SecAggParams:
+        """Public parameters of the secure sum of the ``spec`` replies of ``round`` among sites 0..n_sites-1.
+
+        For a runtime that drives :class:`~fedhier.privacy.secagg.SecAggSite` and
+        :class:`~fedhier.privacy.secagg.SecAggServer` over a network (Flower): both halves
+        build the same parameters; a site without a reply this round never advertises keys.
+        Each site's input is ``spec.flatten(reply)``, of length ``sum of the field sizes``;
+        the server's total unflattens with ``spec.unflatten``.  Threshold, fixed point and
+        session label are those of :meth:`sum`, so both give the same total.
+        """
+        length = sum(f.size for f in spec.fields.values())
+        return SecAggParams(tuple(range(self.n_sites)), self.threshold, self.fixed_point, length, _session(spec, round))
+
     def sum(
         self, spec: MessageSpec, replies: Mapping[int, Message], round: int, rng: np.random.Generator
     ) -> tuple[Message, dict[int, int], list[int]]:
@@ -85,7 +101,12 @@ class SecureAggregator:
             drop_before_masking=before,
             drop_after_masking=after,
             rng=None,  # cryptographic randomness: masks cancel exactly, the sum is deterministic
-            session=f"fedhier/{spec.name}/round-{round}".encode(),
+            session=_session(spec, round),
         )
         contributors = sorted(s for s in vectors if s not in before)
         return spec.unflatten(result.total), {int(k): int(v) for k, v in result.bytes_sent.items()}, contributors
+
+
+def _session(spec: MessageSpec, round: int) -> bytes:
+    """Session label of a round's secure sum: fresh per round and per message kind."""
+    return f"fedhier/{spec.name}/round-{round}".encode()

@@ -28,6 +28,16 @@ Robustness (issue 6, "Robustness"):
 * a round with fewer than ``min_sites`` replies stops the fit with
   :class:`~fedhier.runtime.simulate.RoundFailed`; no partial global update is broadcast.
 
+Secure summation (``aggregation = "secure"`` in ``fit.toml``, ``docs/flower.md``): a site
+keeps its reply in the ClientApp's ``context.state`` and answers the round request with
+"held"; the server then runs the four steps of Bonawitz et al.
+(:mod:`fedhier.privacy.secagg`) as Flower messages ``train.advertise_keys``,
+``train.share_keys``, ``train.masked_input`` and ``train.unmask`` (:func:`_secure_sum`), and
+the global step gets the decoded sum, as :func:`fedhier.runtime.simulate` with
+``aggregation="secure"``.  A site's secrets between two steps stay in its
+``context.state`` as declared arrays; a round whose sum cannot be recovered (fewer than
+the threshold of sites left) stops the fit with ``RoundFailed``.
+
 Site indices: the fit configuration lists the site names; site ``s`` is the ``s``-th name
 (0-based), the index that seeds its generator.  A SuperNode whose ``site`` is not in
 the list is ignored (and reported); two SuperNodes claiming the same site stop the fit.
@@ -46,10 +56,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..privacy.secagg import InsufficientSitesError, SecAggProtocolError, SecAggServer, SecAggSite
+from ..privacy.secure_round import SecureAggregator
 from ..protocol.base import RoundProtocol
-from ..protocol.messages import Message, decode, encode
+from ..protocol.messages import Message, MessageSpec, decode, encode
 from ..utils.io import atomic_write_bytes, write_json
-from .simulate import RoundFailed, RoundRecord, decode_state, encode_state, run_site_step, server_update
+from .simulate import RoundFailed, RoundRecord, decode_state, encode_state, global_update, run_site_step, server_update
 
 try:
     from flwr.app import ConfigRecord, Context, Message as FlowerMessage, RecordDict
@@ -65,12 +77,14 @@ __all__ = [
     "run_rounds",
     "load_site",
     "site_round",
+    "secure_site_step",
     "server_app",
     "client_app",
     "write_result",
     "read_result",
     "MESSAGE_TYPE",
     "RUN_CONFIG_KEY",
+    "SECURE_STEPS",
 ]
 
 log = logging.getLogger(__name__)
@@ -83,12 +97,17 @@ _RECORD = "fedhier"
 #: Flower error codes meaning that the SuperNode or the message cannot be reached.
 _UNREACHABLE = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE})
 _STATE = "fedhier-state"
+#: ``context.state`` record of a site in a secure round: its reply and its secure-sum secrets (never sent).
+_SECURE = "fedhier-secure"
+#: The secure-sum steps of a round, in order; each is the ClientApp action ``train.<step>``.
+SECURE_STEPS = ("advertise_keys", "share_keys", "masked_input", "unmask")
 
 _ALLOWED_KEYS = {
     "n_components", "n_rounds", "n_local_iter", "n_first_iter", "seed", "ig_solver", "sigma2_prior", "views", "flower",
-    "epsilon", "delta",
+    "epsilon", "delta", "aggregation", "secure",
 }
 _FLOWER_KEYS = {"sites", "min_sites", "round_timeout", "connect_timeout", "poll_interval", "out"}
+_SECURE_KEYS = {"threshold", "frac_bits"}
 
 
 # --------------------------------------------------------------------------- configuration
@@ -120,6 +139,16 @@ class FlowerFitConfig:
     out : str
         Folder, on the machine that runs the ServerApp (the SuperLink host), that
         receives ``model.npz``, ``broadcast.fhm``, ``history.json`` and ``summary.json``.
+    epsilon, delta : float
+        Total client-level DP budget per site (``epsilon`` None = no DP).
+    aggregation : "plain" or "secure"
+        "secure": the server only learns the sum of the replies (Bonawitz et al. secure
+        summation, ``docs/secure-aggregation.md``), with the ``[secure]`` settings:
+    threshold : int or None
+        Shamir threshold t (``[secure] threshold``); default ``len(sites) // 2 + 1``.
+    frac_bits : int
+        Fixed-point fractional bits (``[secure] frac_bits``), default 30.  Both as
+        :class:`fedhier.privacy.secure_round.SecureAggregator`.
     """
 
     views: Mapping[str, tuple[str, ...]]
@@ -138,6 +167,9 @@ class FlowerFitConfig:
     out: str = "fedhier-flower-fit"
     epsilon: float | None = None
     delta: float = 1e-5
+    aggregation: str = "plain"
+    threshold: int | None = None
+    frac_bits: int = 30
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "views", {str(v): tuple(c) for v, c in dict(self.views).items()})
@@ -186,6 +218,18 @@ class FlowerFitConfig:
             raise ValueError(f"fit configuration: epsilon must be a positive number, got {self.epsilon!r}")
         if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not 0 < self.delta < 1:
             raise ValueError(f"fit configuration: delta must be in (0, 1), got {self.delta!r}")
+        if self.aggregation not in ("plain", "secure"):
+            raise ValueError(f"fit configuration: aggregation must be 'plain' or 'secure', got {self.aggregation!r}")
+        for name, value in (("threshold", self.threshold), ("frac_bits", self.frac_bits)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"fit configuration: [secure] {name} must be an integer, got {value!r}")
+        if self.aggregation == "secure":
+            if len(self.sites) < 2:
+                raise ValueError("fit configuration: aggregation = 'secure' needs at least 2 sites")
+            try:
+                self.aggregator()
+            except ValueError as exc:
+                raise ValueError(f"fit configuration: [secure] {exc}") from None
 
     # ------------------------------------------------------------------ reading / writing
     @classmethod
@@ -207,10 +251,18 @@ class FlowerFitConfig:
         views = raw.pop("views", None)
         if not isinstance(views, dict) or not all(isinstance(c, list) for c in views.values()):
             raise ValueError(f"{source}: a [views] table mapping view names to column lists is required")
+        secure = raw.pop("secure", {})
+        if not isinstance(secure, dict):
+            raise ValueError(f"{source}: secure must be a table ([secure] with threshold, frac_bits)")
+        unknown = sorted(set(secure) - _SECURE_KEYS)
+        if unknown:
+            raise ValueError(f"{source}: unknown key(s) {unknown} in [secure]; allowed: {sorted(_SECURE_KEYS)}")
+        if secure and raw.get("aggregation") != "secure":
+            raise ValueError(f"{source}: a [secure] table needs aggregation = \"secure\"")
         if raw.get("sigma2_prior") == "none":
             raw["sigma2_prior"] = None
         try:
-            return cls(views=views, **raw, **flower)
+            return cls(views=views, **raw, **flower, **secure)
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None
 
@@ -262,6 +314,22 @@ class FlowerFitConfig:
             sigma2_prior=self.sigma2_prior,
             privacy=self.privacy(),
         )
+
+    def reply_spec(self) -> MessageSpec:
+        """A site's declared reply, ``protocol().reply_spec``, without calibrating the DP noise (it does not depend on it)."""
+        from ..protocol.mvppca import MVPPCAProtocol
+
+        return MVPPCAProtocol(self.schema(), self.n_components).reply_spec
+
+    def aggregator(self) -> SecureAggregator | None:
+        """The :class:`~fedhier.privacy.secure_round.SecureAggregator` of a secure fit, else None.
+
+        Built as :class:`fedhier.mvppca.FedMVPPCA` builds it for ``simulate()`` (one site per
+        listed name), so both runtimes sum with the same fixed point and threshold.
+        """
+        if self.aggregation == "plain":
+            return None
+        return SecureAggregator(len(self.sites), threshold=self.threshold, frac_bits=self.frac_bits)
 
     def privacy(self):
         """The DP configuration of a fit with a total budget (``epsilon``, ``delta``), else None.
@@ -330,14 +398,14 @@ def _wait_for_nodes(grid: Grid, n_wanted: int, timeout: float, poll: float) -> l
     return nodes
 
 
-def _exchange(grid: Grid, contents: Mapping[int, RecordDict], round: int, timeout: float, poll: float):
+def _exchange(grid: Grid, contents: Mapping[int, RecordDict], message_type: str, round: int, timeout: float, poll: float):
     """Push one message per node and pull the replies until all came or the deadline passed.
 
     Returns ({node: reply Flower message}, {node: reason} for nodes without a reply).
     """
     nodes = list(contents)
     messages = [
-        FlowerMessage(contents[n], dst_node_id=n, message_type=MESSAGE_TYPE, group_id=str(round), ttl=timeout)
+        FlowerMessage(contents[n], dst_node_id=n, message_type=message_type, group_id=str(round), ttl=timeout)
         for n in nodes
     ]
     ids = list(grid.push_messages(messages))
@@ -360,9 +428,10 @@ def _exchange(grid: Grid, contents: Mapping[int, RecordDict], round: int, timeou
 def _read_reply(msg: FlowerMessage) -> tuple[str | None, str, bytes | str]:
     """(site name or None, status, payload) of a site's reply.
 
-    Status "ok", "error" (the site's step or its ClientApp failed: dropped from this
-    round) or "gone" (Flower reports the SuperNode or the message unreachable: the
-    site disappeared).
+    Status "ok" (payload: our encoded message), "held" (secure fit: the site computed its
+    reply and keeps it for the secure sum; empty payload), "error" (the site's step or its
+    ClientApp failed: dropped from this round) or "gone" (Flower reports the SuperNode or
+    the message unreachable: the site disappeared).
     """
     if msg.has_error():
         status = "gone" if msg.error.code in _UNREACHABLE else "error"
@@ -372,10 +441,100 @@ def _read_reply(msg: FlowerMessage) -> tuple[str | None, str, bytes | str]:
         return None, "error", "reply without a fedhier record"
     site = str(record.get("site", "")) or None
     status = str(record.get("status", "error"))
+    if status == "held":
+        return site, status, b""
     payload = record.get("reply") if status == "ok" else str(record.get("error", "unknown error"))
     if status == "ok" and not isinstance(payload, bytes):
         return site, "error", "reply without payload bytes"
     return site, status, payload
+
+
+_UNEXPECTED = {
+    "ok": "sent its reply in the clear, but the fit uses secure aggregation (the reply was not read)",
+    "held": "kept its reply for secure aggregation, but the server sums the replies in the clear",
+}
+
+
+def _secure_sum(
+    grid: Grid,
+    aggregator: SecureAggregator,
+    spec: MessageSpec,
+    rnd: int,
+    nodes: Mapping[int, int],
+    names: Sequence[str],
+    timeout: float,
+    poll: float,
+) -> tuple[Message, list[int], dict[int, int], dict[int, int], dict[int, str], list[int]]:
+    """Secure sum of the ``spec`` replies that the sites ``nodes`` (site -> node) keep in round ``rnd``.
+
+    The four steps of :mod:`fedhier.privacy.secagg` (advertise keys, share keys, masked
+    input, unmask), each one Flower message of type ``train.<step>`` per site still taking
+    part, carrying the bytes of the previous server step.  The server half is a
+    :class:`~fedhier.privacy.secagg.SecAggServer` with ``aggregator.params(spec, rnd)``: it
+    receives public keys, ciphertexts, masked vectors (of which it keeps the running sum)
+    and Shamir shares, never a reply.  A site that does not answer a step is left out of
+    the later ones; its masked input, if sent, stays in the sum.
+
+    Returns
+    -------
+    total : Message
+        Field-wise sum (``spec``) of the replies of ``contributors``, to fixed-point
+        precision (``len(contributors) * aggregator.precision / 2`` per entry).
+    contributors : list of int
+        U3, the sites whose masked input is in the sum.
+    bytes_up, bytes_down : dict site -> int
+        Bytes of the secure-sum messages each site sent, and received.
+    dropped : dict site -> str
+        Sites that did not answer a step: the step and the reason.
+    gone : list of int
+        Those of them that Flower reports unreachable or that missed the deadline.
+
+    Raises
+    ------
+    RoundFailed
+        Fewer than ``aggregator.threshold`` sites remained at some step, or a message broke
+        the protocol; no sum is released.
+    """
+    server = SecAggServer(aggregator.params(spec, rnd))
+    site_of_node = {n: s for s, n in nodes.items()}
+    bytes_up, bytes_down = dict.fromkeys(nodes, 0), dict.fromkeys(nodes, 0)
+    dropped: dict[int, str] = {}
+    gone: list[int] = []
+
+    def ask(step: str, payloads: Mapping[int, bytes]) -> dict[int, bytes]:
+        """Send ``payloads[site]`` to each site for ``step``; return the answers ``{site: bytes}``."""
+        contents = {}
+        for s, data in payloads.items():
+            bytes_down[s] += len(data)
+            contents[nodes[s]] = RecordDict({_RECORD: ConfigRecord({"round": rnd, "payload": data})})
+        messages, silent = _exchange(grid, contents, f"{MESSAGE_TYPE}.{step}", rnd, timeout, poll)
+        answers = {}
+        for node, msg in messages.items():
+            s = site_of_node[node]
+            name, status, payload = _read_reply(msg)
+            if status == "ok" and name == names[s]:
+                answers[s] = payload
+                bytes_up[s] += len(payload)
+            elif status == "gone":
+                silent[node] = str(payload)
+            else:
+                dropped[s] = f"{step}: " + (str(payload).splitlines()[0] if status == "error" else f"unexpected reply from {name!r}")
+        for node, reason in silent.items():
+            dropped[site_of_node[node]] = f"{step}: {reason}"
+            gone.append(site_of_node[node])
+        return answers
+
+    try:
+        keys = ask("advertise_keys", dict.fromkeys(nodes, b""))
+        roster = server.collect_keys(keys)
+        routed = server.route_shares(ask("share_keys", dict.fromkeys(keys, roster)))
+        masked = ask("masked_input", routed)
+        survivors = server.collect_masked(masked)
+        total = server.unmask(ask("unmask", dict.fromkeys(masked, survivors)))
+    except (InsufficientSitesError, SecAggProtocolError) as exc:
+        detail = "; ".join(f"site {s} ({names[s]}): {m}" for s, m in sorted(dropped.items()))
+        raise RoundFailed(rnd, f"secure aggregation failed: {exc}" + (f" ({detail})" if detail else "")) from exc
+    return spec.unflatten(total), list(server.survivors), bytes_up, bytes_down, dropped, gone
 
 
 def run_rounds(
@@ -389,6 +548,7 @@ def run_rounds(
     round_timeout: float = 600.0,
     connect_timeout: float = 300.0,
     poll_interval: float = 0.2,
+    aggregator: SecureAggregator | None = None,
     callbacks: Sequence[Callable[[RoundRecord, Message], None]] = (),
 ) -> FlowerFitResult:
     """Run ``n_rounds`` rounds of ``protocol`` over the SuperNodes connected to ``grid``.
@@ -408,6 +568,12 @@ def run_rounds(
         Site names in site-index order.
     n_rounds, seed, min_sites, round_timeout, connect_timeout, poll_interval
         See :class:`FlowerFitConfig`.
+    aggregator : SecureAggregator, optional
+        Secure summation (``FlowerFitConfig.aggregator()``): each site keeps its reply
+        and the round goes on with the four exchanges of :func:`_secure_sum`; the global
+        step gets their sum, as :func:`fedhier.runtime.simulate` with
+        ``aggregation="secure"``.  ``round_timeout`` then bounds each of the five
+        exchanges of a round.  None: the replies are summed in the clear.
     callbacks : sequence of callables ``(record, broadcast) -> None`` run after each round.
 
     Returns
@@ -417,8 +583,9 @@ def run_rounds(
     Raises
     ------
     RoundFailed
-        Fewer than ``min_sites`` SuperNodes connected or replied in a round, or two
-        SuperNodes claim the same site.
+        Fewer than ``min_sites`` SuperNodes connected or replied in a round, two
+        SuperNodes claim the same site, or the secure sum of a round failed (fewer than
+        ``aggregator.threshold`` sites remained at one of its steps).
     ValueError
         Bad arguments, or a protocol that sends each site its own part of the broadcast
         (``protocol.broadcast_is_common`` False): before round 1 the server does not know
@@ -427,6 +594,11 @@ def run_rounds(
     sites = list(sites)
     if not 1 <= min_sites <= len(sites):
         raise ValueError(f"min_sites must be between 1 and the number of sites ({len(sites)}), got {min_sites}")
+    if aggregator is not None and (protocol.combine != "sum" or aggregator.n_sites != len(sites)):
+        raise ValueError(
+            f"secure aggregation needs a protocol that sums its replies (protocol {protocol.name!r} combines by "
+            f"{protocol.combine!r}) and an aggregator for the {len(sites)} sites (it has {aggregator.n_sites})"
+        )
     if int(n_rounds) != n_rounds or n_rounds < 1:
         raise ValueError(f"n_rounds must be a positive integer, got {n_rounds!r}")
     seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else int(seed)
@@ -449,10 +621,11 @@ def run_rounds(
         targets = connected if rnd == 1 else [n for s, n in sorted(result.nodes.items()) if s not in result.lost]
         request = ConfigRecord({"round": rnd, "seed": seed, "broadcast": broadcast_bytes})
         contents = {n: RecordDict({_RECORD: request}) for n in targets}
-        messages, silent = _exchange(grid, contents, rnd, round_timeout, poll_interval)
+        messages, silent = _exchange(grid, contents, MESSAGE_TYPE, rnd, round_timeout, poll_interval)
 
         site_of_node = {n: s for s, n in result.nodes.items()}
-        replies: dict[int, Message] = {}
+        replies: dict[int, Message] = {}  # plain: the replies
+        held: list[int] = []  # secure: the sites that keep a reply for the secure sum
         failed: dict[int, str] = {}
         bytes_up: dict[int, int] = {}
         for node, msg in messages.items():
@@ -470,12 +643,16 @@ def run_rounds(
             if status == "gone":
                 silent[node] = str(payload)
                 continue
-            if status == "ok":
+            if status == "ok" and aggregator is None:
                 try:
                     replies[index] = decode(protocol.reply_spec, payload)
                     bytes_up[index] = len(payload)
                 except ValueError as exc:
                     failed[index] = f"malformed reply: {exc}"
+            elif status == "held" and aggregator is not None:
+                held.append(index)
+            elif status in ("ok", "held"):
+                failed[index] = _UNEXPECTED[status]
             else:
                 failed[index] = str(payload).splitlines()[0] if str(payload) else "error"
         for node, reason in silent.items():
@@ -485,24 +662,41 @@ def run_rounds(
                 result.lost[index] = rnd
             elif rnd == 1:
                 result.ignored[node] = reason
-        absent = [s for s in range(len(sites)) if s not in replies and s not in failed]
-        if len(replies) < min_sites:
+        ready = sorted([*replies, *held])
+        absent = [s for s in range(len(sites)) if s not in ready and s not in failed]
+        if len(ready) < min_sites:
             detail = "; ".join(
                 [f"site {s} ({sites[s]}): {m}" for s, m in sorted(failed.items())]
                 + [f"SuperNode {n}: {m}" for n, m in result.ignored.items()]
             )
-            raise RoundFailed(rnd, f"{len(replies)} site(s) replied, at least {min_sites} needed" + (f" ({detail})" if detail else ""))
+            raise RoundFailed(rnd, f"{len(ready)} site(s) replied, at least {min_sites} needed" + (f" ({detail})" if detail else ""))
 
-        # sites in index order, as simulate() sums them: the float sums are then identical
-        replies = {s: replies[s] for s in sorted(replies)}
-        broadcast, metrics, contributors, _ = server_update(protocol, replies, rnd, broadcast, seed=seed)
+        bytes_down = {site_of_node[n]: len(broadcast_bytes) for n in targets if n in site_of_node}
+        if aggregator is None:
+            # sites in index order, as simulate() sums them: the float sums are then identical
+            replies = {s: replies[s] for s in sorted(replies)}
+            broadcast, metrics, contributors, _ = server_update(protocol, replies, rnd, broadcast, seed=seed)
+        else:
+            # every site of the exchange was identified by its reply above
+            total, contributors, bytes_up, secure_down, dropped, gone = _secure_sum(
+                grid, aggregator, protocol.reply_spec, rnd, {s: result.nodes[s] for s in held}, sites, round_timeout, poll_interval
+            )
+            for s, n in secure_down.items():
+                bytes_down[s] += n
+            for s, reason in dropped.items():
+                if s in contributors:
+                    log.warning("round %d: site %d (%s) left the secure sum after its masked input: %s", rnd, s, sites[s], reason)
+                else:
+                    failed[s] = f"secure sum, step {reason}"
+            result.lost.update({s: rnd for s in gone})
+            broadcast, metrics = global_update(protocol, total, rnd, broadcast)
         record = RoundRecord(
             round=rnd,
             sites=sorted(contributors),
             absent=absent,
             failed=failed,
             bytes_up=bytes_up,
-            bytes_down={site_of_node[n]: len(broadcast_bytes) for n in targets if n in site_of_node},
+            bytes_down=bytes_down,
             metrics=metrics,
             seconds=time.perf_counter() - t0,
         )
@@ -551,6 +745,56 @@ def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, reques
     return {"site": site, "status": "error", "error": str(payload).splitlines()[0]}, state
 
 
+def secure_site_step(config: FlowerFitConfig, site: str, step: str, request: Mapping[str, Any], kept: Mapping[str, Any] | None):
+    """One site's answer to the secure-sum request ``step`` of a round (what the ClientApp does, without Flower).
+
+    Parameters
+    ----------
+    config : FlowerFitConfig
+        A fit with ``aggregation = "secure"``.
+    site : str
+        This site's name.
+    step : one of :data:`SECURE_STEPS`
+    request : mapping with ``round`` (int) and, after ``advertise_keys``, ``payload``
+        (the server's bytes of the previous step: roster, routed shares, survivor list).
+    kept : mapping or None
+        What the site keeps for this round and never sends: ``round``, ``reply`` (its
+        encoded reply, from the site step) and, from ``advertise_keys`` on, ``secagg``
+        (its secrets, :meth:`fedhier.privacy.secagg.SecAggSite.to_state`).
+
+    Returns
+    -------
+    (reply fields, what to keep or None): the reply has ``site``, ``status`` ("ok" /
+    "error") and ``reply`` (this step's encoded message) or ``error`` (one line).  The
+    site's input to ``masked_input`` is ``reply_spec.flatten(reply)``.  A failed step and
+    the last step erase what the site kept: it never answers a step of a round twice.
+    """
+    rnd = int(request["round"])
+    try:
+        if kept is None or int(kept["round"]) != rnd:
+            raise ValueError(f"site {site!r} holds no reply for round {rnd}")
+        if step == "advertise_keys" and "secagg" in kept:
+            raise SecAggProtocolError(f"site {site!r} already advertised its keys for round {rnd}")
+        spec = config.reply_spec()
+        params = config.aggregator().params(spec, rnd)
+        if step == "advertise_keys":
+            secagg = SecAggSite(config.sites.index(site), params)
+            message = secagg.advertise_keys()
+        else:
+            secagg = SecAggSite.from_state(params, bytes(kept["secagg"]))
+            payload = bytes(request["payload"])
+            if step == "share_keys":
+                message = secagg.share_keys(payload)
+            elif step == "masked_input":
+                message = secagg.masked_input(spec.flatten(decode(spec, bytes(kept["reply"]))), payload)
+            else:
+                message = secagg.unmask(payload)
+    except (KeyError, ValueError, OverflowError, InsufficientSitesError) as exc:
+        return {"site": site, "status": "error", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}, None
+    fields = {"site": site, "status": "ok", "reply": message}
+    return fields, None if step == SECURE_STEPS[-1] else {**kept, "secagg": secagg.to_state()}
+
+
 # --------------------------------------------------------------------------- Flower apps
 
 server_app = ServerApp()
@@ -564,22 +808,63 @@ def _node_setting(context: Context, key: str) -> str:
     return value
 
 
+def _reply(msg: FlowerMessage, fields: Mapping[str, Any]) -> FlowerMessage:
+    return FlowerMessage(RecordDict({_RECORD: ConfigRecord(dict(fields))}), reply_to=msg)
+
+
+def _setup_failure(context: Context, exc: Exception) -> dict[str, Any]:
+    return {"site": str(context.node_config.get("site", "")), "status": "error", "error": f"{type(exc).__name__}: {exc}"}
+
+
 @client_app.train()
 def _site_message(msg: FlowerMessage, context: Context) -> FlowerMessage:
-    """ClientApp entry: decode the request, run the site step, reply with our bytes."""
+    """ClientApp entry: decode the request, run the site step, reply with our bytes.
+
+    In a secure fit the reply stays in ``context.state`` for the secure sum that follows
+    and the server is only told that it is ready (status "held").
+    """
     try:
         config = FlowerFitConfig.from_json(str(context.run_config[RUN_CONFIG_KEY]))
         site, path = _node_setting(context, "site"), _node_setting(context, "data")
     except (KeyError, ValueError, TypeError) as exc:
-        fields = {"site": str(context.node_config.get("site", "")), "status": "error", "error": f"{type(exc).__name__}: {exc}"}
-        return FlowerMessage(RecordDict({_RECORD: ConfigRecord(fields)}), reply_to=msg)
+        return _reply(msg, _setup_failure(context, exc))
     kept = context.state.config_records.get(_STATE)
     state = decode_state(kept["state"]) if kept is not None and "state" in kept else {}
-    fields, new_state = site_round(config, site, path, msg.content.config_records[_RECORD], state)
+    request = msg.content.config_records[_RECORD]
+    fields, new_state = site_round(config, site, path, request, state)
     encoded = encode_state(new_state)
     if encoded is not None:
         context.state[_STATE] = ConfigRecord({"state": encoded})
-    return FlowerMessage(RecordDict({_RECORD: ConfigRecord(fields)}), reply_to=msg)
+    if config.aggregation == "secure":
+        context.state.pop(_SECURE, None)
+        if fields["status"] == "ok":
+            context.state[_SECURE] = ConfigRecord({"round": int(request["round"]), "reply": fields["reply"]})
+            fields = {"site": site, "status": "held"}
+    return _reply(msg, fields)
+
+
+def _secure_message(step: str) -> Callable[[FlowerMessage, Context], FlowerMessage]:
+    """ClientApp entry of the secure-sum step ``step`` (message type ``train.<step>``)."""
+
+    def handle(msg: FlowerMessage, context: Context) -> FlowerMessage:
+        try:
+            config = FlowerFitConfig.from_json(str(context.run_config[RUN_CONFIG_KEY]))
+            site = _node_setting(context, "site")
+        except (KeyError, ValueError, TypeError) as exc:
+            return _reply(msg, _setup_failure(context, exc))
+        kept = context.state.config_records.get(_SECURE)
+        fields, keep = secure_site_step(config, site, step, msg.content.config_records[_RECORD], kept)
+        if keep is None:
+            context.state.pop(_SECURE, None)
+        else:
+            context.state[_SECURE] = ConfigRecord(keep)
+        return _reply(msg, fields)
+
+    return handle
+
+
+for _step in SECURE_STEPS:
+    client_app.train(_step)(_secure_message(_step))
 
 
 @server_app.main()
@@ -606,6 +891,7 @@ def _coordinate(grid: Grid, context: Context) -> None:
             round_timeout=config.round_timeout,
             connect_timeout=config.connect_timeout,
             poll_interval=config.poll_interval,
+            aggregator=config.aggregator(),
             callbacks=[progress],
         )
     except RoundFailed as exc:
@@ -640,6 +926,7 @@ def write_result(out: str | Path, config: FlowerFitConfig, result: FlowerFitResu
         ig_solver=config.ig_solver,
         sigma2_prior=config.sigma2_prior,
         min_sites=config.min_sites,
+        aggregation=config.aggregation,
     )
     model.save(out / "model.npz")
     write_json(out / "history.json", [r.to_dict() for r in result.history])

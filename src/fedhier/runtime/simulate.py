@@ -35,7 +35,7 @@ from ..protocol.messages import Field, Message, MessageSpec, decode, encode, hea
 
 __all__ = [
     "simulate", "SimulationResult", "RoundRecord", "RoundFailed", "site_rng", "Participation",
-    "run_site_step", "server_update", "encode_state", "decode_state",
+    "run_site_step", "server_update", "global_update", "encode_state", "decode_state",
 ]
 
 #: participation: None (every site, every round); a float p in (0, 1] (each site joins
@@ -208,9 +208,18 @@ def server_update(
             combined = sum_messages(protocol.reply_spec, replies)
     else:
         combined = dict(replies)
-    metrics = protocol.round_metrics(combined, round)
-    new_broadcast = protocol.broadcast_spec.validate(protocol.global_step(combined, round, broadcast))
+    new_broadcast, metrics = global_update(protocol, combined, round, broadcast)
     return new_broadcast, metrics, list(contributors), secure_bytes
+
+
+def global_update(protocol: RoundProtocol, combined: Message, round: int, broadcast: Message) -> tuple[Message, dict[str, float]]:
+    """The global step on the combined replies; returns (new broadcast, round metrics).
+
+    ``combined`` is the field-wise sum of the replies (``combine == "sum"``, plain or
+    secure) or the mapping site -> reply (``"gather"``).  Shared by every runtime.
+    """
+    metrics = protocol.round_metrics(combined, round)
+    return protocol.broadcast_spec.validate(protocol.global_step(combined, round, broadcast)), metrics
 
 
 # --------------------------------------------------------------------------- main loop
