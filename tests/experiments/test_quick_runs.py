@@ -70,6 +70,11 @@ def test_quick_run(tmp_path, name):
     if name == "mvppca-waic":
         assert {r["dataset"] for r in rows} == {"sd", "alzheimer"}
         assert "Figure-4 statistic" in report and "Lowest mean WAIC" in report
+    if name in ("mvppca-alzheimer", "mvppca-mfeat"):
+        fedprox = any("FedProx" in r["method"] for r in rows)
+        from fedhier.baselines import torch_available
+
+        assert fedprox == (name == "mvppca-alzheimer" and torch_available())  # the mfeat extension has no FedProx sweep
     if name == "mvppca-dp":
         sweeps = {r["sweep"] for r in rows}
         assert sweeps == {"none", "epsilon per release", "kappa", "epsilon total"}
