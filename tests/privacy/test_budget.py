@@ -94,3 +94,8 @@ def test_per_release_budget_never_stops_and_uses_paper_multipliers():
 def test_refuses_invalid_or_impossible_settings(call):
     with pytest.raises(ValueError):
         call()
+
+
+def test_an_epsilon_beyond_the_accountant_is_refused_with_a_clear_error():
+    with pytest.raises(ValueError, match="cannot calibrate Gaussian noise for a total budget of \\(epsilon=100000000.0"):
+        TotalBudget(1e8, 1e-5, 100, 9)

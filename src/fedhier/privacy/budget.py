@@ -183,7 +183,8 @@ class TotalBudget:
                 bracket_interval=dp_accounting.ExplicitBracketInterval(0.5 * z_exact, 2.0 * z_exact),
                 tol=1e-6 * z_exact,
             )
-        except (ValueError, dp_accounting.mechanism_calibration.NoBracketIntervalFoundError) as err:
+        except (ValueError, OverflowError, dp_accounting.mechanism_calibration.NoBracketIntervalFoundError) as err:
+            # OverflowError: the accountant's discretisation overflows for an epsilon in the millions
             raise ValueError(
                 f"cannot calibrate Gaussian noise for a total budget of (epsilon={self.epsilon}, "
                 f"delta={self.delta}) over {self.n_rounds} rounds x {self.releases_per_round} releases: {err}"
