@@ -206,7 +206,7 @@ def run_sim_hm2(out_dir: Path, *, quick: bool, seed: int) -> None:
     moments by the Gibbs/Metropolis sampler with 4 chains x (500 + 500); noise sd 0.05 and noise-free
     test targets. Baseline: Separate least squares per site with the same 90% rule (t intervals).
     ``coverage_90`` is the share of true coefficients inside their 90% intervals (spec §4.2).
-    Full run: 30 runs per case (about 40 minutes); quick: Cases I-II, 1 run, 2 chains x (150 + 150),
+    Full run: 30 runs per case (67 minutes on one of 2 busy cores); quick: Cases I-II, 1 run, 2 chains x (150 + 150),
     4 rounds.
     """
     t0 = time.perf_counter()
@@ -410,7 +410,7 @@ def run_cmapss(out_dir: Path, *, quick: bool, seed: int) -> None:
     :math:`\\{10^{-4},2\\cdot10^{-4},5\\cdot10^{-4},10^{-3},2\\cdot10^{-3}\\}` and :math:`\\lambda_{\\rm Ditto}\\in\\{0.01,0.1,1,10\\}`
     are chosen on a random 20% validation subsample of the training cycles in the first run, then
     refitted on the full training data; the runs differ by the mini-batches and the validation draw.
-    Full run: sensors 2, 3, 7, 8, 30 runs (about 40 minutes); quick: sensor 2, one run, 20 rounds,
+    Full run: sensors 2, 3, 7, 8, 30 runs (53 minutes on one of 2 busy cores); quick: sensor 2, one run, 20 rounds,
     fixed step size :math:`2\\cdot10^{-4}`, no grid.
     """
     t0 = time.perf_counter()
