@@ -80,3 +80,13 @@ def test_fit_refuses_a_bad_configuration(tmp_path, user_files, capsys):
 def test_unknown_experiment_is_refused(capsys):
     assert main(["experiment", "no-such-experiment"]) == 2
     assert "unknown experiment" in capsys.readouterr().err
+
+
+def test_experiment_list_and_help_name_every_command(capsys):
+    assert main(["experiment", "list"]) == 0
+    names = capsys.readouterr().out.split()
+    assert {"mvppca-sd", "fedlin-radon", "collab-heart"} <= set(names) and names == sorted(names)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert all(f"    {command} " in text for command in ("demo", "fit", "experiment", "collab", "flower"))

@@ -1,10 +1,11 @@
-"""Command line: ``fedhier demo | fit | experiment | collab``.
+"""Command line: ``fedhier demo | fit | experiment | collab | flower``.
 
 * ``fedhier demo`` -- the main job: Fed-mv-PPCA on the bundled Alzheimer data (G/K, 3 sites).
 * ``fedhier fit --config fit.toml`` -- Fed-mv-PPCA on user data: one CSV file per site and a
   TOML file mapping columns to views (see ``docs/cli.md``).
 * ``fedhier fit linear ...`` -- FedLin (hierarchical linear regression).
-* ``fedhier experiment NAME [--quick]`` -- re-run an experiment of the docs.
+* ``fedhier experiment NAME [--quick]`` -- re-run an experiment of the docs
+  (``fedhier experiment list`` names them).
 * ``fedhier collab ...`` -- CollabDict anomaly detection.
 * ``fedhier flower ...`` -- run a fit on real machines with Flower (``docs/flower.md``).
 """
@@ -87,6 +88,9 @@ def _experiments() -> dict:
 
 def _cmd_experiment(args) -> int:
     registry = _experiments()
+    if args.name == "list":
+        print("\n".join(sorted(registry)))
+        return 0
     if args.name not in registry:
         print(f"unknown experiment {args.name!r}; available: {', '.join(sorted(registry))}", file=sys.stderr)
         return 2
@@ -127,11 +131,15 @@ def _build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_fit)
 
     p = sub.add_parser("experiment", help="re-run an experiment of the docs")
-    p.add_argument("name")
+    p.add_argument("name", help="the experiment; `list` prints their names")
     p.add_argument("--quick", action="store_true", help="small version (minutes), as run by CI")
     p.add_argument("--out", default=None, help="output folder (default reports/NAME)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_experiment)
+
+    # dispatched by main() before parsing; listed here so that `fedhier -h` shows them
+    sub.add_parser("collab", add_help=False, help="CollabDict: serverless collaborative anomaly detection (`fedhier collab -h`)")
+    sub.add_parser("flower", add_help=False, help="run a fit on real machines with Flower (`fedhier flower -h`)")
     return parser
 
 
