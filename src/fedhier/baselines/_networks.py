@@ -99,12 +99,22 @@ class MultiChannelVAE(nn.Module):
         return [(out[:, :q], out[:, q:]) for out in (enc(x) for enc, x in zip(self.encoders, views))]
 
     def negative_elbo(self, views: Sequence[torch.Tensor], generator: torch.Generator) -> torch.Tensor:
+        """Mean over rows of -ELBO, one reparameterised draw per view-wise encoder.
+
+        The draws of the K encoders are stacked into one (K n, q) batch, so each decoder runs
+        once on all of them instead of once per (encoder, decoder) pair.
+        """
+        encoded = self.encode(views)
+        z = torch.cat([
+            mean + torch.exp(0.5 * log_var) * torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+            for mean, log_var in encoded
+        ])
+        decoded = [dec.mean(z).chunk(len(encoded)) for dec in self.decoders]
         total = 0.0
-        for mean, log_var in self.encode(views):
-            z = mean + torch.exp(0.5 * log_var) * torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+        for k, (mean, log_var) in enumerate(encoded):
             total = total + _kl_standard(mean, log_var)
-            for dec, x in zip(self.decoders, views):
-                total = total + _gaussian_nll(x, dec.mean(z), dec.log_var)
+            for dec, x, means in zip(self.decoders, views, decoded):
+                total = total + _gaussian_nll(x, means[k], dec.log_var)
         return total.mean()
 
     def latent(self, views: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -147,7 +147,7 @@ class FederatedAveraging(RoundProtocol):
         views = [torch.from_numpy(np.asarray(ctx.data[v], dtype=np.float64)) for v in self.schema.names]
         n = views[0].shape[0]
         batch = n if self.batch_size is None else min(self.batch_size, n)
-        optimiser = torch.optim.Adam(net.parameters(), lr=self.learning_rate)
+        optimiser = torch.optim.Adam(net.parameters(), lr=self.learning_rate, foreach=True)
         for _ in range(self.n_epochs):
             order = torch.randperm(n, generator=generator)
             for start in range(0, n, batch):
