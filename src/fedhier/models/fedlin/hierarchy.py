@@ -83,7 +83,25 @@ def _diag(v: np.ndarray) -> np.ndarray:
     return out
 
 
-class GaussianHierarchy:
+class _GaussianSites:
+    """Site likelihood of an instance whose ``unpack(phi, u)`` gives the Gaussian prior of theta_k.
+
+    ``unpack`` returns ``mu (n, d)``, ``tau (n, d)`` (prior variances) and ``s2 (n,)`` (noise
+    variance); theta_k is then integrated out in closed form (spec §3.1).
+    """
+
+    def log_lik(self, stats: SiteStats, phi: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """:math:`\\log f_k(\\phi\\mid u)` for ``phi (n, p)``; shape (n,)."""
+        mu, tau, s2 = self.unpack(phi, u)
+        return log_marginal(stats, mu, tau, s2, self.random)
+
+    def theta_conditional(self, stats: SiteStats, phi: np.ndarray, u: np.ndarray):
+        """Mean ``(n, d)`` and covariance ``(n, d, d)`` of :math:`\\theta_k\\mid\\phi,u,Y_k`."""
+        mu, tau, s2 = self.unpack(phi, u)
+        return conditional_theta(stats, mu, tau, s2, self.random)
+
+
+class GaussianHierarchy(_GaussianSites):
     """Gaussian HM2 instances of spec §3.1: :math:`\\theta_k\\mid\\phi\\sim\\mathcal N(\\mu,D_\\tau)`.
 
     Parameters
@@ -212,16 +230,6 @@ class GaussianHierarchy:
             s2 = np.full(n, float(self.noise))
         return mu, tau, s2
 
-    def log_lik(self, stats: SiteStats, phi: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """:math:`\\log f_k(\\phi\\mid u)` for ``phi (n, p)``; shape (n,)."""
-        mu, tau, s2 = self.unpack(phi, u)
-        return log_marginal(stats, mu, tau, s2, self.random)
-
-    def theta_conditional(self, stats: SiteStats, phi: np.ndarray, u: np.ndarray):
-        """Mean ``(n, d)`` and covariance ``(n, d, d)`` of :math:`\\theta_k\\mid\\phi,u,Y_k`."""
-        mu, tau, s2 = self.unpack(phi, u)
-        return conditional_theta(stats, mu, tau, s2, self.random)
-
     def conjugate_factor(self, stats: SiteStats) -> tuple[np.ndarray, np.ndarray]:
         """Natural parameters ``(r_f (d,), Q_f (d, d))`` of the Gaussian :math:`f_k(\\mu)` (conjugate case).
 
@@ -267,7 +275,7 @@ class PenalisedHierarchy:
         )
 
 
-class BayesianRidge(PenalisedHierarchy):
+class BayesianRidge(_GaussianSites, PenalisedHierarchy):
     """HM2 ridge instance (spec §5): :math:`\\theta_{kj}\\mid\\phi\\sim\\mathcal N(0,\\sigma^2/\\lambda)`.
 
     :math:`\\phi=(\\log\\lambda,\\log\\sigma^2)` with independent Gaussian priors (spec §9 #17),
@@ -291,11 +299,3 @@ class BayesianRidge(PenalisedHierarchy):
         s2 = np.exp(phi[:, 1])
         tau = np.repeat((s2 / np.exp(phi[:, 0]))[:, None], self.d, axis=1)
         return np.zeros((phi.shape[0], self.d)), tau, s2
-
-    def log_lik(self, stats: SiteStats, phi: np.ndarray, u: np.ndarray) -> np.ndarray:
-        mu, tau, s2 = self.unpack(phi, u)
-        return log_marginal(stats, mu, tau, s2, self.random)
-
-    def theta_conditional(self, stats: SiteStats, phi: np.ndarray, u: np.ndarray):
-        mu, tau, s2 = self.unpack(phi, u)
-        return conditional_theta(stats, mu, tau, s2, self.random)
