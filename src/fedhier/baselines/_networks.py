@@ -101,21 +101,19 @@ class MultiChannelVAE(nn.Module):
     def negative_elbo(self, views: Sequence[torch.Tensor], generator: torch.Generator) -> torch.Tensor:
         """Mean over rows of -ELBO, one reparameterised draw per view-wise encoder.
 
-        The draws of the K encoders are stacked into one (K n, q) batch, so each decoder runs
-        once on all of them instead of once per (encoder, decoder) pair.
+        The K encoders' outputs and draws are stacked into one (K n, q) batch, so the KL term
+        is one computation and each decoder runs, and is scored, once on all K draws instead
+        of once per (encoder, decoder) pair (fewer autograd nodes: ``benchmarks/bench_vae.py``).
         """
-        encoded = self.encode(views)
-        z = torch.cat([
-            mean + torch.exp(0.5 * log_var) * torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
-            for mean, log_var in encoded
-        ])
-        decoded = [dec.mean(z).chunk(len(encoded)) for dec in self.decoders]
-        total = 0.0
-        for k, (mean, log_var) in enumerate(encoded):
-            total = total + _kl_standard(mean, log_var)
-            for dec, x, means in zip(self.decoders, views, decoded):
-                total = total + _gaussian_nll(x, means[k], dec.log_var)
-        return total.mean()
+        n, q, K = views[0].shape[0], self.n_components, len(views)
+        out = torch.stack([enc(x) for enc, x in zip(self.encoders, views)]).reshape(K * n, 2 * q)
+        mean, log_var = out[:, :q], out[:, q:]
+        noise = torch.cat([torch.randn((n, q), generator=generator, dtype=out.dtype) for _ in range(K)])
+        z = mean + torch.exp(0.5 * log_var) * noise
+        total = _kl_standard(mean, log_var).sum()
+        for dec, x in zip(self.decoders, views):
+            total = total + _gaussian_nll(x.repeat(K, 1), dec.mean(z), dec.log_var).sum()
+        return total / n
 
     def latent(self, views: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.stack([mean for mean, _ in self.encode(views)]).mean(dim=0)

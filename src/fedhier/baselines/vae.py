@@ -141,23 +141,27 @@ class FederatedAveraging(RoundProtocol):
     def site_step(self, ctx: SiteContext, broadcast: Message) -> Message:
         torch = _torch()
         net = self.network()
-        anchor = torch.from_numpy(np.asarray(broadcast["params"], dtype=np.float64))
-        torch.nn.utils.vector_to_parameters(anchor.clone(), net.parameters())
+        torch.nn.utils.vector_to_parameters(
+            torch.from_numpy(np.array(broadcast["params"], dtype=np.float64)), net.parameters()
+        )
         generator = torch.Generator().manual_seed(int(ctx.rng.integers(2**63 - 1)))
         views = [torch.from_numpy(np.asarray(ctx.data[v], dtype=np.float64)) for v in self.schema.names]
         n = views[0].shape[0]
         batch = n if self.batch_size is None else min(self.batch_size, n)
-        optimiser = torch.optim.Adam(net.parameters(), lr=self.learning_rate, foreach=True)
+        params = list(net.parameters())
+        anchors = [p.detach().clone() for p in params]
+        optimiser = torch.optim.Adam(params, lr=self.learning_rate, fused=True)
         for _ in range(self.n_epochs):
             order = torch.randperm(n, generator=generator)
             for start in range(0, n, batch):
                 rows = order[start : start + batch]
                 loss = net.negative_elbo([x[rows] for x in views], generator)
-                if self.proximal > 0:
-                    theta = torch.nn.utils.parameters_to_vector(net.parameters())
-                    loss = loss + 0.5 * self.proximal * torch.sum((theta - anchor) ** 2)
                 optimiser.zero_grad()
                 loss.backward()
+                if self.proximal > 0:  # gradient of the FedProx term (lambda / 2) ||theta - anchor||^2
+                    with torch.no_grad():
+                        for p, a in zip(params, anchors):
+                            p.grad.add_(p - a, alpha=self.proximal)
                 optimiser.step()
         with torch.no_grad():
             final_loss = float(net.negative_elbo(views, generator))

@@ -672,9 +672,9 @@ def run_mfeat(out_dir: Path, *, quick: bool, seed: int, run_cells: bool = True) 
 
     An extension beyond the paper (more sites, more views): the linear baselines run with
     FedAvg in IID and G.  The 2-layer baselines and the FedProx sweep of the paper's Table 7
-    are in ``mvppca-sd`` and ``mvppca-alzheimer``: one training step of the 2-layer mc-VAE
-    on these six views takes tens of milliseconds (``python benchmarks/bench_vae.py``), and a
-    fit takes 1,500 steps per site.
+    are in ``mvppca-sd`` and ``mvppca-alzheimer``: a 2-layer mc-VAE site step (15 epochs) on
+    these six views takes about 0.4 s per 90 rows (``python benchmarks/bench_vae.py``), so one
+    fit at C = 3 (444 rows per site, 100 rounds) takes minutes and the table would need hundreds.
     """
     cells = (("iid", 1),) + tuple((s, c) for s in ("iid", "G", "K", "GK") for c in (3, 6, 12))
     design = functools.partial(_table_design, "mfeat", 10, cells=cells, fedprox=False, nonlinear=False)
