@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..utils.io import write_csv, write_json
+from ..utils.progress import StepProgress
 
 __all__ = [
     "Task",
@@ -141,7 +142,8 @@ class Runner:
     n_processes : int, default 1
         Worker processes for the cells (at most 2 on this project's machines).
     progress : bool, default True
-        Show a rich progress bar over cells.
+        Show progress over cells (:class:`~fedhier.utils.progress.StepProgress`: a bar on a
+        terminal, a line a minute in a log).
     """
 
     def __init__(
@@ -230,7 +232,7 @@ class Runner:
         self._write_meta(rows)
         if not todo or not execute:
             return rows
-        bar = _Bar(sum(len(t.methods) for t in todo), f"{self.name}", enabled=self.progress)
+        bar = StepProgress(sum(len(t.methods) for t in todo), f"{self.name} cells") if self.progress else None
         started = time.perf_counter()
         try:
             for new in self._results(todo, work):
@@ -240,9 +242,11 @@ class Runner:
                 self._meta["seconds"] = float(self._meta["seconds"]) + (time.perf_counter() - started)
                 started = time.perf_counter()
                 self._write_meta(rows)
-                bar.advance(len(new))
+                if bar is not None:
+                    bar.advance(len(new))
         finally:
-            bar.close()
+            if bar is not None:
+                bar.close()
         return rows
 
     def _results(self, todo: list[Task], work):
@@ -274,30 +278,6 @@ class Runner:
     def _write_meta(self, rows: list[dict[str, Any]]) -> None:
         self._meta["cells_done"] = len(rows)
         write_json(self.out_dir / RUN, self._meta)
-
-
-class _Bar:
-    """rich progress over cells (no-op when disabled)."""
-
-    def __init__(self, total: int, description: str, enabled: bool):
-        self._progress = None
-        if not enabled:
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()
-        )
-        self._task = self._progress.add_task(description + " cells", total=total)
-        self._progress.start()
-
-    def advance(self, n: int) -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, advance=n)
-
-    def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
 
 
 # ---------------------------------------------------------------------- summaries

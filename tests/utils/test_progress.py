@@ -1,0 +1,29 @@
+"""Progress off a terminal: plain lines on stderr (utils/progress.py)."""
+
+from types import SimpleNamespace
+
+from fedhier.utils.progress import RoundProgress, StepProgress
+
+
+def test_plain_lines_off_a_terminal_at_most_once_per_interval_and_at_the_end(capsys):
+    bar = StepProgress(10, "toy cells", log_every=3600.0)  # pytest's captured stderr is not a terminal
+    for _ in range(9):
+        bar.advance()
+    assert capsys.readouterr().err == ""  # the interval has not passed
+    bar.advance()
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("toy cells: 10/10 (100%), ") and "left" not in lines[0]
+
+
+def test_every_step_logged_with_zero_interval_and_remaining_time_extrapolated(capsys):
+    bar = StepProgress(4, "toy", log_every=0.0)
+    bar.advance(1)
+    assert len(capsys.readouterr().err.splitlines()) == 1
+    assert bar.line(60.0) == "toy: 1/4 (25%), 1.0 min elapsed, about 3.0 min left"
+
+
+def test_round_progress_reports_the_expected_log_likelihood_and_site_count(capsys):
+    bar = RoundProgress(1, "fit")
+    bar(SimpleNamespace(metrics={"expected_ll": -12.5}, failed=[1], absent=[], sites=[0, 2]), None)
+    assert capsys.readouterr().err.strip().endswith("expected log-lik -12.5  sites 2")
