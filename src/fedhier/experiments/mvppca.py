@@ -533,7 +533,8 @@ def _completeness(runner: Runner, rows: list[dict[str, Any]], tasks: Sequence[Ta
             f" — **partial run**; cells still to run, by method: {missing}.  Re-running the command resumes it; "
             "the tables below average the cells done so far (see the `runs` column)."
         )
-    text += f"  Wall time of the run so far: {runner.wall_seconds / 60:.1f} min (summed over {runner._meta.get('sessions', 1)} session(s)).\n"
+    text += f"  Wall time of the run{'' if len(rows) >= total else ' so far'}: {runner.wall_seconds / 60:.1f} min "
+    text += f"({runner.n_processes} worker process(es), summed over {runner._meta.get('sessions', 1)} session(s)).\n"
     if quick:
         text += (
             f"\nThis is the **quick** run (1 fold, shortened schedule): a smoke test, not a result.  The full run "
@@ -663,7 +664,9 @@ def run_alzheimer(out_dir: Path, *, quick: bool, seed: int, run_cells: bool = Tr
     _run_table(
         "mvppca-alzheimer", "Fed-mv-PPCA on the Alzheimer data", _table_design("alzheimer", 5, quick), out_dir, quick=quick, seed=seed,
         run_cells=run_cells, full_cells=_n_cells(_table_tasks(_table_design("alzheimer", 5, False))),
-        notes=_torch_note() + "- K and G/K delete view 2 (`csf`) and view 3 (`demographics`) at the B and C sites.\n",
+        notes=_torch_note() + "- K and G/K delete view 2 (`csf`) and view 3 (`demographics`) at the B and C sites.\n"
+        "- The baseline cells of repetitions 1-4 ran before commit 744a0aa made the VAE site step 1.1-1.9x faster "
+        "(`python benchmarks/bench_vae.py`; final parameters agree to 1e-15), so `s / fit` of the baselines mixes both speeds.\n",
     )
 
 
