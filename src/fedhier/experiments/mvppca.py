@@ -665,8 +665,9 @@ def run_alzheimer(out_dir: Path, *, quick: bool, seed: int, run_cells: bool = Tr
         "mvppca-alzheimer", "Fed-mv-PPCA on the Alzheimer data", _table_design("alzheimer", 5, quick), out_dir, quick=quick, seed=seed,
         run_cells=run_cells, full_cells=_n_cells(_table_tasks(_table_design("alzheimer", 5, False))),
         notes=_torch_note() + "- K and G/K delete view 2 (`csf`) and view 3 (`demographics`) at the B and C sites.\n"
-        "- The baseline cells of repetitions 1-4 ran before commit 744a0aa made the VAE site step 1.1-1.9x faster "
-        "(`python benchmarks/bench_vae.py`; final parameters agree to 1e-15), so `s / fit` of the baselines mixes both speeds.\n",
+        "- The baseline cells of repetitions 1-4 ran before commit 744a0aa sped up the VAE site step (a fused loss and "
+        "optimiser; `python benchmarks/bench_vae.py`, final parameters agree to 1e-15), so `s / fit` of the baselines "
+        "mixes both speeds.\n",
     )
 
 
