@@ -24,6 +24,7 @@ __all__ = ["ConcatVAE", "MultiChannelVAE", "build_network"]
 
 #: initial observation log-variance lambda_j; the data are min-max scaled to [0, 1] (§14 row 1)
 INITIAL_LOG_VARIANCE = math.log(0.05)
+_LOG_2PI = math.log(2 * math.pi)
 
 
 def _map(n_in: int, n_out: int, hidden: int | None) -> nn.Module:
@@ -33,13 +34,20 @@ def _map(n_in: int, n_out: int, hidden: int | None) -> nn.Module:
 
 
 def _gaussian_nll(x: torch.Tensor, mean: torch.Tensor, log_var: torch.Tensor) -> torch.Tensor:
-    """-ln N(x; mean, diag exp(log_var)) summed over features, per row (n,)."""
-    return 0.5 * (math.log(2 * math.pi) + log_var + (x - mean) ** 2 / torch.exp(log_var)).sum(dim=1)
+    """-sum of ln N(x_i; mean_i, diag exp(log_var)) over rows i and features (a scalar).
+
+    ``x`` is (n, d); ``mean`` is (n, d) or (K, n, d), K decoder means scored against the same
+    rows.  Written as 0.5 (rows d ln 2 pi + rows sum(log_var) + ||(mean - x) exp(-log_var / 2)||^2)
+    so that only the scaled residual is an array of the data's size.
+    """
+    scaled = (mean - x) * torch.exp(-0.5 * log_var)
+    rows = scaled.numel() // log_var.numel()
+    return 0.5 * (scaled.numel() * _LOG_2PI + rows * log_var.sum() + (scaled * scaled).sum())
 
 
 def _kl_standard(mean: torch.Tensor, log_var: torch.Tensor) -> torch.Tensor:
-    """KL(N(mean, diag exp(log_var)) || N(0, I)) per row (n,)."""
-    return 0.5 * (torch.exp(log_var) + mean**2 - 1.0 - log_var).sum(dim=1)
+    """Sum over rows of KL(N(mean, diag exp(log_var)) || N(0, I)) (a scalar)."""
+    return 0.5 * (torch.exp(log_var) + mean**2 - 1.0 - log_var).sum()
 
 
 class _Decoder(nn.Module):
@@ -68,8 +76,7 @@ class ConcatVAE(nn.Module):
         x = torch.cat(list(views), dim=1)
         mean, log_var = self.encode(views)
         z = mean + torch.exp(0.5 * log_var) * torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
-        nll = _gaussian_nll(x, self.decoder.mean(z), self.decoder.log_var)
-        return (nll + _kl_standard(mean, log_var)).mean()
+        return (_gaussian_nll(x, self.decoder.mean(z), self.decoder.log_var) + _kl_standard(mean, log_var)) / x.shape[0]
 
     def latent(self, views: Sequence[torch.Tensor]) -> torch.Tensor:
         return self.encode(views)[0]
@@ -102,17 +109,18 @@ class MultiChannelVAE(nn.Module):
         """Mean over rows of -ELBO, one reparameterised draw per view-wise encoder.
 
         The K encoders' outputs and draws are stacked into one (K n, q) batch, so the KL term
-        is one computation and each decoder runs, and is scored, once on all K draws instead
-        of once per (encoder, decoder) pair (fewer autograd nodes: ``benchmarks/bench_vae.py``).
+        is one computation and each decoder runs once on all K draws; its (K, n, d_j) means are
+        scored against the view's (n, d_j) rows by broadcasting, instead of once per
+        (encoder, decoder) pair (fewer autograd nodes: ``benchmarks/bench_vae.py``).
         """
         n, q, K = views[0].shape[0], self.n_components, len(views)
         out = torch.stack([enc(x) for enc, x in zip(self.encoders, views)]).reshape(K * n, 2 * q)
         mean, log_var = out[:, :q], out[:, q:]
         noise = torch.cat([torch.randn((n, q), generator=generator, dtype=out.dtype) for _ in range(K)])
         z = mean + torch.exp(0.5 * log_var) * noise
-        total = _kl_standard(mean, log_var).sum()
+        total = _kl_standard(mean, log_var)
         for dec, x in zip(self.decoders, views):
-            total = total + _gaussian_nll(x.repeat(K, 1), dec.mean(z), dec.log_var).sum()
+            total = total + _gaussian_nll(x, dec.mean(z).view(K, n, -1), dec.log_var)
         return total / n
 
     def latent(self, views: Sequence[torch.Tensor]) -> torch.Tensor:

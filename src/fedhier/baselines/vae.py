@@ -145,8 +145,8 @@ class FederatedAveraging(RoundProtocol):
             torch.from_numpy(np.array(broadcast["params"], dtype=np.float64)), net.parameters()
         )
         generator = torch.Generator().manual_seed(int(ctx.rng.integers(2**63 - 1)))
-        views = [torch.from_numpy(np.asarray(ctx.data[v], dtype=np.float64)) for v in self.schema.names]
-        n = views[0].shape[0]
+        x = torch.from_numpy(np.hstack([np.asarray(ctx.data[v], dtype=np.float64) for v in self.schema.names]))
+        n = x.shape[0]
         batch = n if self.batch_size is None else min(self.batch_size, n)
         params = list(net.parameters())
         anchors = [p.detach().clone() for p in params]
@@ -155,7 +155,7 @@ class FederatedAveraging(RoundProtocol):
             order = torch.randperm(n, generator=generator)
             for start in range(0, n, batch):
                 rows = order[start : start + batch]
-                loss = net.negative_elbo([x[rows] for x in views], generator)
+                loss = net.negative_elbo(torch.split(x[rows], self.schema.dims, dim=1), generator)
                 optimiser.zero_grad()
                 loss.backward()
                 if self.proximal > 0:  # gradient of the FedProx term (lambda / 2) ||theta - anchor||^2
@@ -164,7 +164,7 @@ class FederatedAveraging(RoundProtocol):
                             p.grad.add_(p - a, alpha=self.proximal)
                 optimiser.step()
         with torch.no_grad():
-            final_loss = float(net.negative_elbo(views, generator))
+            final_loss = float(net.negative_elbo(torch.split(x, self.schema.dims, dim=1), generator))
         theta = torch.nn.utils.parameters_to_vector(net.parameters()).detach().numpy()
         return {
             "weighted_params": n * theta,

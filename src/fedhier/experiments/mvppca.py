@@ -687,7 +687,10 @@ def run_mfeat(out_dir: Path, *, quick: bool, seed: int, run_cells: bool = True) 
         seed=seed, run_cells=run_cells, full_cells=_n_cells(_table_tasks(design(False))),
         notes=_torch_note() + "- K and G/K delete view 2 (`fac`) and view 3 (`kar`) at the B and C sites.\n"
         "- Linear baselines with FedAvg only (an extension beyond the paper); the 2-layer baselines and the FedProx sweep "
-        "are in `mvppca-sd` and `mvppca-alzheimer`.\n",
+        "are in `mvppca-sd` and `mvppca-alzheimer`.\n"
+        "- The baseline cells of repetition 0, fold 0, IID at C = 1, 3 and 6 ran before the commit that sums the Gaussian "
+        "log-likelihood over a scaled residual (`python benchmarks/bench_vae.py`; site steps agree to 1e-15), so "
+        "`s / fit` of the baselines mixes both speeds.\n",
     )
 
 
