@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from fedhier import FedMVPPCA
 from fedhier.cli import main
 from fedhier.data import load_alzheimer
 
@@ -51,10 +52,12 @@ def user_files(tmp_path):
 
 
 def test_fit_on_user_csv_files(tmp_path, user_files, capsys):
+    user_files.write_text("n_init = 2\n" + user_files.read_text())
     out = tmp_path / "fit"
     assert main(["fit", "--config", str(user_files), "--out", str(out), "--quiet"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["sites"] == ["a", "b"] and summary["views"] == {"csf": 3, "demographics": 4}
+    assert summary["n_init"] == 2 and FedMVPPCA.load(out / "model.npz").n_init == 2
     assert (out / "model.npz").is_file() and (out / "latent_a.csv").is_file() and (out / "latent_b.csv").is_file()
     with (out / "latent_b.csv").open() as fh:
         assert len(list(csv.reader(fh))) == 1 + 333 - 167

@@ -115,3 +115,43 @@ def test_interrupted_fit_resumes_from_its_checkpoint(tmp_path, iid_problem):
     resumed = FedMVPPCA(n_rounds=4, **kw).fit(sites, checkpoint=path)
     assert np.asarray(resumed.global_params_["v1"]["W"]).tobytes() == np.asarray(full.global_params_["v1"]["W"]).tobytes()
     assert [h["round"] for h in resumed.history_] == [1, 2, 3, 4]
+
+
+def test_n_init_keeps_the_start_with_the_highest_final_expected_log_likelihood():
+    # sites holding different groups (latent means apart), where the fit depends on the start
+    rng = np.random.default_rng(7)
+    model = draw_model((10, 6, 8), 3, rng)
+    shift = 4.0 * rng.normal(size=3)
+    sites = []
+    for offset in (0.0, 1.0, -1.0):
+        views = draw_views({v: (mu + W @ (offset * shift), W, s2) for v, (mu, W, s2) in model.items()}, 60, rng)
+        sites.append(views)
+    kw = dict(n_components=3, n_rounds=5, n_local_iter=4, n_first_iter=8)
+    best = FedMVPPCA(n_init=3, random_state=14, **kw).fit(sites)
+    assert best.init_seeds_[0] == 14 and len(set(best.init_seeds_)) == 3
+    # each start refitted on its own (n_init=1) gives the recorded score; the kept model is the best one
+    singles = [FedMVPPCA(random_state=seed, **kw).fit(sites) for seed in best.init_seeds_]
+    scores = [s.history_[-1]["expected_ll"] for s in singles]
+    np.testing.assert_array_equal(best.init_scores_, scores)
+    assert len(set(scores)) == 3
+    assert int(np.argmax(scores)) == 1  # neither the first nor the last start
+    kept = singles[1]
+    assert best.seed_ == kept.seed_
+    timeless = [[{k: v for k, v in h.items() if k != "seconds"} for h in m.history_] for m in (best, kept)]
+    assert timeless[0] == timeless[1]
+    for view in kept.global_params_:
+        assert np.asarray(best.global_params_[view]["W"]).tobytes() == np.asarray(kept.global_params_[view]["W"]).tobytes()
+
+
+def test_n_init_errors_before_any_work(tmp_path, iid_problem):
+    from fedhier.models.mvppca.dp import DPConfig
+
+    sites, _ = iid_problem
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="n_init"):
+            FedMVPPCA(n_init=bad).fit(sites)
+    dp = DPConfig.per_release(10.0, 0.01)
+    for kw, fit_kw in (({"privacy": dp}, {}), ({"participation": {2: [0]}}, {}), ({}, {"checkpoint": tmp_path / "c.npz"})):
+        with pytest.raises(ValueError, match="n_init > 1 cannot be combined"):
+            FedMVPPCA(n_components=3, n_init=2, **kw).fit(sites, **fit_kw)
+    assert not (tmp_path / "c.npz").exists()

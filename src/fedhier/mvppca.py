@@ -60,6 +60,15 @@ class FedMVPPCA:
         EM iterations in round 1 (I_1).
     random_state : int or None
         One seed for everything (sites' initialisations, prior draws, DP noise).
+    n_init : int, default 1
+        Federated fits from different random starts; the kept one has the highest final
+        expected log-likelihood (the sum over sites of Q_c that every round reports, §4.2),
+        as scikit-learn's ``GaussianMixture(n_init=...)`` keeps the best lower bound.  The
+        fit depends on the start when the sites' data differ (docs/mvppca.md, "Known
+        behaviour").  Start 0 uses ``random_state``; start i > 0 the seed
+        ``SeedSequence([seed_0, i])``.  Costs n_init times the rounds and messages; not
+        combined with ``privacy`` (every start would release the parameters again),
+        ``participation`` (the starts' last rounds could hear different sites) or a checkpoint.
     ig_solver : {"newton", "fixed_point"}, default "newton"
         Inverse-gamma MLE of §5.2: Newton to convergence [R] or the reference code's
         10-step fixed point [RC].
@@ -91,6 +100,8 @@ class FedMVPPCA:
         ``<view>/sd_sigma2`` (their evolution under DP is spec §8.5).
     schema_ : ViewSchema
     n_sites_ : int
+    init_seeds_, init_scores_ : list of int, ndarray (n_init,)
+        Seed and final expected log-likelihood of every start; ``seed_`` is the kept one's.
     """
 
     def __init__(
@@ -101,6 +112,7 @@ class FedMVPPCA:
         n_first_iter: int = 30,
         random_state: int | None = None,
         *,
+        n_init: int = 1,
         ig_solver: str = "newton",
         sigma2_prior: str | None = "weak",
         privacy: Any = None,
@@ -115,6 +127,7 @@ class FedMVPPCA:
         self.n_local_iter = n_local_iter
         self.n_first_iter = n_first_iter
         self.random_state = random_state
+        self.n_init = n_init
         self.ig_solver = ig_solver
         self.sigma2_prior = sigma2_prior
         self.privacy = privacy
@@ -126,7 +139,7 @@ class FedMVPPCA:
 
     # ------------------------------------------------------------------ checks
     def _check_params(self) -> None:
-        for name in ("n_components", "n_rounds", "n_local_iter", "n_first_iter"):
+        for name in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "n_init"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -193,11 +206,16 @@ class FedMVPPCA:
 
         A site may lack views (absent keys) and subjects may lack views (all-NaN rows).
         Bad input raises ``ValueError`` naming the site and view before any work.
-        ``callbacks`` are called after every round with ``(record, broadcast)``.
+        ``callbacks`` are called after every round (of every start, with ``n_init > 1``)
+        with ``(record, broadcast)``.
         ``checkpoint``: a file rewritten after every round; if it exists, the fit
         resumes from it and ends exactly as an uninterrupted fit would.
         """
         self._check_params()
+        if self.n_init > 1:
+            for name, value in (("privacy", self.privacy), ("participation", self.participation), ("checkpoint", checkpoint)):
+                if value is not None:
+                    raise ValueError(f"n_init > 1 cannot be combined with {name} (see the n_init parameter); fit one start at a time")
         sites, schema = check_sites(sites, n_components=self.n_components, min_subjects=2)
         protocol = self._protocol(schema)
         if self.privacy is not None:
@@ -207,26 +225,37 @@ class FedMVPPCA:
         if self.progress:
             from .utils.progress import RoundProgress
 
-            bar = RoundProgress(self.n_rounds, description="Fed-mv-PPCA")
+            bar = RoundProgress(self.n_init * self.n_rounds, description="Fed-mv-PPCA")
             callbacks.append(bar)
+        results = []
         try:
-            result = simulate(
-                protocol,
-                sites,
-                n_rounds=self.n_rounds,
-                random_state=self.random_state,
-                n_jobs=self.n_jobs,
-                participation=self.participation,
-                min_sites=self.min_sites,
-                callbacks=callbacks,
-                aggregation="plain" if self.aggregation == "plain" else "secure",
-                aggregator=self._aggregator(len(sites)),
-                checkpoint=checkpoint,
-            )
+            seed = self.random_state
+            for start in range(self.n_init):
+                if start > 0:
+                    seed = int(np.random.SeedSequence([results[0].seed, start]).generate_state(1)[0])
+                results.append(
+                    simulate(
+                        protocol,
+                        sites,
+                        n_rounds=self.n_rounds,
+                        random_state=seed,
+                        n_jobs=self.n_jobs,
+                        participation=self.participation,
+                        min_sites=self.min_sites,
+                        callbacks=callbacks,
+                        aggregation="plain" if self.aggregation == "plain" else "secure",
+                        aggregator=self._aggregator(len(sites)),
+                        checkpoint=checkpoint,
+                    )
+                )
         finally:
             if bar is not None:
                 bar.close()
+        scores = np.array([r.history[-1].metrics["expected_ll"] for r in results])
+        result = results[int(np.argmax(scores))]
         self._adopt(result.broadcast, schema, result.history, seed=result.seed, n_sites=len(sites))
+        self.init_seeds_ = [r.seed for r in results]
+        self.init_scores_ = scores
         if self.privacy is not None:
             from .models.mvppca.dp import ledger_from_history
 
@@ -379,7 +408,7 @@ class FedMVPPCA:
         meta = {
             "format": _FORMAT,
             "params": {
-                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "ig_solver", "sigma2_prior")},
+                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "ig_solver", "sigma2_prior")},
                 "aggregation": self.aggregation if isinstance(self.aggregation, str) else "secure",
             },
             "schema": {"names": list(self.schema_.names), "dims": list(self.schema_.dims)},

@@ -4,6 +4,7 @@ Example ``fit.toml`` (paths relative to the TOML file)::
 
     n_components = 5          # optional, default 5
     n_rounds = 100            # optional, default 100
+    n_init = 1                # optional: random starts, the best kept (FedMVPPCA n_init)
     seed = 0                  # optional
 
     [views]                   # view name -> list of column names
@@ -39,7 +40,7 @@ from .utils.io import write_csv, write_json
 
 __all__ = ["load_config", "read_site_table", "fit_from_config"]
 
-_ALLOWED_KEYS = {"n_components", "n_rounds", "n_local_iter", "n_first_iter", "seed", "views", "sites"}
+_ALLOWED_KEYS = {"n_components", "n_rounds", "n_local_iter", "n_first_iter", "n_init", "seed", "views", "sites"}
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -149,6 +150,7 @@ def fit_from_config(
         n_local_iter=config.get("n_local_iter", 15),
         n_first_iter=config.get("n_first_iter", 30),
         random_state=config.get("seed", 0),
+        n_init=config.get("n_init", 1),
         privacy=privacy,
         progress=progress,
     )
@@ -163,6 +165,7 @@ def fit_from_config(
         "views": {v: len(c) for v, c in config["views"].items()},
         "n_components": model.n_components,
         "n_rounds": model.n_rounds,
+        "n_init": model.n_init,
         "final_expected_ll": model.history_[-1]["expected_ll"],
         "bytes_sent": int(sum(h["bytes_sent"] for h in model.history_)),
         "model": str(out / "model.npz"),
