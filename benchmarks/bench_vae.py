@@ -83,9 +83,9 @@ def reference_site_step(protocol: FederatedAveraging, ctx: SiteContext, broadcas
     n = views[0].shape[0]
     optimiser = torch.optim.Adam(net.parameters(), lr=protocol.learning_rate, foreach=True)
     loss_fn = reference_multichannel_elbo if protocol.model == "mcvae" else reference_concat_elbo
+    batch = n if protocol.batch_size is None else protocol.batch_size
     for _ in range(protocol.n_epochs):
         order = torch.randperm(n, generator=generator)
-        batch = n if protocol.batch_size is None else protocol.batch_size
         for start in range(0, n, batch):
             rows = order[start : start + batch]
             loss = loss_fn(net, [x[rows] for x in views], generator)

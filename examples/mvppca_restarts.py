@@ -1,6 +1,6 @@
 """Fed-mv-PPCA's dependence on its random start when the sites hold different groups.
 
-Run:  python examples/mvppca_restarts.py   (about 6 minutes on one core)
+Run:  python examples/mvppca_restarts.py   (about 5 minutes on one core)
 
 The SD data of ``fedhier experiment mvppca-sd`` (spec §12.1: 400 subjects, q = 5, 250 of
 them shifted in latent space), scenario G with 3 sites: site A holds both groups, site B
