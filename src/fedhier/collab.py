@@ -11,6 +11,7 @@ score at site ``s`` is its log loss under ``p^s(x) = sum_k pi_k^s N(x | mu_k, La
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 
 from .models.collabdict.graphs import check_adjacency
 from .models.collabdict.protocol import (GGMMixtureProtocol, MomentsProtocol, VAEProtocol, check_site_matrix,
-                                         standardise)
+                                         check_vae_options, standardise)
 from .models.collabdict.rdp import (dp_event, epsilon_dp, optimal_order, paper_epsilon, precision_norm_bound,
                                     release_pattern_means, tight_epsilon)
 from .models.collabdict.scores import score_expected, score_logloss, variable_scores
@@ -29,6 +30,32 @@ from .utils.io import atomic_write_bytes, write_csv
 __all__ = ["CollabDict", "CollabVAE", "cli_collab"]
 
 _RUNTIMES = ("peer", "star")
+
+
+def _write_model(path: str | Path, kind: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Path:
+    """One ``.npz`` of declared arrays plus a JSON ``meta`` entry naming ``kind``; no pickle, written atomically."""
+    meta = {"kind": kind, **meta}
+    buf = io.BytesIO()
+    np.savez(buf, **arrays, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def _read_model(path: str | Path, kind: str, required: Sequence[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Arrays and meta of a file written by :func:`_write_model`; refuses another kind or missing arrays."""
+    with np.load(path, allow_pickle=False) as data:
+        if "meta" not in data.files:
+            raise ValueError(f"{path}: not a fedhier model file (no meta entry)")
+        meta = json.loads(bytes(data["meta"]).decode())
+        arrays = {name: data[name] for name in data.files if name != "meta"}
+    found = meta.get("kind", "CollabDict")  # files written before the kind was recorded hold a CollabDict
+    if found != kind:
+        raise ValueError(f"{path} holds a {found}, not a {kind}; use {found}.load")
+    missing = [name for name in required if name not in arrays]
+    if missing:
+        raise ValueError(f"{path}: arrays {missing} missing; the file is damaged or from another version")
+    return arrays, meta
+
+
 _ARRAYS = ("center_", "scale_", "mu_", "precision_", "sigma_", "n_bar_", "active_", "published_means_",
            "thresholds_", "weights_")
 
@@ -360,23 +387,15 @@ class CollabDict:
                 "n_min": self.n_min_, "n_iter": self.n_iter_, "converged": bool(self.converged_),
                 "privacy_spent": {str(k): v for k, v in self.privacy_spent_.items()},
                 "diameter": self.diameter_, "bound": self.bound_}
-        arrays = {name: np.asarray(getattr(self, name)) for name in _ARRAYS}
-        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-        import io
-
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        return atomic_write_bytes(path, buf.getvalue())
+        return _write_model(path, "CollabDict", {name: np.asarray(getattr(self, name)) for name in _ARRAYS}, meta)
 
     @classmethod
     def load(cls, path: str | Path) -> "CollabDict":
         """Read a model written by :meth:`save`."""
-        with np.load(path, allow_pickle=False) as data:
-            meta = json.loads(bytes(data["meta"]).decode())
-            arrays = {name: data[name] for name in _ARRAYS}
+        arrays, meta = _read_model(path, "CollabDict", _ARRAYS)
         model = cls(**meta["params"])
-        for name, value in arrays.items():
-            setattr(model, name, value)
+        for name in _ARRAYS:
+            setattr(model, name, arrays[name])
         model.active_ = model.active_.astype(bool)
         model.n_sites_, model.n_features_in_ = int(meta["n_sites"]), int(meta["n_features"])
         model.n_min_, model.n_iter_, model.converged_ = meta["n_min"], meta["n_iter"], meta["converged"]
@@ -395,6 +414,9 @@ class CollabVAE:
         Latent dimension ``d`` and hidden width ``H``.
     learning_rate : float
         Step ``eta`` on per-sample average gradients (decoder and encoders).
+    max_grad_norm : float or None
+        Those gradients are scaled to an L2 norm of at most this [R] (default 10); ``None`` is the
+        paper's unclipped update, which diverges for most initialisations (see ``VAEProtocol``).
     local_steps : int
         Encoder steps per round.
     max_iter : int
@@ -413,17 +435,22 @@ class CollabVAE:
     Privacy of the shared gradients is not analysed (spec Table 1: "largely open").
     """
 
-    def __init__(self, n_latent: int = 3, *, width: int = 32, learning_rate: float = 0.05, local_steps: int = 2,
-                 max_iter: int = 200, aggregation: str = "consensus", graph: np.ndarray | None = None,
-                 step: str | float = "max-degree", rel_tol: float = 1e-12, n_chunks: int = 3, runtime: str = "peer",
-                 n_draws: int = 32, random_state: int = 0) -> None:
+    def __init__(self, n_latent: int = 3, *, width: int = 32, learning_rate: float = 0.05,
+                 max_grad_norm: float | None = 10.0, local_steps: int = 2, max_iter: int = 200,
+                 aggregation: str = "consensus", graph: np.ndarray | None = None, step: str | float = "max-degree",
+                 rel_tol: float = 1e-12, n_chunks: int = 3, runtime: str = "peer", n_draws: int = 32,
+                 random_state: int = 0) -> None:
         self.n_latent, self.width, self.learning_rate = n_latent, width, learning_rate
+        self.max_grad_norm = max_grad_norm
         self.local_steps, self.max_iter, self.aggregation = local_steps, max_iter, aggregation
         self.graph, self.step, self.rel_tol, self.n_chunks = graph, step, rel_tol, n_chunks
         self.runtime, self.n_draws, self.random_state = runtime, n_draws, random_state
 
     def fit(self, sites: Sequence[np.ndarray]) -> "CollabVAE":
         """Fit on the sites' private data; see :meth:`CollabDict.fit`."""
+        from .models.collabdict.vae import encoder_shapes
+
+        check_vae_options(self.n_latent, self.width, self.learning_rate, self.local_steps, self.max_grad_norm)
         helper = CollabDict(aggregation=self.aggregation, graph=self.graph, step=self.step, rel_tol=self.rel_tol,
                             n_chunks=self.n_chunks, runtime=self.runtime, random_state=self.random_state)
         sites = list(sites)
@@ -436,12 +463,13 @@ class CollabVAE:
         moments, _, _ = helper._run(MomentsProtocol(n_features), sites, 1, None)
         protocol = VAEProtocol(n_features, moments["center"], moments["scale"], n_latent=self.n_latent,
                                width=self.width, learning_rate=self.learning_rate, local_steps=self.local_steps,
-                               seed=int(self.random_state))
+                               max_grad_norm=self.max_grad_norm, seed=int(self.random_state))
         model, states, history = helper._run(protocol, sites, int(self.max_iter), None)
         self.n_features_in_, self.n_sites_ = n_features, len(sites)
         self.center_, self.scale_ = np.asarray(moments["center"]), np.asarray(moments["scale"])
         self.decoder_ = protocol.decoder(model)
-        self.encoders_ = {int(s): dict(state) for s, state in states.items()}
+        self.encoders_ = {int(s): {k: state[k] for k in encoder_shapes(n_features, self.n_latent, self.width)}
+                          for s, state in states.items()}
         self.history_ = history
         return self
 
@@ -464,6 +492,53 @@ class CollabVAE:
     def score_samples(self, X: np.ndarray, site: int) -> np.ndarray:
         """Eq. (39): Monte Carlo reconstruction log loss at ``site``, shape (n,)."""
         return self.variable_scores(X, site).sum(axis=1)
+
+    # ------------------------------------------------------------------ persistence
+    def _params(self) -> dict[str, Any]:
+        keys = ("n_latent", "width", "learning_rate", "max_grad_norm", "local_steps", "max_iter", "aggregation",
+                "step", "rel_tol", "n_chunks", "runtime", "n_draws", "random_state")
+        return {k: getattr(self, k) for k in keys}
+
+    def save(self, path: str | Path) -> Path:
+        """Write the fitted model to one ``.npz``: ``center``, ``scale``, ``decoder/<name>`` and
+        ``encoder/<site>/<name>`` arrays plus a JSON ``meta`` entry (no pickle).
+
+        :meth:`load` gives back a model whose scores are bit-identical (the score draws are seeded
+        by ``random_state`` and the site).  ``history_`` is not written.
+        """
+        if not hasattr(self, "decoder_"):
+            raise ValueError("this CollabVAE is not fitted yet: call fit(sites) first")
+        arrays = {"center": self.center_, "scale": self.scale_}
+        arrays.update({f"decoder/{name}": value for name, value in self.decoder_.items()})
+        for site, encoder in self.encoders_.items():
+            arrays.update({f"encoder/{site}/{name}": value for name, value in encoder.items()})
+        meta = {"params": self._params(), "n_sites": self.n_sites_, "n_features": self.n_features_in_}
+        return _write_model(path, "CollabVAE", arrays, meta)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CollabVAE":
+        """Read a model written by :meth:`save`; every array's shape is checked against the meta."""
+        from .models.collabdict.vae import decoder_shapes, encoder_shapes
+
+        arrays, meta = _read_model(path, "CollabVAE", ())
+        model = cls(**meta["params"])
+        M, d, H, n_sites = int(meta["n_features"]), int(model.n_latent), int(model.width), int(meta["n_sites"])
+        expected = {"center": (M,), "scale": (M,)}
+        expected.update({f"decoder/{name}": shape for name, shape in decoder_shapes(M, d, H).items()})
+        for site in range(n_sites):
+            expected.update({f"encoder/{site}/{name}": shape for name, shape in encoder_shapes(M, d, H).items()})
+        if set(arrays) != set(expected):
+            raise ValueError(f"{path}: arrays {sorted(set(expected) ^ set(arrays))} missing or unexpected")
+        for name, shape in expected.items():
+            if arrays[name].shape != shape:
+                raise ValueError(f"{path}: {name} has shape {arrays[name].shape}, expected {shape}")
+        model.n_features_in_, model.n_sites_ = M, n_sites
+        model.center_, model.scale_ = arrays["center"], arrays["scale"]
+        model.decoder_ = {name: arrays[f"decoder/{name}"] for name in decoder_shapes(M, d, H)}
+        model.encoders_ = {site: {name: arrays[f"encoder/{site}/{name}"] for name in encoder_shapes(M, d, H)}
+                           for site in range(n_sites)}
+        model.history_ = []
+        return model
 
 
 # ---------------------------------------------------------------------------- command line

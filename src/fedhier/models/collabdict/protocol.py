@@ -259,15 +259,34 @@ class GGMMixtureProtocol(RoundProtocol):
         return float(broadcast["change"]) < self.tol
 
 
+def check_vae_options(n_latent: int, width: int, learning_rate: float, local_steps: int,
+                      max_grad_norm: float | None) -> None:
+    """Refuse VAE settings that cannot train, with the offending value named."""
+    for name, value in (("n_latent", n_latent), ("width", width), ("local_steps", local_steps)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not float(learning_rate) > 0:
+        raise ValueError(f"learning_rate must be positive, got {learning_rate!r}")
+    if max_grad_norm is not None and not float(max_grad_norm) > 0:
+        raise ValueError(f"max_grad_norm must be positive or None, got {max_grad_norm!r}")
+
+
 class VAEProtocol(RoundProtocol):
     """Algorithm 1 for the multi-task VAE (spec §8.3), on standardised data.
 
     ``site_step``: ``local_steps`` gradient-ascent steps on the site's private encoder
     (kept in the site state, never sent), then the decoder gradient ``theta^s`` at the
     updated encoder.  The reply is ``(N^s, theta^s)``; ``global_step`` is
-    ``theta <- theta + eta * sum_s theta^s / sum_s N^s`` (normalised by ``N``, O17), run
-    identically at every site.  Full-batch, one Monte Carlo draw (``J = 1``), plain
-    gradient ascent (the paper's update; no optimiser state).
+    ``theta <- theta + eta * clip(sum_s theta^s / sum_s N^s)`` (normalised by ``N``, O17), run
+    identically at every site.  Full-batch, one Monte Carlo draw (``J = 1``), gradient
+    ascent without optimiser state (the paper's update).
+
+    ``clip(g) = g * min(1, max_grad_norm / ||g||)`` scales a per-sample average gradient
+    (the encoder's at each local step, the aggregated decoder's) to a global L2 norm of at
+    most ``max_grad_norm`` [R].  Without it (``max_grad_norm=None``, the paper's update) a
+    decoder standard deviation near the floor makes ``(x - mu)^2 / sigma^3`` explode and the
+    fit diverges in its first rounds for most initialisations; the clip is deterministic, so
+    every site still applies the same decoder update.
 
     Parameters
     ----------
@@ -280,15 +299,20 @@ class VAEProtocol(RoundProtocol):
         Encoder steps per round (§8.3: 1-5).
     seed : int
         Common seed of the decoder initialisation.
+    max_grad_norm : float or None
+        Clip of the per-sample average gradients (default 10; ``None``: no clip, the paper's update).
     """
 
     name = "collab-vae"
     combine = "sum"
 
     def __init__(self, n_features: int, center: np.ndarray, scale: np.ndarray, *, n_latent: int = 3,
-                 width: int = 32, learning_rate: float = 0.05, local_steps: int = 2, seed: int = 0) -> None:
+                 width: int = 32, learning_rate: float = 0.05, local_steps: int = 2, seed: int = 0,
+                 max_grad_norm: float | None = 10.0) -> None:
         from .vae import decoder_shapes
 
+        check_vae_options(n_latent, width, learning_rate, local_steps, max_grad_norm)
+        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.n_features, self.n_latent, self.width = int(n_features), int(n_latent), int(width)
         self.center, self.scale = np.asarray(center, float), np.asarray(scale, float)
         self.learning_rate, self.local_steps, self.seed = float(learning_rate), int(local_steps), int(seed)
@@ -327,16 +351,32 @@ class VAEProtocol(RoundProtocol):
         phi = {k: ctx.state[k] for k in enc_keys}
         theta = self.decoder(broadcast)
         n = X.shape[0]
-        for _ in range(self.local_steps):
-            _, _, grad_phi = elbo_and_gradients(X, theta, phi, ctx.rng.standard_normal((n, self.n_latent)))
-            phi = {k: phi[k] + self.learning_rate * grad_phi[k] / n for k in enc_keys}
-        elbo, grad_theta, _ = elbo_and_gradients(X, theta, phi, ctx.rng.standard_normal((n, self.n_latent)))
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # divergence is reported below
+            for _ in range(self.local_steps):
+                _, _, grad_phi = elbo_and_gradients(X, theta, phi, ctx.rng.standard_normal((n, self.n_latent)))
+                step = self._clip({k: grad_phi[k] / n for k in enc_keys})
+                phi = {k: phi[k] + self.learning_rate * step[k] for k in enc_keys}
+            elbo, grad_theta, _ = elbo_and_gradients(X, theta, phi, ctx.rng.standard_normal((n, self.n_latent)))
+        if not (np.isfinite(elbo) and all(np.all(np.isfinite(g)) for g in grad_theta.values())):
+            raise FloatingPointError(
+                f"the VAE diverged at site {ctx.site} (non-finite ELBO or gradient): lower learning_rate"
+                + (" or set max_grad_norm" if self.max_grad_norm is None else " or max_grad_norm"))
         ctx.state.update(phi)
         return {"n": np.float64(n), "elbo": np.float64(elbo), **grad_theta}
 
+    def _clip(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``grad`` scaled to a global L2 norm of at most ``max_grad_norm`` (unchanged if None or within it)."""
+        if self.max_grad_norm is None:
+            return grad
+        norm = float(np.sqrt(sum(np.sum(g * g) for g in grad.values())))
+        if not norm > self.max_grad_norm:  # also leaves a non-finite gradient to the divergence check
+            return grad
+        return {k: g * (self.max_grad_norm / norm) for k, g in grad.items()}
+
     def global_step(self, combined, round, previous) -> Message:
         n = float(combined["n"])
-        out = {k: previous[k] + self.learning_rate * combined[k] / n for k in self.shapes}
+        step = self._clip({k: combined[k] / n for k in self.shapes})
+        out = {k: previous[k] + self.learning_rate * step[k] for k in self.shapes}
         return {"elbo_per_sample": np.float64(float(combined["elbo"]) / n), **out}
 
     def round_metrics(self, combined, round) -> dict[str, float]:
