@@ -2,6 +2,9 @@
 
 import csv
 import json
+import re
+import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,3 +96,20 @@ def test_experiment_list_and_help_name_every_command(capsys):
         main(["--help"])
     text = capsys.readouterr().out
     assert all(f"    {command} " in text for command in ("demo", "fit", "experiment", "collab", "flower"))
+
+
+def test_the_fit_toml_of_docs_cli_runs_as_written(tmp_path, capsys):
+    # the first TOML block of docs/cli.md, with made-up CSVs holding the columns it names
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    block = re.search(r"## `fedhier fit --config fit.toml`.*?```toml\n(.*?)```", text, re.S).group(1)
+    config = tomllib.loads(block)
+    (tmp_path / "fit.toml").write_text(block)
+    rng = np.random.default_rng(0)
+    for i, site in enumerate(config["sites"]):
+        views = config["views"] if i == 0 else {v: c for v, c in config["views"].items() if v != "csf"}
+        columns = [c for cols in views.values() for c in cols]
+        rows = rng.normal(size=(40, len(columns)))
+        lines = [",".join(columns)] + [",".join(f"{x:.6f}" for x in row) for row in rows]
+        (tmp_path / site["path"]).write_text("\n".join(lines) + "\n")
+    assert main(["fit", "--config", str(tmp_path / "fit.toml"), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    assert (tmp_path / "out" / "model.npz").exists()
