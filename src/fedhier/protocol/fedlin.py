@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..models.fedlin.ep import damped_update, site_update
-from ..models.fedlin.hm1 import local_steps, prior_shrinkage, shrinkage_message, update_omega
+from ..models.fedlin.hm1 import check_step_size, local_steps, prior_shrinkage, shrinkage_message, update_omega
 from ..models.fedlin.natural import symmetrise
 from ..models.fedlin.stats import SiteStats, check_site
 from .base import RoundProtocol, SiteContext
@@ -38,6 +38,15 @@ def sample_fraction(fraction: float):
         return rng.choice(n_sites, size=m, replace=False).tolist()
 
     return choose
+
+
+def check_gradient_site(protocol: "HM1Protocol | FedAvgProtocol", site: int, data: Any) -> None:
+    """An ``(X, y)`` pair of ``protocol.d`` features on which the protocol's local steps converge."""
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise ValueError(f"site {site}: expected an (X, y) pair")
+    check_site(data[0], data[1], site=site, n_features=protocol.d)
+    check_step_size(np.asarray(data[0], float), eta=protocol.eta, batch_size=protocol.batch_size,
+                    gradient=protocol.gradient, site=site)
 
 
 class HM1Protocol(RoundProtocol):
@@ -138,9 +147,7 @@ class HM1Protocol(RoundProtocol):
         return {"theta": broadcast["theta"][:, site], "shrink": broadcast["shrink"][:, site]}
 
     def validate_site_data(self, site: int, data: Any) -> None:
-        if not isinstance(data, (tuple, list)) or len(data) != 2:
-            raise ValueError(f"site {site}: expected an (X, y) pair")
-        check_site(data[0], data[1], site=site, n_features=self.d)
+        check_gradient_site(self, site, data)
 
     def initial_broadcast(self) -> Message:
         if self.init == "zeros":
@@ -189,9 +196,7 @@ class FedAvgProtocol(RoundProtocol):
         return MessageSpec("fedlin-fedavg-broadcast", {"theta": Field((self.d,))})
 
     def validate_site_data(self, site: int, data: Any) -> None:
-        if not isinstance(data, (tuple, list)) or len(data) != 2:
-            raise ValueError(f"site {site}: expected an (X, y) pair")
-        check_site(data[0], data[1], site=site, n_features=self.d)
+        check_gradient_site(self, site, data)
 
     def initial_broadcast(self) -> Message:
         return {"theta": np.zeros(self.d)}

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from fedhier.fedlin import FedHM1Regressor
-from fedhier.models.fedlin.hm1 import hm1_objective, local_steps, prior_shrinkage, shrinkage_message, update_omega
+from fedhier.models.fedlin.hm1 import (check_step_size, hm1_objective, local_steps, prior_shrinkage, shrinkage_message,
+                                       update_omega)
 
 
 def _sites(rng, K=3, d=2, n=20):
@@ -87,3 +88,30 @@ def test_hm1_rejects_bad_sites():
         FedHM1Regressor(n_rounds=1).fit([(X, y), (X[:, :1], y)])
     with pytest.raises(ValueError, match="site 0: X has 10 rows but y has 9"):
         FedHM1Regressor(n_rounds=1).fit([(X, y[:9]), (X, y)])
+
+
+@pytest.mark.parametrize("gradient", ["sum", "mean"])
+def test_step_size_check_refuses_exactly_the_diverging_full_batch_steps(gradient):
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((30, 3)) * np.array([4.0, 1.0, 0.5])
+    y = X @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.standard_normal(30)
+    ols = np.linalg.lstsq(X, y, rcond=None)[0]
+    bound = 1.0 / (np.linalg.svd(X, compute_uv=False)[0] ** 2 / (30 if gradient == "mean" else 1))
+    below, above = 0.98 * bound, 1.02 * bound
+    check_step_size(X, eta=below, gradient=gradient)
+    u = local_steps(X, y, np.zeros(3), eta=below, n_steps=3000, gradient=gradient)
+    assert np.allclose(u, ols, atol=1e-6)  # below the bound the steps reach least squares
+    with pytest.raises(ValueError, match=f"site 4: eta=.* needs eta < {bound:.3g}"):
+        check_step_size(X, eta=above, gradient=gradient, site=4)
+    u = local_steps(X, y, np.zeros(3), eta=above, n_steps=300, gradient=gradient)
+    assert np.linalg.norm(u - ols) > 1e3  # above it they diverge, as the check says
+    check_step_size(X, eta=above, gradient=gradient, batch_size=10)  # mini-batches are not checked
+
+
+def test_hm1_refuses_a_diverging_step_size_before_any_round():
+    rng = np.random.default_rng(0)
+    sites = [(10.0 * rng.standard_normal((100, 4)), rng.standard_normal(100)) for _ in range(3)]
+    with pytest.raises(ValueError, match="site 0: eta=0.0001 makes the full-batch local steps diverge"):
+        FedHM1Regressor(eta=1e-4).fit(sites)
+    standardised = [(X / 10.0, y) for X, y in sites]
+    assert np.all(np.isfinite(FedHM1Regressor(eta=1e-4).fit(standardised).coef_))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import linalg
 
-__all__ = ["shrinkage_message", "local_steps", "prior_shrinkage", "update_omega", "hm1_objective"]
+__all__ = ["shrinkage_message", "local_steps", "check_step_size", "prior_shrinkage", "update_omega", "hm1_objective"]
 
 
 def shrinkage_message(theta: np.ndarray, omega: np.ndarray, *, jitter: bool = False) -> np.ndarray:
@@ -94,6 +94,33 @@ def local_steps(
         Xb = X[idx]
         u = u + 2.0 * eta * scale * (Xb.T @ (y[idx] - Xb @ u))
     return u
+
+
+def check_step_size(X: np.ndarray, *, eta: float, batch_size: int | None = None, gradient: str = "sum",
+                    site: int = 0) -> None:
+    """Refuse a full-batch step size for which :func:`local_steps` diverges.
+
+    Full batch, ``u - u*`` is multiplied by :math:`I-2\\eta c X^\\top X` at every step (``c = 1``, or
+    ``1/n`` with ``gradient="mean"``), which grows along the top eigenvector exactly when
+    :math:`\\eta c\\lambda_{\\max}(X^\\top X)\\ge 1`.  Mini-batches are not checked (their largest
+    batch eigenvalue varies).  Called by the protocols' ``validate_site_data``, before any round.
+
+    Raises
+    ------
+    ValueError
+        Naming the site and the largest step size that converges.
+    """
+    n = X.shape[0]
+    if batch_size is not None and batch_size < n:
+        return
+    scale = 1.0 / n if gradient == "mean" else 1.0
+    largest = float(np.linalg.eigvalsh(X.T @ X)[-1]) * scale
+    if eta * largest >= 1.0:
+        raise ValueError(
+            f"site {site}: eta={eta:g} makes the full-batch local steps diverge; with gradient={gradient!r} "
+            f"this site needs eta < {1.0 / largest:.3g} (1 / the largest eigenvalue of "
+            f"{'X^T X / n' if gradient == 'mean' else 'X^T X'}); lower eta or standardise the features"
+        )
 
 
 def prior_shrinkage(u: np.ndarray, s: np.ndarray, *, eta: float, shrink_scale: float = 1.0) -> np.ndarray:
