@@ -20,19 +20,26 @@ Messages (flat, declared; ``<view>/<field>``):
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any, Mapping
 
 import numpy as np
 
 from ..data.schema import ViewSchema
 from ..models.mvppca import local, master
+from ..models.mvppca.mstep import weak_ig_prior
 from ..models.mvppca.params import GlobalParams, GlobalView
 from .base import RoundProtocol, SiteContext
 from .messages import Field, Message, MessageSpec
 
-__all__ = ["MVPPCAProtocol", "GLOBAL_FIELDS", "global_from_message", "global_to_message"]
+__all__ = ["MVPPCAProtocol", "DataScaleWarning", "GLOBAL_FIELDS", "global_from_message", "global_to_message"]
 
 log = logging.getLogger(__name__)
+
+class DataScaleWarning(UserWarning):
+    """A site's view varies less than the round-1 prior on sigma2 lets its noise be, so the fit may
+    explain the view as noise (see :meth:`MVPPCAProtocol._check_scale`)."""
+
 
 GLOBAL_FIELDS = ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta", "noise_var", "var_sigma")
 
@@ -230,3 +237,36 @@ class MVPPCAProtocol(RoundProtocol):
         unknown = sorted(set(data) - set(self.schema.names))
         if unknown:
             raise ValueError(f"site {site}: unknown view(s) {unknown}; known views: {list(self.schema.names)}")
+        for view, values in data.items():
+            self._check_scale(site, view, values)
+
+    def _check_scale(self, site: int, view: str, values: Any) -> None:
+        """Warn when the round-1 prior on sigma2 would swamp this view (runs at the site, before any round).
+
+        Round 1 uses the [RC] weak IG(2.25, 0.625) (``sigma2_prior="weak"``) or the initial prior's
+        IG(alpha, beta).  Eq. (21) then gives sigma2 >= 2 beta / (N d + 2 (alpha + 1)) whatever the
+        data; when that exceeds the view's variance per entry, the prior sets the noise level and the
+        fit may explain the view as noise.  This happens with data far below unit scale (the [RC]
+        defaults assume scaled data, as in the experiments).
+        """
+        if self.initial_prior is not None and view in self.initial_prior:
+            alpha, beta = float(self.initial_prior[view].alpha), float(self.initial_prior[view].beta)
+        elif self.sigma2_prior == "weak":
+            alpha, beta = weak_ig_prior()
+        else:
+            return
+        X = np.asarray(values, dtype=float)
+        if X.ndim != 2:
+            return  # the shape is refused, with its own message, when the site's views are read
+        X = X[~np.all(np.isnan(X), axis=1)]
+        if X.size == 0 or not np.all(np.isfinite(X)):
+            return
+        variance = float(np.mean((X - X.mean(axis=0)) ** 2))
+        implied = 2.0 * beta / (X.size + 2.0 * (alpha + 1.0))
+        if variance < implied:
+            warnings.warn(DataScaleWarning(
+                f"site {site}, view {view!r}: the round-1 IG({alpha:g}, {beta:g}) prior on sigma2 keeps this view's "
+                f"noise variance at {implied:.3g} or more for its {X.size} entries, above their variance "
+                f"({variance:.3g}): the prior, not the data, sets the noise, and the fit may explain the view as "
+                f"noise. The defaults assume data on a unit scale: scale the data first (e.g. "
+                f"fedhier.data.MinMaxScaling, as the experiments do) or pass sigma2_prior=None."), stacklevel=3)

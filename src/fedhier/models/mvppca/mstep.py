@@ -24,6 +24,7 @@ __all__ = [
     "scatter_first_form",
     "scatter_second_form",
     "sigma2_step",
+    "weak_ig_prior",
     "WEAK_IG_RETRIES",
 ]
 
@@ -156,6 +157,15 @@ def scatter_second_form(
     return float(np.einsum("ij,ij->", resid, resid) + np.vdot(W.T @ W, sum_covariance))
 
 
+def weak_ig_prior(v0: float = 1.0) -> tuple[float, float]:
+    """[RC] round-1 weak prior on sigma2: IG(alpha0, beta0), alpha0 = 1/(4 v0) + 2, beta0 = (alpha0 - 1)/2.
+
+    ``v0 = 1`` gives IG(2.25, 0.625): mean 0.5, variance v0 = 1 (§4.3).
+    """
+    alpha0 = 1.0 / (4.0 * v0) + 2.0
+    return alpha0, (alpha0 - 1.0) / 2.0
+
+
 def sigma2_step(
     scatter: float,
     n_dof: int,
@@ -188,8 +198,8 @@ def sigma2_step(
     elif weak:
         v0 = 1.0
         for _ in range(WEAK_IG_RETRIES):
-            alpha0 = 1.0 / (4.0 * v0) + 2.0
-            new = (scatter + (alpha0 - 1.0)) / (n_dof + 2.0 * (alpha0 + 1.0))
+            alpha0, beta0 = weak_ig_prior(v0)
+            new = (scatter + 2.0 * beta0) / (n_dof + 2.0 * (alpha0 + 1.0))
             if new > 0:
                 break
             v0 /= 2.0
