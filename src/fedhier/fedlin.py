@@ -269,6 +269,34 @@ class FedHM2Regressor:
             opts["mcmc"] = dict(self.mcmc)
         return opts
 
+    def _check_response_scale(self, sites) -> None:
+        """Warn, per site, when ``y`` varies far beyond the noise prior's unit scale (Gaussian hierarchy).
+
+        The default priors (``mu ~ N(0, mu_scale^2)``, ``log tau ~ N(0, 1)``, ``log sigma_k ~ N(0, 1.5^2)``
+        or ``log sigma^2 ~ N(0, 1)``) assume a response on a unit scale.  When a site's standard deviation
+        of ``y`` exceeds the noise prior's upper 3-sd point (90 with local noise), EP can stall at the prior
+        and shrink every coefficient towards 0 (``python examples/fedlin_scale.py``).  Each site checks
+        its own ``y``; nothing but the warning leaves it.
+        """
+        model = self.model_
+        if self.prior != "gaussian" or not isinstance(model.noise, str):
+            return
+        if model.noise == "local":
+            m, sd = model.log_sigma_local_prior
+            bound = float(np.exp(m + 3.0 * sd))
+        else:
+            m, sd = model.log_sigma2_prior
+            bound = float(np.exp(0.5 * (m + 3.0 * sd)))
+        for k, (_, y) in enumerate(sites):
+            spread = float(np.std(y))
+            if spread > bound:
+                warnings.warn(
+                    f"site {k}: y has standard deviation {spread:.3g}, beyond {bound:.3g}, the upper 3-sd point of the "
+                    "noise prior; the default priors assume a response on a unit scale, and the fit may shrink every "
+                    "coefficient towards 0. Divide y by a constant (the coefficients scale with it) or set the priors.",
+                    FedLinWarning, stacklevel=3,
+                )
+
     # ------------------------------------------------------------------ fit
     def fit(self, sites: Sequence[tuple[np.ndarray, np.ndarray]]) -> "FedHM2Regressor":
         """Run federated EP (Algorithm 3) over ``sites`` and compute every site's posterior."""
@@ -276,6 +304,7 @@ class FedHM2Regressor:
         K, d = len(sites), sites[0][0].shape[1]
         self.model_ = self._make_model(d)
         self.n_sites_, self.n_features_ = K, d
+        self._check_response_scale(sites)
         scalings = [self._scaling(X, y) for X, y in sites]
         stats = [SiteStats.from_data((X - xm) / xs, y - ym, site=k) for k, ((X, y), (xm, xs, ym)) in enumerate(zip(sites, scalings))]
         protocol = EPProtocol(self.model_, max_rounds=int(self.n_rounds), damping=self.damping, tilted_options=self._tilted_options())
