@@ -10,7 +10,7 @@ prints the root mean square error of the site coefficients against the truth, di
 log sigma_k ~ N(0, 1.5^2)) and for per-site least squares, and how many FedLinWarnings the fit
 raised (a site whose y has a standard deviation above 90 warns about the scale; low effective
 sample sizes of the posterior draws warn too).  A scale-free method gives the same numbers in
-every row.
+every row.  tests/test_fedlin_estimators.py reuses ``make_sites`` for its scale test.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ each scale it fits ``FedMVPPCA(n_components=2, n_rounds=20)`` with the default r
 prior on sigma2 ([RC] IG(2.25, 0.625)) and with ``sigma2_prior=None``, and prints how many
 ``DataScaleWarning``s the fit raised and the error of imputing view v0 from v1 and v2 at site 0,
 relative to imputing v0 by its mean (1 = no better than the mean).
-tests/test_mvppca_estimator.py asserts the behaviour at scale 0.02: above 0.9 with the weak
-prior and a warning, below 0.3 without the prior or on a unit scale, and no warning then.
+tests/test_mvppca_estimator.py reuses ``make_sites`` and ``relative_imputation_error`` and
+asserts the behaviour at scale 0.02: above 0.9 with the weak prior and a warning, below 0.3
+without the prior or on a unit scale, and no warning then.
 """
 
 from __future__ import annotations

@@ -209,21 +209,8 @@ def test_cli_fit_linear_writes_coefficients_and_a_loadable_model(tmp_path):
     assert cli_fit_linear(argv[:4] + ["nope"] + argv[5:]) == 2
 
 
-def _scaled_sites(scale, seed=0):
-    """Six sites; theta_k ~ N(scale (1, -0.8, 0.5), (0.3 scale)^2), noise sd 0.5 scale (examples/fedlin_scale.py)."""
-    rng = np.random.default_rng(seed)
-    mu = scale * np.array([1.0, -0.8, 0.5])
-    sites, thetas = [], []
-    for _ in range(6):
-        theta = mu + 0.3 * scale * rng.normal(size=3)
-        X = rng.normal(size=(40, 3))
-        sites.append((X, X @ theta + 0.5 * scale * rng.normal(size=40)))
-        thetas.append(theta)
-    return sites, np.array(thetas)
-
-
-def test_hm2_warns_where_a_response_far_beyond_unit_scale_makes_the_fit_shrink_to_zero():
-    sites, truth = _scaled_sites(1000.0)
+def test_hm2_warns_where_a_response_far_beyond_unit_scale_makes_the_fit_shrink_to_zero(example):
+    sites, truth = example("fedlin_scale").make_sites(1000.0)
     with pytest.warns(FedLinWarning, match=r"site 0: y has standard deviation .* beyond 90"):
         far = FedHM2Regressor(n_posterior_draws=500, random_state=0).fit(sites)
     least_squares = np.array([np.linalg.lstsq(X, y, rcond=None)[0] for X, y in sites])

@@ -160,32 +160,16 @@ def test_n_init_errors_before_any_work(tmp_path, iid_problem):
     assert not (tmp_path / "c.npz").exists()
 
 
-def _small_scale_sites(scale, seed=0):
-    """3 sites, three views on a 2-d latent space, the same loadings everywhere, entries of size ``scale``."""
-    rng = np.random.default_rng(seed)
-    loadings = {f"v{i}": rng.normal(size=(2, d)) for i, d in enumerate((5, 4, 3))}
-    sites = []
-    for n in (50, 60, 40):
-        Z = rng.normal(size=(n, 2))
-        sites.append({v: scale * (Z @ W + 0.1 * rng.normal(size=(n, W.shape[1]))) for v, W in loadings.items()})
-    return sites
-
-
-def _relative_imputation_error(model, site):
-    """MAE of imputing v0 from v1, v2, over the MAE of imputing v0 by its mean."""
-    imputed = model.impute({"v1": site["v1"], "v2": site["v2"]})["v0"]
-    return np.mean(np.abs(imputed - site["v0"])) / np.mean(np.abs(site["v0"] - site["v0"].mean(axis=0)))
-
-
-def test_data_far_below_unit_scale_warn_where_the_weak_prior_makes_the_fit_useless():
-    sites = _small_scale_sites(0.02)
+def test_data_far_below_unit_scale_warn_where_the_weak_prior_makes_the_fit_useless(example):
+    data_scale = example("mvppca_data_scale")  # the data and error measure of examples/mvppca_data_scale.py
+    sites = data_scale.make_sites(0.02)
     with pytest.warns(DataScaleWarning, match=r"site 0, view 'v0': the round-1 IG\(2.25, 0.625\) prior"):
         weak = FedMVPPCA(n_components=2, n_rounds=20, random_state=0).fit(sites)
-    assert _relative_imputation_error(weak, sites[0]) > 0.9  # no better than the mean: what the warning says
+    assert data_scale.relative_imputation_error(weak, sites[0]) > 0.9  # no better than the mean
     with warnings.catch_warnings():
         warnings.simplefilter("error", DataScaleWarning)
         plain = FedMVPPCA(n_components=2, n_rounds=20, sigma2_prior=None, random_state=0).fit(sites)
-        assert _relative_imputation_error(plain, sites[0]) < 0.3
+        assert data_scale.relative_imputation_error(plain, sites[0]) < 0.3
         unit = [{v: X / 0.02 for v, X in site.items()} for site in sites]  # the same data on a unit scale
         scaled = FedMVPPCA(n_components=2, n_rounds=20, random_state=0).fit(unit)
-        assert _relative_imputation_error(scaled, unit[0]) < 0.3
+        assert data_scale.relative_imputation_error(scaled, unit[0]) < 0.3
