@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 
 from fedhier import FedMVPPCA
-from fedhier.protocol.mvppca import DataScaleWarning
+from fedhier.mvppca import DataScaleWarning
 
 
 def make_sites(scale: float, seed: int = 0) -> list[dict[str, np.ndarray]]:

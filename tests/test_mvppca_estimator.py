@@ -7,7 +7,7 @@ import pytest
 
 from fedhier import FedMVPPCA
 from fedhier.mvppca import NotFittedError
-from fedhier.protocol.mvppca import DataScaleWarning
+from fedhier.mvppca import DataScaleWarning
 
 
 def draw_model(dims, q, rng):

@@ -21,11 +21,11 @@ from .data.validation import check_sites, check_views
 from .models.mvppca import predictive
 from .models.mvppca.waic import waic_site_terms
 from .models.mvppca.params import GlobalParams, GlobalView, point_model
-from .protocol.mvppca import GLOBAL_FIELDS, MVPPCAProtocol, global_from_message
+from .protocol.mvppca import GLOBAL_FIELDS, DataScaleWarning, MVPPCAProtocol, global_from_message
 from .runtime.simulate import RoundRecord, simulate
 from .utils.io import atomic_write_bytes
 
-__all__ = ["FedMVPPCA", "NotFittedError"]
+__all__ = ["FedMVPPCA", "NotFittedError", "DataScaleWarning"]
 
 log = logging.getLogger(__name__)
 _FORMAT = "fedhier.FedMVPPCA/1"

@@ -36,6 +36,7 @@ __all__ = ["MVPPCAProtocol", "DataScaleWarning", "GLOBAL_FIELDS", "global_from_m
 
 log = logging.getLogger(__name__)
 
+
 class DataScaleWarning(UserWarning):
     """A site's view varies less than the round-1 prior on sigma2 lets its noise be, so the fit may
     explain the view as noise (see :meth:`MVPPCAProtocol._check_scale`)."""
