@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from fedhier import FedMVPPCA
-from fedhier.mvppca import NotFittedError
-from fedhier.mvppca import DataScaleWarning
+from fedhier.mvppca import DataScaleWarning, NotFittedError
 
 
 def draw_model(dims, q, rng):
