@@ -162,8 +162,9 @@ def test_n_init_errors_before_any_work(tmp_path, iid_problem):
 def test_data_far_below_unit_scale_warn_where_the_weak_prior_makes_the_fit_useless(example):
     data_scale = example("mvppca_data_scale")  # the data and error measure of examples/mvppca_data_scale.py
     sites = data_scale.make_sites(0.02)
-    with pytest.warns(DataScaleWarning, match=r"site 0, view 'v0': the round-1 IG\(2.25, 0.625\) prior"):
+    with pytest.warns(DataScaleWarning, match=r"site \d, view 'v\d': the round-1 IG\(2.25, 0.625\) prior") as caught:
         weak = FedMVPPCA(n_components=2, n_rounds=20, random_state=0).fit(sites)
+    assert len(caught) == 9  # every view at every site
     assert data_scale.relative_imputation_error(weak, sites[0]) > 0.9  # no better than the mean
     with warnings.catch_warnings():
         warnings.simplefilter("error", DataScaleWarning)
