@@ -473,12 +473,15 @@ class CollabVAE:
         self.history_ = history
         return self
 
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "decoder_"):
+            raise ValueError("this CollabVAE is not fitted yet: call fit(sites) first")
+
     def variable_scores(self, X: np.ndarray, site: int) -> np.ndarray:
         """Variable-wise reconstruction scores (spec §8.4 [R]), shape (n, M)."""
         from .models.collabdict.vae import reconstruction_scores
 
-        if not hasattr(self, "decoder_"):
-            raise ValueError("this CollabVAE is not fitted yet: call fit(sites) first")
+        self._check_fitted()
         if int(site) not in self.encoders_:
             raise ValueError(f"site must lie in 0..{self.n_sites_ - 1}, got {site}")
         X = np.asarray(X, dtype=float)
@@ -506,8 +509,7 @@ class CollabVAE:
         :meth:`load` gives back a model whose scores are bit-identical (the score draws are seeded
         by ``random_state`` and the site).  ``history_`` is not written.
         """
-        if not hasattr(self, "decoder_"):
-            raise ValueError("this CollabVAE is not fitted yet: call fit(sites) first")
+        self._check_fitted()
         arrays = {"center": self.center_, "scale": self.scale_}
         arrays.update({f"decoder/{name}": value for name, value in self.decoder_.items()})
         for site, encoder in self.encoders_.items():
