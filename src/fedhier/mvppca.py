@@ -19,10 +19,10 @@ import numpy as np
 
 from .data.schema import ViewSchema
 from .data.validation import check_sites, check_views
-from .models.mvppca import predictive, relative_change
+from .models.mvppca import predictive
 from .models.mvppca.waic import waic_site_terms
 from .models.mvppca.params import GlobalParams, GlobalView, point_model
-from .protocol.mvppca import GLOBAL_FIELDS, DataScaleWarning, MVPPCAProtocol, global_from_message
+from .protocol.mvppca import GLOBAL_FIELDS, BroadcastMetrics, DataScaleWarning, MVPPCAProtocol, global_from_message, theta_settled
 from .runtime.checkpoint import read_checkpoint
 from .runtime.simulate import RoundRecord, simulate
 from .utils.io import atomic_write_bytes
@@ -31,35 +31,6 @@ __all__ = ["FedMVPPCA", "NotFittedError", "DataScaleWarning"]
 
 log = logging.getLogger(__name__)
 _FORMAT = "fedhier.FedMVPPCA/1"
-
-
-def _record_global_sd(record: RoundRecord, broadcast: Mapping[str, np.ndarray]) -> None:
-    """Add the global standard deviations of the round to its history (spec §8.5, paper Fig. 7)."""
-    for key in broadcast:
-        view, _, name = key.rpartition("/")
-        if name in ("sigma2_mu", "sigma2_W"):
-            record.metrics[f"{view}/sd_{name[7:]}"] = float(np.sqrt(broadcast[key]))
-        elif name == "var_sigma" and float(broadcast[key]) >= 0:
-            record.metrics[f"{view}/sd_sigma2"] = float(np.sqrt(broadcast[key]))
-
-
-class _RecordChange:
-    """Callback: add the relative change of theta~ (:func:`~fedhier.models.mvppca.master.relative_change`)
-    to each round's metrics as ``rel_change``, from the first round that follows a prior.
-
-    ``previous`` is the broadcast the run starts from (a checkpoint's when resuming), so a
-    resumed fit records the same values as an uninterrupted one.
-    """
-
-    def __init__(self, schema: ViewSchema, previous: Mapping[str, np.ndarray] | None = None):
-        self.schema = schema
-        self.previous = None if previous is None else global_from_message(previous, schema)
-
-    def __call__(self, record: RoundRecord, broadcast: Mapping[str, np.ndarray]) -> None:
-        current = global_from_message(broadcast, self.schema)
-        if self.previous is not None and current is not None:
-            record.metrics["rel_change"] = relative_change(self.previous, current)
-        self.previous = current
 
 
 class NotFittedError(RuntimeError):
@@ -209,10 +180,6 @@ class FedMVPPCA:
                     f"use DPConfig.total(epsilon, delta, n_rounds={self.n_rounds}, n_views={most // len(BLOCKS)})"
                 )
 
-    def _converged(self, record: RoundRecord, broadcast: Any = None) -> bool:
-        """The stopping rule of ``tol`` on a finished round (the ``stop`` of :func:`simulate`)."""
-        return self.tol is not None and record.metrics.get("rel_change", np.inf) < self.tol
-
     def _check_fitted(self) -> None:
         if not hasattr(self, "_global"):
             raise NotFittedError("this FedMVPPCA is not fitted yet: call fit(sites) first")
@@ -263,8 +230,9 @@ class FedMVPPCA:
         if self.privacy is not None:
             self._check_privacy(sites)
         saved = read_checkpoint(checkpoint) if checkpoint is not None and Path(checkpoint).exists() else None
+        stop = None if self.tol is None else theta_settled(float(self.tol))
         n_rounds = self.n_rounds
-        if saved is not None and saved.history and self._converged(RoundRecord.from_dict(saved.history[-1])):
+        if stop is not None and saved is not None and saved.history and stop(RoundRecord.from_dict(saved.history[-1])):
             n_rounds = min(n_rounds, saved.round)  # the checkpointed fit had already stopped
         callbacks = list(callbacks)
         bar = None
@@ -280,7 +248,7 @@ class FedMVPPCA:
                 if start > 0:
                     seed = int(np.random.SeedSequence([results[0].seed, start]).generate_state(1)[0])
                 # the history's metrics first, then the caller's callbacks and the progress bar
-                recorders = [_record_global_sd, _RecordChange(schema, None if saved is None else saved.broadcast)]
+                metrics = BroadcastMetrics(schema, None if saved is None else saved.broadcast)
                 results.append(
                     simulate(
                         protocol,
@@ -290,11 +258,11 @@ class FedMVPPCA:
                         n_jobs=self.n_jobs,
                         participation=self.participation,
                         min_sites=self.min_sites,
-                        callbacks=recorders + callbacks,
+                        callbacks=[metrics, *callbacks],
                         aggregation="plain" if self.aggregation == "plain" else "secure",
                         aggregator=self._aggregator(len(sites)),
                         checkpoint=checkpoint,
-                        stop=self._converged,
+                        stop=stop,
                     )
                 )
         finally:
