@@ -55,12 +55,14 @@ def user_files(tmp_path):
 
 
 def test_fit_on_user_csv_files(tmp_path, user_files, capsys):
-    user_files.write_text("n_init = 2\n" + user_files.read_text())
+    # tol above any finite change: every start stops after round 2, the first with a change of theta~
+    user_files.write_text("n_init = 2\ntol = 1e300\n" + user_files.read_text())
     out = tmp_path / "fit"
     assert main(["fit", "--config", str(user_files), "--out", str(out), "--quiet"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["sites"] == ["a", "b"] and summary["views"] == {"csf": 3, "demographics": 4}
     assert summary["n_init"] == 2 and FedMVPPCA.load(out / "model.npz").n_init == 2
+    assert (summary["n_rounds"], summary["rounds_run"]) == (3, 2)
     assert (out / "model.npz").is_file() and (out / "latent_a.csv").is_file() and (out / "latent_b.csv").is_file()
     with (out / "latent_b.csv").open() as fh:
         assert len(list(csv.reader(fh))) == 1 + 333 - 167

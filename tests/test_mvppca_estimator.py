@@ -117,6 +117,51 @@ def test_interrupted_fit_resumes_from_its_checkpoint(tmp_path, iid_problem):
     resumed = FedMVPPCA(n_rounds=4, **kw).fit(sites, checkpoint=path)
     assert np.asarray(resumed.global_params_["v1"]["W"]).tobytes() == np.asarray(full.global_params_["v1"]["W"]).tobytes()
     assert [h["round"] for h in resumed.history_] == [1, 2, 3, 4]
+    # the history too, with the metrics the estimator adds after each round (global sds, rel_change)
+    timeless = [[{k: v for k, v in h.items() if k != "seconds"} for h in m.history_] for m in (resumed, full)]
+    assert timeless[0] == timeless[1]
+    assert "v1/sd_W" in resumed.history_[1]["metrics"] and "rel_change" in resumed.history_[2]["metrics"]
+
+
+def _theta_change(old, new):
+    """max over views and blocks of ||new - old|| / ||old||, straight from two broadcasts."""
+    keys = [k for k in new if k.rpartition("/")[2] in ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta")]
+    return max(np.linalg.norm(new[k] - old[k]) / np.linalg.norm(old[k]) for k in keys)
+
+
+def test_tol_stops_after_the_first_round_whose_change_of_theta_is_below_it(tmp_path):
+    rng = np.random.default_rng(3)
+    model = draw_model((6, 5), 2, rng)
+    sites = [draw_views(model, 80, rng)]  # one site: the spreads are fixed, theta~ settles
+    kw = dict(n_components=2, n_local_iter=2, n_first_iter=3, random_state=5)
+    broadcasts = []
+    full = FedMVPPCA(n_rounds=12, **kw).fit(sites, callbacks=[lambda rec, b: broadcasts.append(dict(b))])
+    change = [_theta_change(a, b) for a, b in zip(broadcasts, broadcasts[1:])]  # rounds 2..12
+    np.testing.assert_allclose([h["metrics"]["rel_change"] for h in full.history_[1:]], change, rtol=1e-12)
+    assert "rel_change" not in full.history_[0]["metrics"] and full.n_rounds_ == 12
+    tol = float(np.median(change))
+    stop = 2 + int(np.flatnonzero(np.array(change) < tol)[0])
+    assert 2 < stop < 12
+    early = FedMVPPCA(n_rounds=12, tol=tol, **kw).fit(sites)
+    assert early.n_rounds_ == stop == len(early.history_)
+    same = FedMVPPCA(n_rounds=stop, **kw).fit(sites)
+    assert np.asarray(early.global_params_["v0"]["W"]).tobytes() == np.asarray(same.global_params_["v0"]["W"]).tobytes()
+    # interrupted before the stop and resumed: the same stop; resuming the stopped fit runs no round
+    path = tmp_path / "fit.ckpt.npz"
+    FedMVPPCA(n_rounds=stop - 1, tol=tol, **kw).fit(sites, checkpoint=path)
+    resumed = FedMVPPCA(n_rounds=12, tol=tol, **kw).fit(sites, checkpoint=path)
+    again = FedMVPPCA(n_rounds=12, tol=tol, **kw).fit(sites, checkpoint=path)
+    for m in (resumed, again):
+        assert m.n_rounds_ == stop
+        assert np.asarray(m.global_params_["v0"]["W"]).tobytes() == np.asarray(early.global_params_["v0"]["W"]).tobytes()
+    back = FedMVPPCA.load(early.save(tmp_path / "model.npz"))
+    assert (back.tol, back.n_rounds_) == (tol, stop)
+
+
+@pytest.mark.parametrize("tol", [0, -1e-6, float("inf"), float("nan"), True, "1e-6"])
+def test_tol_must_be_a_positive_number(iid_problem, tol):
+    with pytest.raises(ValueError, match="tol must be None or a positive number"):
+        FedMVPPCA(n_components=3, tol=tol).fit(iid_problem[0])
 
 
 def test_n_init_keeps_the_start_with_the_highest_final_expected_log_likelihood():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import numbers
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -21,7 +22,8 @@ from .data.validation import check_sites, check_views
 from .models.mvppca import predictive
 from .models.mvppca.waic import waic_site_terms
 from .models.mvppca.params import GlobalParams, GlobalView, point_model
-from .protocol.mvppca import GLOBAL_FIELDS, DataScaleWarning, MVPPCAProtocol, global_from_message
+from .protocol.mvppca import GLOBAL_FIELDS, BroadcastMetrics, DataScaleWarning, MVPPCAProtocol, global_from_message, theta_settled
+from .runtime.checkpoint import read_checkpoint
 from .runtime.simulate import RoundRecord, simulate
 from .utils.io import atomic_write_bytes
 
@@ -29,16 +31,6 @@ __all__ = ["FedMVPPCA", "NotFittedError", "DataScaleWarning"]
 
 log = logging.getLogger(__name__)
 _FORMAT = "fedhier.FedMVPPCA/1"
-
-
-def _record_global_sd(record: RoundRecord, broadcast: Mapping[str, np.ndarray]) -> None:
-    """Add the global standard deviations of the round to its history (spec §8.5, paper Fig. 7)."""
-    for key in broadcast:
-        view, _, name = key.rpartition("/")
-        if name in ("sigma2_mu", "sigma2_W"):
-            record.metrics[f"{view}/sd_{name[7:]}"] = float(np.sqrt(broadcast[key]))
-        elif name == "var_sigma" and float(broadcast[key]) >= 0:
-            record.metrics[f"{view}/sd_sigma2"] = float(np.sqrt(broadcast[key]))
 
 
 class NotFittedError(RuntimeError):
@@ -69,6 +61,14 @@ class FedMVPPCA:
         ``SeedSequence([seed_0, i])``.  Costs n_init times the rounds and messages; not
         combined with ``privacy`` (every start would release the parameters again),
         ``participation`` (the starts' last rounds could hear different sites) or a checkpoint.
+    tol : float or None, default None
+        Optional stopping rule of spec §6 [R]: end the fit after the first round in which
+        the relative change of theta~ (largest over views and the blocks mu~, W~,
+        sigma2_mu~, sigma2_W~, alpha, beta) is below ``tol``; the spec suggests 1e-6.
+        None runs all ``n_rounds`` rounds, as the paper does.  Every round's change is in
+        ``history_`` either way (``metrics["rel_change"]``); sites re-draw their start
+        from the prior each round, so the spreads keep moving and the change may not
+        fall below a small ``tol`` (docs/mvppca.md, "Stopping early").
     ig_solver : {"newton", "fixed_point"}, default "newton"
         Inverse-gamma MLE of §5.2: Newton to convergence [R] or the reference code's
         10-step fixed point [RC].
@@ -97,7 +97,10 @@ class FedMVPPCA:
         Per round: expected log-likelihood (sum over sites of Q_c), bytes sent per
         site, sites that replied, and in ``metrics`` the number of sites per view and
         the global standard deviations ``<view>/sd_mu``, ``<view>/sd_W``,
-        ``<view>/sd_sigma2`` (their evolution under DP is spec §8.5).
+        ``<view>/sd_sigma2`` (their evolution under DP is spec §8.5) and, from round 2,
+        the relative change of theta~ ``rel_change`` (see ``tol``).
+    n_rounds_ : int
+        Rounds run by the kept start (fewer than ``n_rounds`` when ``tol`` stopped it).
     schema_ : ViewSchema
     n_sites_ : int
     init_seeds_, init_scores_ : list of int, ndarray (n_init,)
@@ -113,6 +116,7 @@ class FedMVPPCA:
         random_state: int | None = None,
         *,
         n_init: int = 1,
+        tol: float | None = None,
         ig_solver: str = "newton",
         sigma2_prior: str | None = "weak",
         privacy: Any = None,
@@ -128,6 +132,7 @@ class FedMVPPCA:
         self.n_first_iter = n_first_iter
         self.random_state = random_state
         self.n_init = n_init
+        self.tol = tol
         self.ig_solver = ig_solver
         self.sigma2_prior = sigma2_prior
         self.privacy = privacy
@@ -143,6 +148,10 @@ class FedMVPPCA:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.tol is not None and (
+            isinstance(self.tol, bool) or not isinstance(self.tol, numbers.Real) or not 0.0 < float(self.tol) < np.inf
+        ):
+            raise ValueError(f"tol must be None or a positive number, got {self.tol!r}")
         if self.ig_solver not in ("newton", "fixed_point"):
             raise ValueError(f"ig_solver must be 'newton' or 'fixed_point', got {self.ig_solver!r}")
         if self.sigma2_prior not in ("weak", None):
@@ -220,7 +229,12 @@ class FedMVPPCA:
         protocol = self._protocol(schema)
         if self.privacy is not None:
             self._check_privacy(sites)
-        callbacks = [_record_global_sd, *callbacks]
+        saved = read_checkpoint(checkpoint) if checkpoint is not None and Path(checkpoint).exists() else None
+        stop = None if self.tol is None else theta_settled(float(self.tol))
+        n_rounds = self.n_rounds
+        if stop is not None and saved is not None and saved.history and stop(RoundRecord.from_dict(saved.history[-1])):
+            n_rounds = min(n_rounds, saved.round)  # the checkpointed fit had already stopped
+        callbacks = list(callbacks)
         bar = None
         if self.progress:
             from .utils.progress import RoundProgress
@@ -233,19 +247,22 @@ class FedMVPPCA:
             for start in range(self.n_init):
                 if start > 0:
                     seed = int(np.random.SeedSequence([results[0].seed, start]).generate_state(1)[0])
+                # the history's metrics first, then the caller's callbacks and the progress bar
+                metrics = BroadcastMetrics(schema, None if saved is None else saved.broadcast)
                 results.append(
                     simulate(
                         protocol,
                         sites,
-                        n_rounds=self.n_rounds,
+                        n_rounds=n_rounds,
                         random_state=seed,
                         n_jobs=self.n_jobs,
                         participation=self.participation,
                         min_sites=self.min_sites,
-                        callbacks=callbacks,
+                        callbacks=[metrics, *callbacks],
                         aggregation="plain" if self.aggregation == "plain" else "secure",
                         aggregator=self._aggregator(len(sites)),
                         checkpoint=checkpoint,
+                        stop=stop,
                     )
                 )
         finally:
@@ -287,6 +304,7 @@ class FedMVPPCA:
         self.n_sites_ = int(n_sites)
         self.seed_ = int(seed)
         self.history_ = [self._history_row(r) for r in history]
+        self.n_rounds_ = len(self.history_)
 
     @classmethod
     def from_broadcast(
@@ -408,7 +426,7 @@ class FedMVPPCA:
         meta = {
             "format": _FORMAT,
             "params": {
-                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "ig_solver", "sigma2_prior")},
+                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "tol", "ig_solver", "sigma2_prior")},
                 "aggregation": self.aggregation if isinstance(self.aggregation, str) else "secure",
             },
             "schema": {"names": list(self.schema_.names), "dims": list(self.schema_.dims)},
@@ -442,4 +460,5 @@ class FedMVPPCA:
         model.schema_ = schema
         model.n_sites_ = meta["n_sites"]
         model.history_ = meta["history"]
+        model.n_rounds_ = len(model.history_)
         return model

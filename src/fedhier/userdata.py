@@ -6,6 +6,7 @@ Example ``fit.toml`` (paths relative to the TOML file)::
     n_rounds = 100            # optional, default 100
     n_init = 1                # optional: random starts, the best kept (FedMVPPCA n_init)
     seed = 0                  # optional
+    # also optional: n_local_iter, n_first_iter, tol (FedMVPPCA's parameters of those names)
 
     [views]                   # view name -> list of column names
     proteins = ["ACE", "AXL", "Adiponectin"]
@@ -40,7 +41,7 @@ from .utils.io import write_csv, write_json
 
 __all__ = ["load_config", "read_site_table", "fit_from_config"]
 
-_ALLOWED_KEYS = {"n_components", "n_rounds", "n_local_iter", "n_first_iter", "n_init", "seed", "views", "sites"}
+_ALLOWED_KEYS = {"n_components", "n_rounds", "n_local_iter", "n_first_iter", "n_init", "tol", "seed", "views", "sites"}
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -151,6 +152,7 @@ def fit_from_config(
         n_first_iter=config.get("n_first_iter", 30),
         random_state=config.get("seed", 0),
         n_init=config.get("n_init", 1),
+        tol=config.get("tol"),
         privacy=privacy,
         progress=progress,
     )
@@ -165,6 +167,7 @@ def fit_from_config(
         "views": {v: len(c) for v, c in config["views"].items()},
         "n_components": model.n_components,
         "n_rounds": model.n_rounds,
+        "rounds_run": model.n_rounds_,
         "n_init": model.n_init,
         "final_expected_ll": model.history_[-1]["expected_ll"],
         "bytes_sent": int(sum(h["bytes_sent"] for h in model.history_)),

@@ -298,6 +298,22 @@ def test_server_app_writes_a_loadable_model_and_reports_failure(demo, tmp_path):
         for name, value in params.items():
             assert np.max(np.abs(np.asarray(model.global_params_[view][name]) - np.asarray(value))) <= 1e-10, (view, name)
     assert [h["expected_ll"] for h in model.history_] == [h["expected_ll"] for h in pooled.history_]
+    # the same metrics in the history as FedMVPPCA.fit records (global sds, relative change of theta~)
+    for ours, theirs in zip(model.history_, pooled.history_):
+        assert ours["metrics"].keys() == theirs["metrics"].keys()
+        assert ours["metrics"] == pytest.approx(theirs["metrics"], rel=1e-8)
+    assert "rel_change" in model.history_[-1]["metrics"] and model.n_rounds_ == config.n_rounds
+
+    # with tol, the deployment stops where FedMVPPCA.fit stops
+    tol = float(np.median([h["metrics"]["rel_change"] for h in pooled.history_[1:]]))
+    stopped = FedMVPPCA(n_components=config.n_components, n_rounds=config.n_rounds, n_local_iter=config.n_local_iter,
+                        n_first_iter=config.n_first_iter, random_state=config.seed, tol=tol).fit(sites)
+    assert 1 < stopped.n_rounds_ < config.n_rounds
+    grid, nodes = _grid(folder, config.replace(out=str(tmp_path / "tol"), tol=tol))
+    context.run_config[RUN_CONFIG_KEY] = config.replace(out=str(tmp_path / "tol"), tol=tol).to_json()
+    server_app(grid, context)
+    model = FedMVPPCA.load(tmp_path / "tol" / "model.npz")
+    assert (model.tol, model.n_rounds_) == (tol, stopped.n_rounds_)
 
     grid, nodes = _grid(folder, config.replace(out=str(tmp_path / "failed"), min_sites=3))
     grid.behaviour[nodes[1]] = "crash"
@@ -434,6 +450,7 @@ def test_config_errors_name_the_key(tmp_path):
         "n_components = 2\n" + views: r"\[flower\] table",
         "n_components = 2\n" + views + flower + "min_sites = 3\n": "min_sites=3 exceeds the 2 listed sites",
         "n_components = 2\n" + views + flower + "round_timeout = 0\n": "round_timeout must be a positive number",
+        "n_components = 2\ntol = -1e-6\n" + views + flower: "tol must be a positive number",
         "n_components = 2\n" + views + flower.replace('"s2"', '"s1"'): "site names must be unique",
         "n_components = 1\n" + '[views]\na = ["x", "y"]\nb = ["y"]\n' + flower: "column 'y' is in both view 'a' and view 'b'",
     }

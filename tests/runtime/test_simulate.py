@@ -153,12 +153,17 @@ def test_a_failing_site_is_dropped_and_reported_and_too_few_sites_stop_the_fit()
 
 def test_resume_from_a_checkpoint_gives_the_same_result(tmp_path):
     sites = make_sites()
-    full = simulate(NoisyMean(), sites, n_rounds=4, random_state=5)
+
+    def tag(record, broadcast):  # a callback adding a metric: saved with the round it was added to
+        record.metrics["tagged"] = float(record.round)
+
+    full = simulate(NoisyMean(), sites, n_rounds=4, random_state=5, callbacks=[tag])
     path = tmp_path / "run.ckpt.npz"
-    simulate(NoisyMean(), sites, n_rounds=2, random_state=5, checkpoint=path)  # "interrupted" after round 2
-    rest = simulate(NoisyMean(), sites, n_rounds=4, random_state=5, checkpoint=path)
+    simulate(NoisyMean(), sites, n_rounds=2, random_state=5, checkpoint=path, callbacks=[tag])  # "interrupted" after round 2
+    rest = simulate(NoisyMean(), sites, n_rounds=4, random_state=5, checkpoint=path, callbacks=[tag])
     assert rest.broadcast["mean"].tobytes() == full.broadcast["mean"].tobytes()
     assert [r.round for r in rest.history] == [1, 2, 3, 4]
+    assert [r.metrics for r in rest.history] == [r.metrics for r in full.history]
     assert [s["rounds_seen"] for s in rest.site_states] == [4, 4, 4, 4]
     with np.load(path, allow_pickle=False) as data:  # no pickled object inside
         assert "__meta__" in data.files

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -32,7 +32,10 @@ from ..models.mvppca.params import GlobalParams, GlobalView
 from .base import RoundProtocol, SiteContext
 from .messages import Field, Message, MessageSpec
 
-__all__ = ["MVPPCAProtocol", "DataScaleWarning", "GLOBAL_FIELDS", "global_from_message", "global_to_message"]
+__all__ = [
+    "MVPPCAProtocol", "DataScaleWarning", "GLOBAL_FIELDS", "global_from_message", "global_to_message", "BroadcastMetrics",
+    "theta_settled",
+]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,42 @@ def global_from_message(message: Mapping[str, np.ndarray], schema: ViewSchema) -
             var_sigma=np.inf if var_sigma < 0 else var_sigma,
         )
     return out
+
+
+class BroadcastMetrics:
+    """Round callback ``(record, broadcast)``: add what the broadcast says about theta~ to the round's metrics.
+
+    ``<view>/sd_mu``, ``<view>/sd_W``, ``<view>/sd_sigma2``: the global standard deviations
+    (their evolution under DP is spec §8.5, paper Fig. 7); ``rel_change``: the relative
+    change of theta~ since the previous broadcast (:func:`master.relative_change`, the
+    quantity of the optional stopping rule of §6 [R]), from the first round that follows
+    a prior.  ``previous`` is the broadcast the run starts from (a checkpoint's when
+    resuming), so a resumed fit records what an uninterrupted one does.  Every runtime
+    runs it first, so that the history and checkpoints hold these metrics.
+    """
+
+    def __init__(self, schema: ViewSchema, previous: Mapping[str, np.ndarray] | None = None):
+        self.schema = schema
+        self.previous = None if previous is None else global_from_message(previous, schema)
+
+    def __call__(self, record: Any, broadcast: Mapping[str, np.ndarray]) -> None:
+        current = global_from_message(broadcast, self.schema)
+        if current is None:
+            return
+        for view, g in current.items():
+            record.metrics[f"{view}/sd_mu"] = float(np.sqrt(g.sigma2_mu))
+            record.metrics[f"{view}/sd_W"] = float(np.sqrt(g.sigma2_W))
+            if np.isfinite(g.var_sigma):
+                record.metrics[f"{view}/sd_sigma2"] = float(np.sqrt(g.var_sigma))
+        if self.previous is not None:
+            record.metrics["rel_change"] = master.relative_change(self.previous, current)
+        self.previous = current
+
+
+def theta_settled(tol: float) -> Callable[[Any, Any], bool]:
+    """The optional stopping rule of §6 [R] as a runtime's ``stop(record, broadcast)``: True when
+    the round's ``rel_change`` (added by :class:`BroadcastMetrics`) is below ``tol``."""
+    return lambda record, broadcast=None: record.metrics.get("rel_change", np.inf) < tol
 
 
 class MVPPCAProtocol(RoundProtocol):

@@ -103,7 +103,7 @@ _SECURE = "fedhier-secure"
 SECURE_STEPS = ("advertise_keys", "share_keys", "masked_input", "unmask")
 
 _ALLOWED_KEYS = {
-    "n_components", "n_rounds", "n_local_iter", "n_first_iter", "seed", "ig_solver", "sigma2_prior", "views", "flower",
+    "n_components", "n_rounds", "n_local_iter", "n_first_iter", "tol", "seed", "ig_solver", "sigma2_prior", "views", "flower",
     "epsilon", "delta", "aggregation", "secure",
 }
 _FLOWER_KEYS = {"sites", "min_sites", "round_timeout", "connect_timeout", "poll_interval", "out"}
@@ -124,8 +124,9 @@ class FlowerFitConfig:
     sites : tuple of str
         Site names in site-index order; each SuperNode declares its name in its
         ``node_config`` (``site="..."``).
-    n_components, n_rounds, n_local_iter, n_first_iter, ig_solver, sigma2_prior
-        As :class:`fedhier.mvppca.FedMVPPCA`.
+    n_components, n_rounds, n_local_iter, n_first_iter, tol, ig_solver, sigma2_prior
+        As :class:`fedhier.mvppca.FedMVPPCA` (``tol``: stop after the first round in
+        which theta~ changed by less, spec §6 [R]).
     seed : int or None
         One seed for everything; None draws one (recorded in the result).
     min_sites : int
@@ -157,6 +158,7 @@ class FlowerFitConfig:
     n_rounds: int = 100
     n_local_iter: int = 15
     n_first_iter: int = 30
+    tol: float | None = None
     seed: int | None = None
     ig_solver: str = "newton"
     sigma2_prior: str | None = "weak"
@@ -202,6 +204,10 @@ class FlowerFitConfig:
             raise ValueError(
                 f"fit configuration: n_components={self.n_components} must be smaller than the largest view dimension ({largest})"
             )
+        if self.tol is not None and (
+            isinstance(self.tol, bool) or not isinstance(self.tol, (int, float)) or not 0 < self.tol < math.inf
+        ):
+            raise ValueError(f"fit configuration: tol must be a positive number, got {self.tol!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"fit configuration: seed must be a non-negative integer, got {self.seed!r}")
         if self.ig_solver not in ("newton", "fixed_point"):
@@ -550,6 +556,7 @@ def run_rounds(
     poll_interval: float = 0.2,
     aggregator: SecureAggregator | None = None,
     callbacks: Sequence[Callable[[RoundRecord, Message], None]] = (),
+    stop: Callable[[RoundRecord, Message], bool] | None = None,
 ) -> FlowerFitResult:
     """Run ``n_rounds`` rounds of ``protocol`` over the SuperNodes connected to ``grid``.
 
@@ -575,6 +582,9 @@ def run_rounds(
         ``aggregation="secure"``.  ``round_timeout`` then bounds each of the five
         exchanges of a round.  None: the replies are summed in the clear.
     callbacks : sequence of callables ``(record, broadcast) -> None`` run after each round.
+    stop : callable ``(record, broadcast) -> bool``, optional
+        Called after the callbacks; True ends the fit after this round, as in
+        :func:`fedhier.runtime.simulate`.
 
     Returns
     -------
@@ -706,6 +716,8 @@ def run_rounds(
             log.warning("round %d: site %d (%s) dropped: %s", rnd, index, sites[index], reason)
         for cb in callbacks:
             cb(record, broadcast)
+        if stop is not None and stop(record, broadcast):
+            break
     return result
 
 
@@ -870,6 +882,8 @@ for _step in SECURE_STEPS:
 @server_app.main()
 def _coordinate(grid: Grid, context: Context) -> None:
     """ServerApp entry: run the fit of the run config and write the result folder."""
+    from ..protocol.mvppca import BroadcastMetrics, theta_settled
+
     config = FlowerFitConfig.from_json(str(context.run_config[RUN_CONFIG_KEY]))
     out = Path(config.out)
     protocol = config.protocol()
@@ -892,7 +906,8 @@ def _coordinate(grid: Grid, context: Context) -> None:
             connect_timeout=config.connect_timeout,
             poll_interval=config.poll_interval,
             aggregator=config.aggregator(),
-            callbacks=[progress],
+            callbacks=[BroadcastMetrics(config.schema()), progress],  # the history FedMVPPCA.fit records
+            stop=None if config.tol is None else theta_settled(config.tol),
         )
     except RoundFailed as exc:
         write_json(out / "summary.json", {"status": "failed", "error": str(exc), "round": exc.round, "sites": list(config.sites)})
@@ -922,6 +937,7 @@ def write_result(out: str | Path, config: FlowerFitConfig, result: FlowerFitResu
         n_rounds=config.n_rounds,
         n_local_iter=config.n_local_iter,
         n_first_iter=config.n_first_iter,
+        tol=config.tol,
         random_state=result.seed,
         ig_solver=config.ig_solver,
         sigma2_prior=config.sigma2_prior,

@@ -278,6 +278,8 @@ def simulate(
     min_sites : int
         Fewest replies a round needs; fewer raise :class:`RoundFailed`.
     callbacks : sequence of callables ``(record, broadcast) -> None``
+        Run after every round, in order, before the checkpoint is written (metrics a
+        callback adds to ``record.metrics`` are saved with it).
     aggregation : "plain" or "secure"
         "secure" replaces the plain sum by the secure summation of ``aggregator``
         (e.g. :class:`fedhier.privacy.secure_round.SecureAggregator`, an object with
@@ -285,8 +287,8 @@ def simulate(
         sites)``); only for ``combine == "sum"`` protocols.  The recorded bytes are then
         those of the whole secure-sum exchange.
     stop : callable ``(record, broadcast) -> bool``, optional
-        Called after each round (after the callbacks); True ends the fit early (a
-        stopping rule such as FedLin's EP convergence test).
+        Called after each round (after the callbacks and the checkpoint); True ends the
+        fit early (a stopping rule such as FedLin's EP convergence test).
     checkpoint : path, optional
         Write a checkpoint (:mod:`fedhier.runtime.checkpoint`) after every round; if the
         file exists when the run starts, resume from it (same protocol, sites and seed
@@ -385,13 +387,13 @@ def simulate(
                 seconds=time.perf_counter() - t0,
             )
             history.append(record)
+            for cb in callbacks:  # before the checkpoint, which then holds the metrics they add
+                cb(record, broadcast)
             if checkpoint is not None:
                 write_checkpoint(
                     checkpoint,
                     Checkpoint(protocol.name, rnd, seed, broadcast, states, [h.to_dict() for h in history]),
                 )
-            for cb in callbacks:
-                cb(record, broadcast)
             if stop is not None and stop(record, broadcast):
                 break
     finally:

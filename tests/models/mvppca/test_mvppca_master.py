@@ -1,5 +1,7 @@
 """Master ML step (spec §5) and the inverse-gamma ML1 estimator (§5.2)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from scipy import optimize, special, stats
@@ -11,6 +13,7 @@ from fedhier.models.mvppca import (
     global_step_from_params,
     invgamma_mle,
     invgamma_mle_from_statistics,
+    relative_change,
     site_statistics,
     statistic_shapes,
 )
@@ -180,3 +183,19 @@ def test_invgamma_floor_cap_and_errors():
         invgamma_mle(np.array([0.3, -1.0]))
     with pytest.raises(ValueError, match="ig_solver"):
         invgamma_mle(np.array([0.3, 0.4]), solver="bisection")
+
+
+def test_relative_change_is_the_largest_change_of_a_block_relative_to_its_size():
+    old = data_independent_prior({"a": 3, "b": 2}, 2)
+    assert relative_change(old, dict(old)) == 0.0
+    moved = {**old, "a": replace(old["a"], mu=old["a"].mu + np.array([0.3, 0.0, 0.4]))}
+    # ||(0.3, 0, 0.4)|| / ||(0.5, 0.5, 0.5)|| = 0.5 / sqrt(0.75)
+    assert relative_change(old, moved) == pytest.approx(0.5 / np.sqrt(0.75))
+    moved["b"] = replace(old["b"], alpha=2.25 * 1.9)
+    assert relative_change(old, moved) == pytest.approx(0.9)  # the larger of the two blocks' changes
+    assert relative_change(old, moved, blocks=("mu",)) == pytest.approx(0.5 / np.sqrt(0.75))
+    assert relative_change(old, moved, blocks=("W", "beta")) == 0.0
+    # a block leaving 0 (W~ of the data-independent prior) and a view new in this round
+    moved["b"] = replace(old["b"], W=np.full((2, 2), 0.1))
+    assert relative_change(old, moved, blocks=("W",)) == np.inf
+    assert relative_change({"a": old["a"]}, old) == np.inf

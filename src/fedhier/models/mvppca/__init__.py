@@ -18,6 +18,7 @@ from .master import (
     global_step_from_params,
     invgamma_mle,
     invgamma_mle_from_statistics,
+    relative_change,
     site_statistics,
     statistic_shapes,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "ViewParams", "GlobalView", "LocalParams", "GlobalParams", "point_model",
     "LocalFit", "fit_local", "e_step", "local_objective",
     "statistic_shapes", "site_statistics", "global_step", "global_step_from_params", "data_independent_prior",
+    "relative_change",
     "invgamma_mle", "invgamma_mle_from_statistics",
     "latent_posterior", "reconstruct", "impute", "impute_variance", "impute_covariance",
     "hierarchical_predictive_variance", "marginal_loglik", "sample", "sample_hierarchical",

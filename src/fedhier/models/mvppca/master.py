@@ -33,6 +33,8 @@ __all__ = [
     "global_step",
     "global_step_from_params",
     "data_independent_prior",
+    "relative_change",
+    "THETA_BLOCKS",
     "invgamma_mle",
     "invgamma_mle_from_statistics",
     "SINGLE_SITE_VARIANCE",
@@ -43,6 +45,8 @@ __all__ = [
 SINGLE_SITE_VARIANCE = 1e-4
 #: [RC] prior variance when all sites sent identical values
 ZERO_SPREAD_VARIANCE = 1e-20
+#: the blocks of theta~ (per view) whose change the optional stopping rule measures (§6 [R])
+THETA_BLOCKS = ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta")
 #: a spread below this fraction of the summed squared norms (about the anchor) is rounding noise
 _ZERO_SPREAD_RTOL = 1e-12
 
@@ -289,3 +293,25 @@ def data_independent_prior(dims: Mapping[str, int], n_components: int) -> Global
             var_sigma=beta**2 / ((alpha - 1.0) ** 2 * (alpha - 2.0)),
         )
     return out
+
+
+def relative_change(previous: GlobalParams, current: GlobalParams, blocks: Sequence[str] = THETA_BLOCKS) -> float:
+    """Relative change of theta~ between two rounds, for the optional stopping rule of §6 [R].
+
+    The largest ``||b_new - b_old|| / ||b_old||`` over the views of ``current`` and the
+    ``blocks`` b (default :data:`THETA_BLOCKS`: mu~ (d,), W~ (d, q), sigma2_mu~,
+    sigma2_W~, alpha, beta); per block, so that no block's scale hides another's change.
+    A view that ``previous`` lacks, or a block that moves away from 0, counts as an
+    infinite change.
+    """
+    largest = 0.0
+    for view, new in current.items():
+        old = previous.get(view)
+        if old is None:
+            return float("inf")
+        for name in blocks:
+            a, b = np.asarray(getattr(old, name), dtype=float), np.asarray(getattr(new, name), dtype=float)
+            step, size = float(np.linalg.norm(b - a)), float(np.linalg.norm(a))
+            if step > 0.0:
+                largest = max(largest, step / size if size > 0.0 else float("inf"))
+    return largest
