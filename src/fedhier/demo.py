@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,43 @@ from .mvppca import FedMVPPCA
 from .plots import plot_convergence, plot_global_sd, plot_imputation, plot_latent
 from .utils.io import atomic_write_text, markdown_table, write_json
 
-__all__ = ["run_demo"]
+__all__ = ["run_demo", "DemoData", "demo_data"]
 
 
 def _subset(views: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
     return {v: X[rows] for v, X in views.items()}
+
+
+@dataclass
+class DemoData:
+    """The demo's data, steps 1-3 and the test masking of step 4 (see the module docstring)."""
+
+    data: Any  # the loaded Alzheimer data set
+    scaling: MinMaxScaling  # fitted on the training sites
+    train_views: dict[str, np.ndarray]  # the training two-thirds, unscaled, (n_train, d_view) per view
+    y_train: np.ndarray
+    part: Any  # the partition of the training rows over the sites
+    sites: list[dict[str, np.ndarray]]  # the sites' scaled data
+    test_full: dict[str, np.ndarray]  # the scaled test third
+    test_masked: dict[str, np.ndarray]  # the same with the hidden views set to NaN
+    y_test: np.ndarray
+
+
+def demo_data(*, n_sites: int = 3, scenario: str = "GK", seed: int = 0) -> DemoData:
+    """Split, partition, scale and mask the bundled Alzheimer data as :func:`run_demo` does."""
+    data = load_alzheimer()
+    idx = np.arange(data.n_samples)
+    train_idx, test_idx = train_test_split(idx, test_size=1 / 3, stratify=data.labels, random_state=seed)
+    train_views, test_views = _subset(data.views, train_idx), _subset(data.views, test_idx)
+    y_train = data.labels[train_idx]
+    part = partition(train_views, y_train, n_sites, scenario, random_state=seed)
+    scaling = MinMaxScaling(combine_ranges([site_ranges(site) for site in part.sites]))
+    test_full = scaling.transform(test_views)
+    return DemoData(
+        data=data, scaling=scaling, train_views=train_views, y_train=y_train, part=part,
+        sites=[scaling.transform(site) for site in part.sites], test_full=test_full,
+        test_masked=mask_test_views(test_full, scenario, random_state=seed), y_test=data.labels[test_idx],
+    )
 
 
 def run_demo(
@@ -61,17 +94,9 @@ def run_demo(
         raise ValueError("choose either a total budget or a per-release budget, not both")
     out = Path(out_dir)
     t0 = time.perf_counter()
-    data = load_alzheimer()
-    idx = np.arange(data.n_samples)
-    train_idx, test_idx = train_test_split(idx, test_size=1 / 3, stratify=data.labels, random_state=seed)
-    train_views, test_views = _subset(data.views, train_idx), _subset(data.views, test_idx)
-    y_train, y_test = data.labels[train_idx], data.labels[test_idx]
-
-    part = partition(train_views, y_train, n_sites, scenario, random_state=seed)
-    scaling = MinMaxScaling(combine_ranges([site_ranges(site) for site in part.sites]))
-    sites = [scaling.transform(site) for site in part.sites]
-    test_full = scaling.transform(test_views)
-    test_masked = mask_test_views(test_full, scenario, random_state=seed)
+    prepared = demo_data(n_sites=n_sites, scenario=scenario, seed=seed)
+    data, part, sites, y_train, y_test = prepared.data, prepared.part, prepared.sites, prepared.y_train, prepared.y_test
+    test_full, test_masked = prepared.test_full, prepared.test_masked
 
     privacy = None
     if total_budget is not None:
