@@ -25,7 +25,9 @@ from typing import Any
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from .data import MinMaxScaling, combine_ranges, load_alzheimer, mask_test_views, partition, site_ranges
+from .data import (
+    MinMaxScaling, MultiViewDataset, Partition, combine_ranges, load_alzheimer, mask_test_views, partition, site_ranges,
+)
 from .models.mvppca.dp import DPConfig
 from .metrics import imputation_mae, latent_accuracy, observed_rows, reconstruction_mae
 from .mvppca import FedMVPPCA
@@ -43,11 +45,11 @@ def _subset(views: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndar
 class DemoData:
     """The demo's data, steps 1-3 and the test masking of step 4 (see the module docstring)."""
 
-    data: Any  # the loaded Alzheimer data set
+    data: MultiViewDataset  # the bundled Alzheimer data
     scaling: MinMaxScaling  # fitted on the training sites
     train_views: dict[str, np.ndarray]  # the training two-thirds, unscaled, (n_train, d_view) per view
     y_train: np.ndarray
-    part: Any  # the partition of the training rows over the sites
+    part: Partition  # the training rows over the sites
     sites: list[dict[str, np.ndarray]]  # the sites' scaled data
     test_full: dict[str, np.ndarray]  # the scaled test third
     test_masked: dict[str, np.ndarray]  # the same with the hidden views set to NaN
