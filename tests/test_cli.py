@@ -79,6 +79,35 @@ def test_fit_refuses_non_numeric_values_before_writing_anything(tmp_path, user_f
     assert not out.exists()
 
 
+def test_fit_reads_csv_files_as_spreadsheets_write_them(tmp_path, user_files, capsys):
+    # Excel's "CSV UTF-8" (byte-order mark), spaces around a column name, blank lines: read as meant
+    text = (tmp_path / "b.csv").read_text().splitlines()
+    header = text[0].split(",")
+    header[1] = f" {header[1]} "
+    (tmp_path / "b.csv").write_text("\ufeff" + ",".join(header) + "\n\n" + "\n".join(text[1:]) + "\n\n", encoding="utf-8")
+    out = tmp_path / "fit"
+    assert main(["fit", "--config", str(user_files), "--out", str(out), "--quiet"]) == 0
+    with (out / "latent_b.csv").open() as fh:
+        assert len(list(csv.reader(fh))) == 1 + 333 - 167
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda lines: [lines[0] + "," + lines[0].split(",")[0]] + [r + ",0" for r in lines[1:]], r"column\(s\) \['tau'\] appear more than once"),
+        (lambda lines: lines[:3] + [lines[3].replace(lines[3].split(",")[0], "inf", 1)] + lines[4:], "infinite value 'inf' in column 'tau', row 3"),
+        (lambda lines: lines[:3] + ["," + lines[3].split(",", 1)[1]] + lines[4:], "some but not all of the view's cells empty, first at row 3"),
+    ],
+)
+def test_fit_refuses_a_malformed_site_file_naming_site_and_row(tmp_path, user_files, capsys, edit, message):
+    lines = (tmp_path / "b.csv").read_text().splitlines()
+    (tmp_path / "b.csv").write_text("\n".join(edit(lines)) + "\n")
+    out = tmp_path / "fit"
+    assert main(["fit", "--config", str(user_files), "--out", str(out), "--quiet"]) == 2
+    assert re.search("site 'b'.*" + message, capsys.readouterr().err)
+    assert not out.exists()
+
+
 def test_fit_refuses_a_bad_configuration(tmp_path, user_files, capsys):
     user_files.write_text(user_files.read_text().replace("n_rounds", "n_roundz"))
     assert main(["fit", "--config", str(user_files), "--out", str(tmp_path / "x")]) == 2

@@ -21,8 +21,10 @@ Example ``fit.toml`` (paths relative to the TOML file)::
     path = "hospital_b.csv"
 
 A site file that has none of a view's columns does not measure that view; a file that
-has only some of them is an error.  Empty cells are missing values: a subject whose
-view is entirely empty lacks that view.  Everything is checked before any work.
+has only some of them is an error, and so is a column named twice.  Empty cells are
+missing values: a subject whose view is entirely empty lacks that view.  Blank lines, a
+UTF-8 byte-order mark and spaces around column names are ignored.  Everything is checked
+before any work.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from .data.validation import check_sites
 from .models.mvppca.dp import DPConfig
 from .mvppca import FedMVPPCA
 from .utils.io import write_csv, write_json
@@ -87,8 +90,9 @@ def load_config(path: str | Path) -> dict[str, Any]:
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
-    with path.open(newline="") as fh:
-        rows = list(csv.reader(fh))
+    """Header and rows; a UTF-8 byte-order mark (Excel's "CSV UTF-8") is dropped, blank lines skipped."""
+    with path.open(newline="", encoding="utf-8-sig") as fh:
+        rows = [row for row in csv.reader(fh) if any(cell.strip() for cell in row)]
     if not rows:
         raise ValueError(f"{path}: empty file")
     return rows[0], rows[1:]
@@ -107,6 +111,10 @@ def read_site_table(path: str | Path, views: dict[str, list[str]], site_name: st
         body = [["" if (isinstance(v, float) and math.isnan(v)) else str(v) for v in row] for row in frame.itertuples(index=False)]
     else:
         header, body = _read_csv(path)
+    header = [name.strip() for name in header]
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise ValueError(f"site {site_name!r}: column(s) {repeated} appear more than once in the header of {path.name}")
     position = {name: j for j, name in enumerate(header)}
     out: dict[str, np.ndarray] = {}
     for view, columns in views.items():
@@ -129,6 +137,15 @@ def read_site_table(path: str | Path, views: dict[str, list[str]], site_name: st
                     raise ValueError(
                         f"site {site_name!r}, view {view!r}: non-numeric value {cell!r} in column {c!r}, row {i + 1}"
                     ) from None
+                if not math.isfinite(values[i, j]):
+                    raise ValueError(f"site {site_name!r}, view {view!r}: infinite value {cell!r} in column {c!r}, row {i + 1}")
+        empty = np.isnan(values)
+        partial = np.flatnonzero(empty.any(axis=1) & ~empty.all(axis=1))
+        if partial.size:
+            raise ValueError(
+                f"site {site_name!r}, view {view!r}: {partial.size} row(s) with some but not all of the view's cells "
+                f"empty, first at row {partial[0] + 1}; a subject has all of a view's columns or none"
+            )
         out[view] = values
     if not out:
         raise ValueError(f"site {site_name!r}: {path.name} has none of the configured view columns")
@@ -140,7 +157,9 @@ def fit_from_config(
 ) -> dict[str, Any]:
     """Fit Fed-mv-PPCA on the sites of a configuration; write model, latents and summary."""
     config = load_config(config_path)
+    names = [s["name"] for s in config["sites"]]
     sites = [read_site_table(s["path"], config["views"], s["name"]) for s in config["sites"]]
+    check_sites(sites, n_components=config.get("n_components", 5), site_names=names)  # errors name the sites
     n_rounds = config.get("n_rounds", 100)
     privacy = None
     if total_budget is not None:
