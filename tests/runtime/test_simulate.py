@@ -5,7 +5,7 @@ import pytest
 
 from fedhier.protocol.base import RoundProtocol
 from fedhier.protocol.messages import Field, MessageSpec, encode
-from fedhier.runtime.simulate import RoundFailed, simulate
+from fedhier.runtime.simulate import RoundFailed, SiteFailedWarning, simulate
 
 
 class NoisyMean(RoundProtocol):
@@ -144,8 +144,10 @@ def test_random_participation_is_seeded():
 
 def test_a_failing_site_is_dropped_and_reported_and_too_few_sites_stop_the_fit():
     sites = make_sites()
-    res = simulate(NoisyMean(noise=0.0, fail_site=2), sites, n_rounds=1, random_state=0)
-    assert res.history[0].sites == [0, 1, 3]
+    with pytest.warns(SiteFailedWarning, match=r"round 1: site 2 failed .*RuntimeError: disk full") as caught:
+        res = simulate(NoisyMean(noise=0.0, fail_site=2), sites, n_rounds=3, random_state=0)
+    assert len(caught) == 1  # the first failure of each site; the history has all of them
+    assert [r.sites for r in res.history] == [[0, 1, 3]] * 3 and all(2 in r.failed for r in res.history)
     assert "disk full" in res.history[0].failed[2]
     with pytest.raises(RoundFailed, match="3 site\\(s\\) replied, at least 4 needed.*site 2: RuntimeError: disk full"):
         simulate(NoisyMean(fail_site=2), sites, n_rounds=1, random_state=0, min_sites=4)
@@ -169,6 +171,19 @@ def test_resume_from_a_checkpoint_gives_the_same_result(tmp_path):
         assert "__meta__" in data.files
     with pytest.raises(ValueError, match="seed 5, not 6"):
         simulate(NoisyMean(), sites, n_rounds=5, random_state=6, checkpoint=path)
+    with pytest.raises(ValueError, match="after round 4, beyond this run's n_rounds=3"):
+        simulate(NoisyMean(), sites, n_rounds=3, random_state=5, checkpoint=path)
+    with pytest.raises(ValueError, match="written by a differently configured 'noisy-mean' fit"):
+        simulate(NoisyMean(dim=4), sites, n_rounds=5, random_state=5, checkpoint=path)
+    for content in (b"not a checkpoint", None):
+        other = tmp_path / "other.npz"
+        if content is None:
+            np.save(other, np.zeros(3), allow_pickle=False)
+            other = tmp_path / "other.npz.npy"
+        else:
+            other.write_bytes(content)
+        with pytest.raises(ValueError, match="not a fedhier checkpoint"):
+            simulate(NoisyMean(), sites, n_rounds=5, random_state=5, checkpoint=other)
 
 
 @pytest.mark.parametrize(

@@ -1,3 +1,3 @@
-from .simulate import RoundFailed, RoundRecord, SimulationResult, simulate
+from .simulate import RoundFailed, RoundRecord, SimulationResult, SiteFailedWarning, simulate
 
-__all__ = ["simulate", "SimulationResult", "RoundRecord", "RoundFailed"]
+__all__ = ["simulate", "SimulationResult", "RoundRecord", "RoundFailed", "SiteFailedWarning"]

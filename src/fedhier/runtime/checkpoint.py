@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,14 @@ def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> Path:
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
-    with np.load(Path(path), allow_pickle=False) as data:
+    """The checkpoint in ``path``; ValueError if the file is not one (it is never unpickled)."""
+    try:
+        data = np.load(Path(path), allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path}: not a fedhier checkpoint ({exc})") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path}: not a fedhier checkpoint (a single array, not an .npz archive)")
+    with data:
         if "__meta__" not in data.files:
             raise ValueError(f"{path}: not a fedhier checkpoint")
         meta = json.loads(data["__meta__"].tobytes().decode())

@@ -251,7 +251,16 @@ def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray],
     spec = _vector_spec(size, "int64")
     shares = {}
     for s, v in vectors.items():
-        rows = share(codec.encode(v), n_sites, threshold, rng=None)  # (S, m) at x = 1..S; cryptographic coefficients
+        try:
+            encoded = codec.encode(v)
+        except OverflowError as exc:
+            raise OverflowError(
+                f"site {s}: Shamir sharing encodes values up to {codec.max_abs:.3g} in fixed point "
+                f"(frac_bits={aggregation.frac_bits}), and this site's sums are larger ({exc}). Centre and scale the "
+                "data before fitting (a round of raw moments shares sums of squares), lower frac_bits, or use the "
+                "'consensus' or 'chunked' aggregation"
+            ) from None
+        rows = share(encoded, n_sites, threshold, rng=None)  # (S, m) at x = 1..S; cryptographic coefficients
         shares[s] = [{"x": rows[j]} for j in range(n_sites)]
     received = transport.all_to_all(spec, shares)
     holder_sums = {}

@@ -12,7 +12,8 @@ the results:
   draws (participation) use ``spawn_key=(2, r)``, so results do not depend on the
   order in which sites run nor on the process pool;
 * partial participation: a site may miss a round (scheduled, random, or because its
-  step raised); the global step sees only the sites that replied;
+  step raised); the global step sees only the sites that replied.  The first failure of
+  each site raises a :class:`SiteFailedWarning`; every failure is in the history;
 * a round with fewer than ``min_sites`` replies stops the fit with
   :class:`RoundFailed` -- no partial global update is ever broadcast;
 * callbacks run after every round (progress bar, history, checkpoint).
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import time
 import traceback
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,10 +33,10 @@ import numpy as np
 
 from ..protocol.base import RoundProtocol, SiteContext, sum_messages
 from .checkpoint import Checkpoint, read_checkpoint, write_checkpoint
-from ..protocol.messages import Field, Message, MessageSpec, decode, encode, header_fields
+from ..protocol.messages import Field, Message, MessageError, MessageSpec, decode, encode, header_fields
 
 __all__ = [
-    "simulate", "SimulationResult", "RoundRecord", "RoundFailed", "site_rng", "Participation",
+    "simulate", "SimulationResult", "RoundRecord", "RoundFailed", "SiteFailedWarning", "site_rng", "Participation",
     "run_site_step", "server_update", "global_update", "encode_state", "decode_state",
 ]
 
@@ -50,6 +52,10 @@ class RoundFailed(RuntimeError):
     def __init__(self, round: int, message: str):
         super().__init__(f"round {round}: {message}")
         self.round = round
+
+
+class SiteFailedWarning(UserWarning):
+    """A site's step raised; the site is left out of that round (the fit goes on without it)."""
 
 
 @dataclass
@@ -331,11 +337,18 @@ def simulate(
             )
         if random_state is not None and saved.seed != seed:
             raise ValueError(f"checkpoint {checkpoint} was written with seed {saved.seed}, not {seed}")
+        if saved.round > n_rounds:
+            raise ValueError(f"checkpoint {checkpoint} is after round {saved.round}, beyond this run's n_rounds={n_rounds}")
         seed, first_round = saved.seed, saved.round + 1
-        broadcast, states = protocol.broadcast_spec.validate(saved.broadcast), saved.site_states
+        try:
+            broadcast = protocol.broadcast_spec.validate(saved.broadcast)
+        except MessageError as exc:
+            raise ValueError(f"checkpoint {checkpoint} was written by a differently configured {protocol.name!r} fit: {exc}") from None
+        states = saved.site_states
         history = [RoundRecord.from_dict(h) for h in saved.history]
 
     pool = ProcessPoolExecutor(max_workers=n_jobs, initializer=_pool_init, initargs=(protocol, sites)) if n_jobs > 1 else None
+    warned: set[int] = set()  # sites whose failure has been reported by a warning
     try:
         for rnd in range(first_round, n_rounds + 1):
             t0 = time.perf_counter()
@@ -369,6 +382,13 @@ def simulate(
             if len(replies) < min_sites:
                 detail = "; ".join(f"site {s}: {m.splitlines()[0]}" for s, m in failed.items())
                 raise RoundFailed(rnd, f"{len(replies)} site(s) replied, at least {min_sites} needed" + (f" ({detail})" if detail else ""))
+            for s in sorted(set(failed) - warned):
+                warned.add(s)
+                warnings.warn(
+                    f"round {rnd}: site {s} failed and is left out of the round ({failed[s].splitlines()[0]}); "
+                    "the fit goes on with the sites that replied. Every failure is in the history (record.failed)",
+                    SiteFailedWarning, stacklevel=2,
+                )
 
             broadcast, metrics, contributors, secure_bytes = server_update(
                 protocol, replies, rnd, broadcast, aggregation=aggregation, aggregator=aggregator, seed=seed
