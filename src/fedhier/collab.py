@@ -19,24 +19,30 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .data.validation import check_site_index
 from .models.collabdict.graphs import check_adjacency
 from .models.collabdict.protocol import (GGMMixtureProtocol, MomentsProtocol, VAEProtocol, check_site_matrix,
                                          check_vae_options, standardise)
 from .models.collabdict.rdp import (dp_event, epsilon_dp, optimal_order, paper_epsilon, precision_norm_bound,
                                     release_pattern_means, tight_epsilon)
 from .models.collabdict.scores import score_expected, score_logloss, variable_scores
-from .utils.io import atomic_write_bytes, write_csv
+from .utils.io import atomic_write_bytes, json_text, write_csv
 
 __all__ = ["CollabDict", "CollabVAE", "cli_collab"]
 
 _RUNTIMES = ("peer", "star")
 
 
+def _check_max_iter(max_iter: Any) -> None:
+    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
+        raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
+
+
 def _write_model(path: str | Path, kind: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Path:
     """One ``.npz`` of declared arrays plus a JSON ``meta`` entry naming ``kind``; no pickle, written atomically."""
     meta = {"kind": kind, **meta}
     buf = io.BytesIO()
-    np.savez(buf, **arrays, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+    np.savez(buf, **arrays, meta=np.frombuffer(json_text(meta).encode(), dtype=np.uint8))
     return atomic_write_bytes(path, buf.getvalue())
 
 
@@ -175,6 +181,7 @@ class CollabDict:
             raise ValueError(f"runtime must be one of {_RUNTIMES} (use fit_mpi for MPI), got {self.runtime!r}")
         if int(self.n_components) < 1:
             raise ValueError(f"n_components must be >= 1, got {self.n_components}")
+        _check_max_iter(self.max_iter)
         if not 0.0 < self.contamination < 1.0:
             raise ValueError(f"contamination must lie in (0, 1), got {self.contamination}")
 
@@ -229,6 +236,9 @@ class CollabDict:
             raise ValueError("no sites given")
         first = check_site_matrix(0, sites[0])
         sites = [check_site_matrix(s, x, first.shape[1]) for s, x in enumerate(sites)]
+        if first.shape[1] < 2:
+            raise ValueError("CollabDict models the dependence between variables and needs at least 2 of them, got 1; "
+                             "CollabVAE fits a single variable")
         if self.graph is not None and check_adjacency(self.graph).shape[0] != len(sites):
             raise ValueError(f"graph has {np.shape(self.graph)[0]} vertices but there are {len(sites)} sites")
 
@@ -342,9 +352,8 @@ class CollabDict:
 
     def _site_weights(self, site: int) -> np.ndarray:
         self._check_fitted()
-        if not 0 <= int(site) < self.n_sites_:
-            raise ValueError(f"site must lie in 0..{self.n_sites_ - 1}, got {site}")
-        w = self.weights_[int(site)]
+        site = check_site_index(site, self.n_sites_)
+        w = self.weights_[site]
         if np.any(np.isnan(w)):
             raise ValueError(f"site {site}: its private weights are not held by this process")
         return np.where(self.active_, w, 0.0)
@@ -374,7 +383,7 @@ class CollabDict:
     def predict(self, X: np.ndarray, site: int, threshold: float | None = None) -> np.ndarray:
         """1 where ``score_samples(X, site) > threshold`` (anomaly), else 0; default ``thresholds_[site]``."""
         scores = self.score_samples(X, site)
-        thr = self.thresholds_[int(site)] if threshold is None else float(threshold)
+        thr = self.thresholds_[check_site_index(site, self.n_sites_)] if threshold is None else float(threshold)
         if np.isnan(thr):
             raise ValueError(f"site {site}: no training threshold here; pass threshold=")
         return (scores > thr).astype(np.int64)
@@ -451,6 +460,9 @@ class CollabVAE:
         from .models.collabdict.vae import encoder_shapes
 
         check_vae_options(self.n_latent, self.width, self.learning_rate, self.local_steps, self.max_grad_norm)
+        _check_max_iter(self.max_iter)
+        if isinstance(self.n_draws, bool) or not isinstance(self.n_draws, (int, np.integer)) or self.n_draws < 1:
+            raise ValueError(f"n_draws must be a positive integer, got {self.n_draws!r}")
         helper = CollabDict(aggregation=self.aggregation, graph=self.graph, step=self.step, rel_tol=self.rel_tol,
                             n_chunks=self.n_chunks, runtime=self.runtime, random_state=self.random_state)
         sites = list(sites)
@@ -482,15 +494,18 @@ class CollabVAE:
         from .models.collabdict.vae import reconstruction_scores
 
         self._check_fitted()
-        if int(site) not in self.encoders_:
-            raise ValueError(f"site must lie in 0..{self.n_sites_ - 1}, got {site}")
+        site = check_site_index(site, self.n_sites_)
+        if site not in self.encoders_:
+            raise ValueError(f"site {site}: its encoder is not held by this process")
         X = np.asarray(X, dtype=float)
         if X.ndim != 2 or X.shape[1] != self.n_features_in_:
             raise ValueError(f"X must have shape (n, {self.n_features_in_}), got {X.shape}")
-        seq = np.random.SeedSequence(int(self.random_state), spawn_key=(9, int(site)))
+        if not np.all(np.isfinite(X)):
+            raise ValueError("X contains NaN or inf")
+        seq = np.random.SeedSequence(int(self.random_state), spawn_key=(9, site))
         rng = np.random.Generator(np.random.PCG64(seq))
         Z = standardise(X, self.center_, self.scale_)
-        return reconstruction_scores(Z, self.decoder_, self.encoders_[int(site)], rng, self.n_draws)
+        return reconstruction_scores(Z, self.decoder_, self.encoders_[site], rng, self.n_draws)
 
     def score_samples(self, X: np.ndarray, site: int) -> np.ndarray:
         """Eq. (39): Monte Carlo reconstruction log loss at ``site``, shape (n,)."""

@@ -126,6 +126,31 @@ def test_input_validation_names_the_site():
         CollabDict(K).fit([sites[0], sites[1][:, :2], sites[2]])
     with pytest.raises(ValueError, match="not fitted"):
         CollabDict(K).score_samples(sites[0], site=0)
+    with pytest.raises(ValueError, match="at least 2 of them"):
+        CollabDict(K).fit([s[:, :1] for s in sites])
+    with pytest.raises(ValueError, match="max_iter must be a positive integer"):
+        CollabDict(K, max_iter=0).fit(sites)
+
+
+def test_scoring_refuses_a_fractional_site_and_flags_overflowing_rows():
+    model = CollabDict(K, max_iter=5, random_state=0).fit(_sites(4))
+    with pytest.raises(ValueError, match="site must be an integer"):
+        model.predict(_sites(4)[0], site=1.7)
+    # far rows, the last two so far that every component density underflows to 0: +inf, flagged (not nan)
+    far = np.array([[1e100, 0.0, 0.0], [1e160, 0.0, 0.0], [0.0, -1e200, 0.0]])
+    for score in ("expected", "logloss"):
+        model.score = score
+        scores = model.score_samples(far, site=0)
+        assert scores[0] > 1e150 and np.all(scores[1:] == np.inf), scores
+        assert np.all(model.predict(far, site=0) == 1)
+
+
+def test_shamir_overflow_names_the_site_and_the_remedy():
+    sites = [x + 2e4 for x in _sites(4)]  # raw sums of squares (about 2e10) beyond the fixed-point range
+    with pytest.raises(OverflowError, match="site 0: Shamir sharing encodes values up to .*Centre and scale the data"):
+        CollabDict(K, aggregation="shamir").fit(sites)
+    model = CollabDict(K, aggregation="shamir", max_iter=3, random_state=0).fit([x - 2e4 for x in sites])
+    assert np.all(np.isfinite(model.score_samples(sites[0] - 2e4, site=0)))
 
 
 def test_cli_fit_and_score(tmp_path):

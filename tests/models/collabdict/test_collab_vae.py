@@ -64,11 +64,14 @@ def test_reconstruction_scores_sum_to_the_mc_log_loss():
     for _ in range(4):
         e = np.maximum(X @ phi["V1"].T + phi["c1"], 0)
         m, h = e @ phi["V2"].T + phi["c2"], np.logaddexp(0, e @ phi["V3"].T + phi["c3"]) + 1e-4
-        z = m + h * rng.standard_normal(m.shape)
+        z = m + h * rng.standard_normal((1, m.shape[1]))  # the same draws for every row
         g = np.maximum(z @ theta["W1"].T + theta["b1"], 0)
         mu, sig = g @ theta["W2"].T + theta["b2"], np.logaddexp(0, g @ theta["W3"].T + theta["b3"]) + 1e-4
         total += -norm(mu, sig).logpdf(X).sum(axis=1)
     assert np.allclose(s1.sum(axis=1), total / 4)
+    # so a row's score does not depend on the other rows of the call
+    s_part = reconstruction_scores(X[2:4], theta, phi, np.random.default_rng(3), n_draws=4)
+    np.testing.assert_allclose(s_part, s1[2:4], rtol=1e-12)
 
 
 def _sites(seed=0):
@@ -89,6 +92,11 @@ def test_decentralised_vae_equals_star_and_learns():
     outlier = X + np.array([0, 0, 8.0, -8.0])
     assert np.all(peer.score_samples(outlier, site=1) > peer.score_samples(X, site=1))
     assert peer.variable_scores(outlier, site=1).shape == (5, 4)
+    for bad in (np.nan, np.inf):
+        with pytest.raises(ValueError, match="NaN or inf"):
+            peer.score_samples(np.where(np.arange(4) == 0, bad, X), site=1)
+    with pytest.raises(ValueError, match="site must be an integer"):
+        peer.score_samples(X, site=1.5)
 
 
 def test_save_load_gives_identical_scores_and_refuses_wrong_files(tmp_path):
@@ -163,7 +171,7 @@ def test_default_clip_trains_every_start():
 
 
 @pytest.mark.parametrize("option", [{"n_latent": 0}, {"width": 2.5}, {"learning_rate": 0.0}, {"local_steps": -1},
-                                    {"max_grad_norm": 0.0}])
+                                    {"max_grad_norm": 0.0}, {"max_iter": 0}, {"n_draws": 0}])
 def test_bad_options_are_refused_before_any_round(option, monkeypatch):
     import fedhier.collab as collab
 

@@ -74,7 +74,11 @@ def responsibilities(log_dens: np.ndarray, weights: np.ndarray, active: np.ndarr
     if active is not None:
         logw = np.where(active, logw, -np.inf)
     joint = log_dens + logw
-    return np.exp(joint - logsumexp(joint, axis=1, keepdims=True))
+    total = logsumexp(joint, axis=1, keepdims=True)
+    far = np.isneginf(total[:, 0])  # a row no component can produce (its densities underflow to 0)
+    if far.any():  # then the mixture weights, so that its scores are +inf instead of nan
+        joint[far], total[far] = logw, logsumexp(logw)
+    return np.exp(joint - total)
 
 
 def sufficient_statistics(X: np.ndarray, resp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

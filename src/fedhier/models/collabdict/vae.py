@@ -116,12 +116,16 @@ def reconstruction_scores(X: np.ndarray, theta: dict[str, np.ndarray], phi: dict
     """Variable-wise scores of §8.4 [R], shape ``(n, M)``; their row sums are Eq. (39).
 
     ``a_i(x) = 1/J sum_j [1/2 ln(2 pi sigma_i^2(z_j)) + (x_i - mu_i(z_j))^2 / (2 sigma_i^2(z_j))]``
-    with ``z_j ~ N(m(x), diag h(x)^2)`` (``J = n_draws >= 32`` recommended).
+    with ``z_j ~ N(m(x), diag h(x)^2)`` (``J = n_draws >= 32`` recommended).  Every row uses the same
+    J standard normal draws (``z_j = m(x) + h(x) eps_j``), so a row's score does not depend on the
+    other rows of ``X``.
     """
+    if isinstance(n_draws, bool) or int(n_draws) != n_draws or n_draws < 1:
+        raise ValueError(f"n_draws must be a positive integer, got {n_draws!r}")
     _, _, m, _, h = _encode(phi, X)
     acc = np.zeros_like(X, dtype=float)
     for _ in range(int(n_draws)):
-        z = m + h * rng.standard_normal(m.shape)
+        z = m + h * rng.standard_normal((1, m.shape[1]))
         _, _, mu, _, sigma = _decode(theta, z)
         acc += 0.5 * (_LOG_2PI + 2.0 * np.log(sigma)) + (X - mu) ** 2 / (2.0 * sigma**2)
     return acc / n_draws
