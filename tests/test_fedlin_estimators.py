@@ -149,6 +149,14 @@ def test_predict_save_load_and_errors(tmp_path):
     (tmp_path / "bad.npz").write_bytes(b"not a model")
     with pytest.raises(Exception):
         load(tmp_path / "bad.npz")
+    for unfitted in (FedHM1Regressor(), FedHM2Regressor()):
+        with pytest.raises(ValueError, match=f"this {type(unfitted).__name__} is not fitted yet"):
+            unfitted.predict(sites[0][0], site=0)
+    with pytest.raises(ValueError, match=r"value must be a number or one per feature \(2,\), got shape \(3,\)"):
+        est.coef_test(np.zeros(3))
+    # hyper-parameters given as numpy scalars are saved as the numbers they hold
+    numpy_params = FedHM2Regressor(n_rounds=np.int64(2), random_state=np.int64(0), n_posterior_draws=np.int64(50)).fit(sites)
+    assert load(numpy_params.save(tmp_path / "np.npz")).n_rounds == 2
 
 
 def test_ditto_closed_form_is_the_minimiser():

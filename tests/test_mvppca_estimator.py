@@ -106,6 +106,22 @@ def test_errors_before_any_work(iid_problem):
     m = FedMVPPCA(n_components=3, n_rounds=1, n_first_iter=3, random_state=0).fit(sites)
     with pytest.raises(ValueError, match="unknown"):
         m.transform({"nope": test["v0"]})
+    for seed in (-1, 1.5, np.random.default_rng(0)):
+        with pytest.raises(ValueError, match="random_state must be None or a non-negative integer seed"):
+            FedMVPPCA(n_components=3, random_state=seed).fit(sites)
+    with pytest.raises(ValueError, match="n_samples must be a positive integer"):
+        m.sample(2.5)
+
+
+def test_score_averages_over_the_subjects_that_have_a_view(iid_problem, tmp_path):
+    sites, test = iid_problem
+    m = FedMVPPCA(n_components=np.int64(3), n_rounds=np.int64(2), n_first_iter=3, random_state=np.int64(0)).fit(sites)
+    half = {v: np.where(np.arange(len(X))[:, None] % 2 == 0, X, np.nan) for v, X in test.items()}  # odd rows: no view
+    assert m.score(half) == pytest.approx(m.score({v: X[::2] for v, X in test.items()}), rel=1e-12)
+    assert np.all(m.score_samples(half)[1::2] == 0.0)
+    # hyper-parameters given as numpy scalars are saved as the numbers they hold
+    back = FedMVPPCA.load(m.save(tmp_path / "m.npz"))
+    assert (back.n_components, back.random_state) == (3, 0) and type(back.n_components) is int
 
 
 def test_interrupted_fit_resumes_from_its_checkpoint(tmp_path, iid_problem):

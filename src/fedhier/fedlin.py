@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .data.validation import check_site_index
 from .models.fedlin.ep import cavity, converged
 from .models.fedlin.hierarchy import BayesianRidge, GaussianHierarchy
 from .models.fedlin.inference import credible_interval, gaussian_interval, inclusion_score, reject_null, select_features, tail_probability
@@ -31,11 +32,16 @@ from .models.fedlin.stats import SiteStats, check_site, check_sites
 from .models.fedlin.tilted import TiltedFailure, device_posterior, tilted_moments
 from .protocol.fedlin import EPProtocol, HM1Protocol, sample_fraction, settle_site_factor
 from .runtime.simulate import simulate, site_rng
-from .utils.io import atomic_write_bytes, atomic_write_text, markdown_table, write_csv, write_json
+from .utils.io import atomic_write_bytes, atomic_write_text, json_text, markdown_table, write_csv, write_json
 
 __all__ = ["FedHM1Regressor", "FedHM2Regressor", "FedLinWarning", "load", "cli_fit_linear", "add_fit_linear_arguments"]
 
 _FORMAT = "fedhier-fedlin-v1"
+
+
+def _check_fitted(model: Any) -> None:
+    if not hasattr(model, "coef_"):
+        raise ValueError(f"this {type(model).__name__} is not fitted yet: call fit(sites) first")
 
 
 class FedLinWarning(UserWarning):
@@ -46,16 +52,10 @@ def _participation(value):
     return None if value is None or value == 1.0 else sample_fraction(value)
 
 
-def _check_site_index(site, n_sites: int) -> int:
-    if isinstance(site, bool) or int(site) != site or not 0 <= int(site) < n_sites:
-        raise ValueError(f"site must be an integer in [0, {n_sites}), got {site!r}")
-    return int(site)
-
-
 def _save_npz(path, arrays: dict[str, np.ndarray], params: dict[str, Any]) -> Path:
     buf = io.BytesIO()
     meta = {"format": _FORMAT, **params}
-    np.savez(buf, __meta__=np.array(json.dumps(meta)), **arrays)
+    np.savez(buf, __meta__=np.array(json_text(meta)), **arrays)
     return atomic_write_bytes(path, buf.getvalue())
 
 
@@ -138,12 +138,14 @@ class FedHM1Regressor:
 
     def predict(self, X, site: int) -> np.ndarray:
         """:math:`\\hat y=X\\theta_k`; ``X`` of shape (n, d), returns (n,)."""
-        site = _check_site_index(site, self.n_sites_)
+        _check_fitted(self)
+        site = check_site_index(site, self.n_sites_)
         X, _ = check_site(X, np.zeros(np.shape(X)[0]), site=site, n_features=self.n_features_)
         return X @ self.coef_[site]
 
     def save(self, path) -> Path:
         """Save to ``path`` (a ``.npz`` of plain arrays plus a JSON header; no pickle)."""
+        _check_fitted(self)
         params = {k: v for k, v in self._params().items()}
         return _save_npz(path, {"coef_": self.coef_, "omega_": self.omega_}, {"kind": "hm1", "params": params, "history": self.history_})
 
@@ -385,22 +387,31 @@ class FedHM2Regressor:
     # ------------------------------------------------------------------ products
     def predict(self, X, site: int) -> np.ndarray:
         """Posterior-mean prediction on ``site``: ``X (n, d) @ coef_[site] + intercept_[site]``."""
-        site = _check_site_index(site, self.coef_.shape[0])
+        _check_fitted(self)
+        site = check_site_index(site, self.coef_.shape[0])
         X, _ = check_site(X, np.zeros(np.shape(X)[0]), site=site, n_features=self.n_features_)
         return X @ self.coef_[site] + self.intercept_[site]
 
     def coef_interval(self, level: float = 0.9) -> np.ndarray:
         """Equal-tailed credible intervals of every :math:`\\theta_{kj}` (spec §4.2), shape (K, d, 2)."""
+        _check_fitted(self)
         return np.stack([credible_interval(dr, level) for dr in self.coef_draws_])
 
     def coef_test(self, value: float | np.ndarray = 0.0, level: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
-        """Test :math:`H_0:\\theta_{kj}=c` (spec §4.2): (reject (K, d) bool, posterior tail probability (K, d))."""
+        """Test :math:`H_0:\\theta_{kj}=c` (spec §4.2): (reject (K, d) bool, posterior tail probability (K, d)).
+
+        ``value``: c, a number or one per feature (d,).
+        """
+        _check_fitted(self)
+        if np.ndim(value) > 1 or np.size(value) not in (1, self.n_features_):
+            raise ValueError(f"value must be a number or one per feature ({self.n_features_},), got shape {np.shape(value)}")
         reject = np.stack([reject_null(dr, value, level) for dr in self.coef_draws_])
         tail = np.stack([tail_probability(dr, value) for dr in self.coef_draws_])
         return reject, tail
 
     def phi_interval(self, level: float = 0.9, natural_scale: bool = False) -> np.ndarray:
         """Gaussian intervals of :math:`\\phi` (spec §4.2), shape (p, 2); ``natural_scale`` exponentiates log-components."""
+        _check_fitted(self)
         ci = gaussian_interval(self.phi_mean_, np.diag(self.phi_cov_), level)
         if natural_scale:
             logs = np.array([n.startswith("log_") for n in self.phi_names_])
@@ -413,6 +424,7 @@ class FedHM2Regressor:
         The new site is appended (its index is returned) so that :meth:`predict`,
         :meth:`coef_interval` and :attr:`selected_features_` cover it.
         """
+        _check_fitted(self)
         X, y = check_site(X_new, y_new, site="new", n_features=self.n_features_)
         xm, xs, ym = self._scaling(X, y)
         stats = SiteStats.from_data((X - xm) / xs, y - ym, site="new")
@@ -428,6 +440,7 @@ class FedHM2Regressor:
     # ------------------------------------------------------------------ persistence
     def save(self, path) -> Path:
         """Save to ``path`` (``.npz`` of plain arrays plus a JSON header; no pickle)."""
+        _check_fitted(self)
         arrays = {
             "r_": self.r_, "Q_": self.Q_, "coef_draws_": self.coef_draws_, "x_mean_": self.x_mean_,
             "x_scale_": self.x_scale_, "y_mean_": self.y_mean_,

@@ -25,7 +25,7 @@ from .models.mvppca.params import GlobalParams, GlobalView, point_model
 from .protocol.mvppca import GLOBAL_FIELDS, BroadcastMetrics, DataScaleWarning, MVPPCAProtocol, global_from_message, theta_settled
 from .runtime.checkpoint import read_checkpoint
 from .runtime.simulate import RoundRecord, simulate
-from .utils.io import atomic_write_bytes
+from .utils.io import atomic_write_bytes, json_text
 
 __all__ = ["FedMVPPCA", "NotFittedError", "DataScaleWarning"]
 
@@ -152,6 +152,10 @@ class FedMVPPCA:
             isinstance(self.tol, bool) or not isinstance(self.tol, numbers.Real) or not 0.0 < float(self.tol) < np.inf
         ):
             raise ValueError(f"tol must be None or a positive number, got {self.tol!r}")
+        if self.random_state is not None and (
+            isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)) or self.random_state < 0
+        ):
+            raise ValueError(f"random_state must be None or a non-negative integer seed, got {self.random_state!r}")
         if self.ig_solver not in ("newton", "fixed_point"):
             raise ValueError(f"ig_solver must be 'newton' or 'fixed_point', got {self.ig_solver!r}")
         if self.sigma2_prior not in ("weak", None):
@@ -383,16 +387,23 @@ class FedMVPPCA:
         return predictive.hierarchical_predictive_variance(self._global, self._views(X), view)
 
     def score_samples(self, X: Mapping[str, Any]) -> np.ndarray:
-        """Marginal log-likelihood (n,) of each subject's observed views (§10, x integrated out)."""
+        """Marginal log-likelihood (n,) of each subject's observed views (§10, x integrated out);
+        0 for a subject with no observed view."""
         return predictive.marginal_loglik(self.model_, self._views(X))
 
     def score(self, X: Mapping[str, Any]) -> float:
-        """Mean marginal log-likelihood per subject."""
-        return float(np.mean(self.score_samples(X)))
+        """Mean marginal log-likelihood over the subjects that have at least one observed view."""
+        views = self._views(X)
+        observed = np.zeros(next(iter(views.values())).shape[0], dtype=bool)
+        for values in views.values():
+            observed |= ~np.isnan(values).all(axis=1)
+        return float(np.mean(predictive.marginal_loglik(self.model_, views)[observed]))
 
     def sample(self, n_samples: int, *, hierarchical: bool = False, random_state: int | None = None):
         """Draw subjects from the point model (§9a) or from a synthetic new site (§9b)."""
         self._check_fitted()
+        if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)) or n_samples < 1:
+            raise ValueError(f"n_samples must be a positive integer, got {n_samples!r}")
         rng = np.random.default_rng(random_state)
         if hierarchical:
             views, _ = predictive.sample_hierarchical(self._global, n_samples, rng)
@@ -433,7 +444,7 @@ class FedMVPPCA:
             "n_sites": self.n_sites_,
             "history": self.history_,
         }
-        arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        arrays["__meta__"] = np.frombuffer(json_text(meta).encode(), dtype=np.uint8)
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)
         return atomic_write_bytes(path, buf.getvalue())

@@ -22,7 +22,14 @@ import numpy as np
 
 from fedhier.data.schema import ViewSchema, _site_label
 
-__all__ = ["check_sites", "check_views"]
+__all__ = ["check_sites", "check_views", "check_site_index"]
+
+
+def check_site_index(site: Any, n_sites: int) -> int:
+    """``site`` as an index into ``n_sites`` sites; ValueError unless it is a whole number in [0, n_sites)."""
+    if isinstance(site, bool) or not isinstance(site, numbers.Real) or int(site) != site or not 0 <= int(site) < n_sites:
+        raise ValueError(f"site must be an integer in [0, {n_sites}), got {site!r}")
+    return int(site)
 
 
 def check_sites(

@@ -10,7 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "write_csv", "write_json", "markdown_table"]
+import numpy as np
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "write_csv", "write_json", "json_text", "markdown_table"]
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -34,8 +36,20 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def _numpy_scalar(value: Any) -> Any:
+    """``json`` fallback: a numpy scalar (``np.int64(3)``, ``np.float32(0.5)``) as the Python number it holds."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def json_text(obj: Any, **options: Any) -> str:
+    """``json.dumps`` that also writes numpy scalars, e.g. hyper-parameters a user passed as ``np.int64``."""
+    return json.dumps(obj, default=_numpy_scalar, **options)
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    return atomic_write_text(path, json_text(obj, indent=2, sort_keys=True) + "\n")
 
 
 def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> Path:
