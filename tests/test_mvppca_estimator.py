@@ -234,3 +234,24 @@ def test_data_far_below_unit_scale_warn_where_the_weak_prior_makes_the_fit_usele
         unit = [{v: X / 0.02 for v, X in site.items()} for site in sites]  # the same data on a unit scale
         scaled = FedMVPPCA(n_components=2, n_rounds=20, random_state=0).fit(unit)
         assert data_scale.relative_imputation_error(scaled, unit[0]) < 0.3
+
+
+def test_dataframe_columns_are_remembered_and_checked_at_prediction(iid_problem, tmp_path):
+    pd = pytest.importorskip("pandas")
+    sites, test = iid_problem
+    frame = lambda X, prefix: pd.DataFrame(X, columns=[f"{prefix}{j}" for j in range(X.shape[1])])  # noqa: E731
+    framed = [{v: frame(X, v) for v, X in site.items()} for site in sites]
+    m = FedMVPPCA(n_components=3, n_rounds=2, n_first_iter=3, random_state=0).fit(framed)
+    assert m.feature_names_in_["v1"] == tuple(f"v1{j}" for j in range(8))
+    same = {v: frame(X, v) for v, X in test.items()}
+    np.testing.assert_array_equal(m.transform(same), m.transform(test))  # arrays carry no names: accepted
+    swapped = dict(same, v1=same["v1"][same["v1"].columns[::-1]])
+    with pytest.raises(ValueError, match=r"X, view 'v1': columns \['v17', .* differ from those seen in fit"):
+        m.transform(swapped)
+    back = FedMVPPCA.load(m.save(tmp_path / "m.npz"))
+    with pytest.raises(ValueError, match="differ from those seen in fit"):
+        back.impute(swapped)
+    # two sites naming a view's columns differently are refused before any work
+    framed[1]["v2"] = framed[1]["v2"][framed[1]["v2"].columns[::-1]]
+    with pytest.raises(ValueError, match=r"site 1, view 'v2': columns .* differ from those of site 0"):
+        FedMVPPCA(n_components=3, n_rounds=1).fit(framed)

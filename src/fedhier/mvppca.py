@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .data.schema import ViewSchema
-from .data.validation import check_sites, check_views
+from .data.validation import check_feature_names, check_sites, check_views, feature_names
 from .models.mvppca import predictive
 from .models.mvppca.waic import waic_site_terms
 from .models.mvppca.params import GlobalParams, GlobalView, point_model
@@ -102,6 +102,9 @@ class FedMVPPCA:
     n_rounds_ : int
         Rounds run by the kept start (fewer than ``n_rounds`` when ``tol`` stopped it).
     schema_ : ViewSchema
+    feature_names_in_ : dict
+        ``{view: column names}`` of the views the sites gave as pandas DataFrames; a DataFrame
+        given for prediction must have these columns in this order (as in scikit-learn).
     n_sites_ : int
     init_seeds_, init_scores_ : list of int, ndarray (n_init,)
         Seed and final expected log-likelihood of every start; ``seed_`` is the kept one's.
@@ -229,7 +232,9 @@ class FedMVPPCA:
             for name, value in (("privacy", self.privacy), ("participation", self.participation), ("checkpoint", checkpoint)):
                 if value is not None:
                     raise ValueError(f"n_init > 1 cannot be combined with {name} (see the n_init parameter); fit one start at a time")
-        sites, schema = check_sites(sites, n_components=self.n_components, min_subjects=2)
+        given = sites
+        sites, schema = check_sites(given, n_components=self.n_components, min_subjects=2)
+        names = feature_names(given)  # of the views given as DataFrames; checked again at prediction
         protocol = self._protocol(schema)
         if self.privacy is not None:
             self._check_privacy(sites)
@@ -275,6 +280,7 @@ class FedMVPPCA:
         scores = np.array([r.history[-1].metrics["expected_ll"] for r in results])
         result = results[int(np.argmax(scores))]
         self._adopt(result.broadcast, schema, result.history, seed=result.seed, n_sites=len(sites))
+        self.feature_names_in_ = names
         self.init_seeds_ = [r.seed for r in results]
         self.init_scores_ = scores
         if self.privacy is not None:
@@ -309,6 +315,7 @@ class FedMVPPCA:
         self.seed_ = int(seed)
         self.history_ = [self._history_row(r) for r in history]
         self.n_rounds_ = len(self.history_)
+        self.feature_names_in_: dict[str, tuple[str, ...]] = {}
 
     @classmethod
     def from_broadcast(
@@ -351,7 +358,9 @@ class FedMVPPCA:
 
     def _views(self, X: Mapping[str, Any]) -> dict[str, np.ndarray]:
         self._check_fitted()
-        return check_views(X, self.schema_)
+        views = check_views(X, self.schema_)
+        check_feature_names(self.feature_names_in_, X)
+        return views
 
     def transform(self, X: Mapping[str, Any]) -> np.ndarray:
         """Latent posterior means (n, q) given each subject's observed views (§9)."""
@@ -442,6 +451,7 @@ class FedMVPPCA:
             },
             "schema": {"names": list(self.schema_.names), "dims": list(self.schema_.dims)},
             "n_sites": self.n_sites_,
+            "feature_names_in": {view: list(names) for view, names in self.feature_names_in_.items()},
             "history": self.history_,
         }
         arrays["__meta__"] = np.frombuffer(json_text(meta).encode(), dtype=np.uint8)
@@ -471,5 +481,6 @@ class FedMVPPCA:
         model.schema_ = schema
         model.n_sites_ = meta["n_sites"]
         model.history_ = meta["history"]
+        model.feature_names_in_ = {view: tuple(names) for view, names in meta.get("feature_names_in", {}).items()}
         model.n_rounds_ = len(model.history_)
         return model

@@ -22,7 +22,7 @@ import numpy as np
 
 from fedhier.data.schema import ViewSchema, _site_label
 
-__all__ = ["check_sites", "check_views", "check_site_index"]
+__all__ = ["check_sites", "check_views", "check_site_index", "feature_names", "check_feature_names"]
 
 
 def check_site_index(site: Any, n_sites: int) -> int:
@@ -168,6 +168,47 @@ def _check_one(site: Any, where: str, *, schema: ViewSchema | None) -> dict[str,
     return views
 
 
+def _is_frame(raw: Any) -> bool:
+    """A pandas DataFrame (or anything that looks like one), without importing pandas."""
+    return hasattr(raw, "dtypes") and hasattr(raw, "to_numpy") and hasattr(raw, "columns")
+
+
+def feature_names(sites: Sequence[Any], site_names: Sequence[str] | None = None) -> dict[str, tuple[str, ...]]:
+    """Column names of the views that sites give as DataFrames, ``{view: names}``.
+
+    Views given as arrays have no names and are left out.  ValueError when two sites name a
+    view's columns differently (a different order included): the columns would be mixed up.
+    """
+    names: dict[str, tuple[str, ...]] = {}
+    first: dict[str, str] = {}
+    for s, site in enumerate(sites):
+        where = _site_label(s, site_names)
+        for view, raw in _view_pairs(site, where):
+            if not _is_frame(raw):
+                continue
+            columns = tuple(str(c) for c in raw.columns)
+            if view in names and columns != names[view]:
+                raise ValueError(
+                    f"{where}, view {view!r}: columns {list(columns)} differ from those of {first[view]} "
+                    f"{list(names[view])}; give every site the same columns in the same order"
+                )
+            names.setdefault(view, columns)
+            first.setdefault(view, where)
+    return names
+
+
+def check_feature_names(fitted: Mapping[str, Sequence[str]], X: Any, name: str = "X") -> None:
+    """Refuse DataFrame views of ``X`` whose columns differ from the names seen in fit (as scikit-learn does)."""
+    for view, raw in _view_pairs(X, name):
+        if view in fitted and _is_frame(raw):
+            columns = tuple(str(c) for c in raw.columns)
+            if columns != tuple(fitted[view]):
+                raise ValueError(
+                    f"{name}, view {view!r}: columns {list(columns)} differ from those seen in fit {list(fitted[view])}; "
+                    "select them in that order"
+                )
+
+
 def _view_pairs(site: Any, where: str) -> list[tuple[Any, Any]]:
     """``(view, array)`` pairs of a mapping or of a sequence of pairs."""
     if isinstance(site, Mapping):
@@ -184,7 +225,7 @@ def _view_pairs(site: Any, where: str) -> list[tuple[Any, Any]]:
 
 def _as_float_matrix(raw: Any, where: str) -> np.ndarray:
     """Convert one view to a fresh float64 (n, d) array, refusing non-numeric content."""
-    if hasattr(raw, "dtypes") and hasattr(raw, "to_numpy") and hasattr(raw, "columns"):
+    if _is_frame(raw):
         bad = [str(col) for col, dt in zip(raw.columns, raw.dtypes) if getattr(dt, "kind", "O") not in "biuf"]
         if bad:
             raise ValueError(f"{where}: non-numeric DataFrame column(s) {bad}; convert or drop them first")
