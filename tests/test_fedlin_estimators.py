@@ -146,6 +146,10 @@ def test_predict_save_load_and_errors(tmp_path):
         est.predict(np.ones((2, 3)), site=0)
     with pytest.raises(ValueError, match="prior must be"):
         FedHM2Regressor(prior="horseshoe").fit(sites)
+    with pytest.raises(ValueError, match="tilted_method must be one of"):
+        FedHM2Regressor(tilted_method="laplace").fit(sites)
+    with pytest.raises(ValueError, match="n_posterior_draws must be an integer >= 2"):
+        FedHM2Regressor(n_posterior_draws=1).fit(sites)
     (tmp_path / "bad.npz").write_bytes(b"not a model")
     with pytest.raises(Exception):
         load(tmp_path / "bad.npz")

@@ -38,28 +38,35 @@ def _check_max_iter(max_iter: Any) -> None:
         raise ValueError(f"max_iter must be a positive integer, got {max_iter!r}")
 
 
-def _write_model(path: str | Path, kind: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Path:
-    """One ``.npz`` of declared arrays plus a JSON ``meta`` entry naming ``kind``; no pickle, written atomically."""
+def _write_model(path: str | Path, kind: str, arrays: dict[str, np.ndarray], meta: dict[str, Any],
+                 graph: np.ndarray | None) -> Path:
+    """One ``.npz`` of declared arrays (and the peer ``graph``, if one was given) plus a JSON ``meta`` entry
+    naming ``kind``; no pickle, written atomically."""
     meta = {"kind": kind, **meta}
+    if graph is not None:
+        arrays = {**arrays, "graph": np.asarray(graph, dtype=float)}
     buf = io.BytesIO()
     np.savez(buf, **arrays, meta=np.frombuffer(json_text(meta).encode(), dtype=np.uint8))
     return atomic_write_bytes(path, buf.getvalue())
 
 
-def _read_model(path: str | Path, kind: str, required: Sequence[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Arrays and meta of a file written by :func:`_write_model`; refuses another kind or missing arrays."""
+def _read_model(path: str | Path, kind: str, required: Sequence[str]) -> tuple[dict[str, np.ndarray], dict[str, Any],
+                                                                              np.ndarray | None]:
+    """Arrays, meta and peer graph (or None) of a file written by :func:`_write_model`; refuses another kind
+    or missing arrays."""
     with np.load(path, allow_pickle=False) as data:
         if "meta" not in data.files:
             raise ValueError(f"{path}: not a fedhier model file (no meta entry)")
         meta = json.loads(bytes(data["meta"]).decode())
-        arrays = {name: data[name] for name in data.files if name != "meta"}
+        arrays = {name: data[name] for name in data.files if name not in ("meta", "graph")}
+        graph = data["graph"] if "graph" in data.files else None
     found = meta.get("kind", "CollabDict")  # files written before the kind was recorded hold a CollabDict
     if found != kind:
         raise ValueError(f"{path} holds a {found}, not a {kind}; use {found}.load")
     missing = [name for name in required if name not in arrays]
     if missing:
         raise ValueError(f"{path}: arrays {missing} missing; the file is damaged or from another version")
-    return arrays, meta
+    return arrays, meta, graph
 
 
 _ARRAYS = ("center_", "scale_", "mu_", "precision_", "sigma_", "n_bar_", "active_", "published_means_",
@@ -396,13 +403,14 @@ class CollabDict:
                 "n_min": self.n_min_, "n_iter": self.n_iter_, "converged": bool(self.converged_),
                 "privacy_spent": {str(k): v for k, v in self.privacy_spent_.items()},
                 "diameter": self.diameter_, "bound": self.bound_}
-        return _write_model(path, "CollabDict", {name: np.asarray(getattr(self, name)) for name in _ARRAYS}, meta)
+        return _write_model(path, "CollabDict", {name: np.asarray(getattr(self, name)) for name in _ARRAYS}, meta,
+                            self.graph)
 
     @classmethod
     def load(cls, path: str | Path) -> "CollabDict":
         """Read a model written by :meth:`save`."""
-        arrays, meta = _read_model(path, "CollabDict", _ARRAYS)
-        model = cls(**meta["params"])
+        arrays, meta, graph = _read_model(path, "CollabDict", _ARRAYS)
+        model = cls(**meta["params"], graph=graph)
         for name in _ARRAYS:
             setattr(model, name, arrays[name])
         model.active_ = model.active_.astype(bool)
@@ -530,15 +538,15 @@ class CollabVAE:
         for site, encoder in self.encoders_.items():
             arrays.update({f"encoder/{site}/{name}": value for name, value in encoder.items()})
         meta = {"params": self._params(), "n_sites": self.n_sites_, "n_features": self.n_features_in_}
-        return _write_model(path, "CollabVAE", arrays, meta)
+        return _write_model(path, "CollabVAE", arrays, meta, self.graph)
 
     @classmethod
     def load(cls, path: str | Path) -> "CollabVAE":
         """Read a model written by :meth:`save`; every array's shape is checked against the meta."""
         from .models.collabdict.vae import decoder_shapes, encoder_shapes
 
-        arrays, meta = _read_model(path, "CollabVAE", ())
-        model = cls(**meta["params"])
+        arrays, meta, graph = _read_model(path, "CollabVAE", ())
+        model = cls(**meta["params"], graph=graph)
         M, d, H, n_sites = int(meta["n_features"]), int(model.n_latent), int(model.width), int(meta["n_sites"])
         expected = {"center": (M,), "scale": (M,)}
         expected.update({f"decoder/{name}": shape for name, shape in decoder_shapes(M, d, H).items()})

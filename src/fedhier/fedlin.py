@@ -29,6 +29,7 @@ from .models.fedlin.inference import credible_interval, gaussian_interval, inclu
 from .models.fedlin.lasso import BayesianLasso
 from .models.fedlin.natural import to_moments
 from .models.fedlin.stats import SiteStats, check_site, check_sites
+from .models.fedlin.tilted import METHODS as TILTED_METHODS
 from .models.fedlin.tilted import TiltedFailure, device_posterior, tilted_moments
 from .protocol.fedlin import EPProtocol, HM1Protocol, sample_fraction, settle_site_factor
 from .runtime.simulate import simulate, site_rng
@@ -302,6 +303,11 @@ class FedHM2Regressor:
     # ------------------------------------------------------------------ fit
     def fit(self, sites: Sequence[tuple[np.ndarray, np.ndarray]]) -> "FedHM2Regressor":
         """Run federated EP (Algorithm 3) over ``sites`` and compute every site's posterior."""
+        if self.tilted_method not in TILTED_METHODS:
+            raise ValueError(f"tilted_method must be one of {TILTED_METHODS}, got {self.tilted_method!r}")
+        if isinstance(self.n_posterior_draws, bool) or int(self.n_posterior_draws) != self.n_posterior_draws or self.n_posterior_draws < 2:
+            raise ValueError(f"n_posterior_draws must be an integer >= 2 (intervals and tests are taken from the draws), "
+                             f"got {self.n_posterior_draws!r}")
         sites = check_sites(sites)
         K, d = len(sites), sites[0][0].shape[1]
         self.model_ = self._make_model(d)

@@ -107,11 +107,14 @@ def test_diversity_monitor_reported_per_round():
 
 def test_save_load_roundtrip(tmp_path):
     sites = _sites()
-    model = CollabDict(K, max_iter=5, random_state=0).fit(sites)
+    ring = np.roll(np.eye(len(sites)), 1, axis=1) + np.roll(np.eye(len(sites)), -1, axis=1)
+    model = CollabDict(K, max_iter=5, random_state=0, graph=ring).fit(sites)
     path = model.save(tmp_path / "m.npz")
     again = CollabDict.load(path)
     assert np.allclose(again.score_samples(sites[1], site=1), model.score_samples(sites[1], site=1))
     assert again.privacy_spent_ == model.privacy_spent_
+    np.testing.assert_array_equal(again.graph, ring)  # a refit runs on the same peer graph
+    assert CollabDict.load(CollabDict(K, max_iter=2, random_state=0).fit(sites).save(tmp_path / "n.npz")).graph is None
 
 
 def test_input_validation_names_the_site():

@@ -42,7 +42,10 @@ from .lasso import sample_lasso_tilted
 from .natural import inv_pd, is_pd, moments_from_draws, symmetrise, to_moments, unbiased_precision
 from .stats import SiteStats
 
-__all__ = ["TiltedFailure", "TiltedResult", "tilted_moments", "DevicePosterior", "device_posterior"]
+__all__ = ["TiltedFailure", "TiltedResult", "tilted_moments", "DevicePosterior", "device_posterior", "METHODS"]
+
+#: the ways of computing the tilted moments (``method`` of :func:`tilted_moments`)
+METHODS = ("auto", "exact", "quadrature", "importance", "mcmc")
 
 
 class TiltedFailure(ValueError):
@@ -239,7 +242,7 @@ def tilted_moments(
             {"rhat": draws.rhat, "acceptance": draws.acceptance, "last_phi": draws.phi[:, -1], "last_theta": draws.theta[:, -1]},
         )
     if method not in ("quadrature", "importance"):
-        raise ValueError(f"unknown tilted-moment method {method!r}")
+        raise ValueError(f"unknown tilted-moment method {method!r}; one of {METHODS}")
 
     def logf(z):
         return _log_tilted(model, stats, cavity_mean, cavity_Q, z)
