@@ -255,3 +255,13 @@ def test_dataframe_columns_are_remembered_and_checked_at_prediction(iid_problem,
     framed[1]["v2"] = framed[1]["v2"][framed[1]["v2"].columns[::-1]]
     with pytest.raises(ValueError, match=r"site 1, view 'v2': columns .* differ from those of site 0"):
         FedMVPPCA(n_components=3, n_rounds=1).fit(framed)
+
+
+def test_data_far_above_unit_scale_warn_where_the_cap_on_the_loadings_variance_binds(example):
+    data_scale = example("mvppca_data_scale")  # the data of examples/mvppca_data_scale.py
+    with pytest.warns(DataScaleWarning, match=r"site \d, view 'v\d': its entries have variance .* far above unit scale") as caught:
+        FedMVPPCA(n_components=2, n_rounds=2, random_state=0).fit(data_scale.make_sites(1000.0))
+    assert len(caught) == 9  # every view at every site
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataScaleWarning)
+        FedMVPPCA(n_components=2, n_rounds=2, random_state=0).fit(data_scale.make_sites(10.0))

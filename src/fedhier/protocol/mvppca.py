@@ -41,8 +41,13 @@ log = logging.getLogger(__name__)
 
 
 class DataScaleWarning(UserWarning):
-    """A site's view varies less than the round-1 prior on sigma2 lets its noise be, so the fit may
-    explain the view as noise (see :meth:`MVPPCAProtocol._check_scale`)."""
+    """A site's view is far from the unit scale the [RC] defaults assume: it varies less than the round-1
+    prior on sigma2 lets its noise be, or far more than the cap on sigma2_W~ is made for (see
+    :meth:`MVPPCAProtocol._check_scale`)."""
+
+
+#: variance per entry above which a view is far above unit scale (sd 100; examples/mvppca_data_scale.py)
+LARGE_VARIANCE = 1e4
 
 
 GLOBAL_FIELDS = ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta", "noise_var", "var_sigma")
@@ -281,20 +286,16 @@ class MVPPCAProtocol(RoundProtocol):
             self._check_scale(site, view, values)
 
     def _check_scale(self, site: int, view: str, values: Any) -> None:
-        """Warn when the round-1 prior on sigma2 would swamp this view (runs at the site, before any round).
+        """Warn when this view is far from unit scale, which the [RC] defaults assume (runs at the site,
+        before any round; the experiments min-max scale their data).
 
-        Round 1 uses the [RC] weak IG(2.25, 0.625) (``sigma2_prior="weak"``) or the initial prior's
-        IG(alpha, beta).  Eq. (21) then gives sigma2 >= 2 beta / (N d + 2 (alpha + 1)) whatever the
-        data; when that exceeds the view's variance per entry, the prior sets the noise level and the
-        fit may explain the view as noise.  This happens with data far below unit scale (the [RC]
-        defaults assume scaled data, as in the experiments).
+        Far below: round 1 uses the [RC] weak IG(2.25, 0.625) (``sigma2_prior="weak"``) or the initial
+        prior's IG(alpha, beta).  Eq. (21) then gives sigma2 >= 2 beta / (N d + 2 (alpha + 1)) whatever
+        the data; when that exceeds the view's variance per entry, the prior sets the noise level and
+        the fit may explain the view as noise.  Far above (variance per entry beyond
+        :data:`LARGE_VARIANCE`): the [RC] cap sigma2_W~ <= ||W~||_F / 5 (§5.1) compares a variance with
+        a norm, so it holds the sites' loadings the tighter the larger the data's scale.
         """
-        if self.initial_prior is not None and view in self.initial_prior:
-            alpha, beta = float(self.initial_prior[view].alpha), float(self.initial_prior[view].beta)
-        elif self.sigma2_prior == "weak":
-            alpha, beta = weak_ig_prior()
-        else:
-            return
         X = np.asarray(values, dtype=float)
         if X.ndim != 2:
             return  # the shape is refused, with its own message, when the site's views are read
@@ -302,6 +303,18 @@ class MVPPCAProtocol(RoundProtocol):
         if X.size == 0 or not np.all(np.isfinite(X)):
             return
         variance = float(np.mean((X - X.mean(axis=0)) ** 2))
+        if variance > LARGE_VARIANCE:
+            warnings.warn(DataScaleWarning(
+                f"site {site}, view {view!r}: its entries have variance {variance:.3g}, far above unit scale. The [RC] "
+                "cap sigma2_W~ <= ||W~||_F / 5 compares a variance with a norm, so on this scale it holds the sites' "
+                "loadings far tighter than on scaled data, and the fit can degrade. Scale the data first (e.g. "
+                "fedhier.data.MinMaxScaling, as the experiments do)."), stacklevel=3)
+        if self.initial_prior is not None and view in self.initial_prior:
+            alpha, beta = float(self.initial_prior[view].alpha), float(self.initial_prior[view].beta)
+        elif self.sigma2_prior == "weak":
+            alpha, beta = weak_ig_prior()
+        else:
+            return
         implied = 2.0 * beta / (X.size + 2.0 * (alpha + 1.0))
         if variance < implied:
             warnings.warn(DataScaleWarning(
