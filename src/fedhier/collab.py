@@ -465,12 +465,11 @@ class CollabVAE:
 
     def fit(self, sites: Sequence[np.ndarray]) -> "CollabVAE":
         """Fit on the sites' private data; see :meth:`CollabDict.fit`."""
-        from .models.collabdict.vae import encoder_shapes
+        from .models.collabdict.vae import check_n_draws, encoder_shapes
 
         check_vae_options(self.n_latent, self.width, self.learning_rate, self.local_steps, self.max_grad_norm)
         _check_max_iter(self.max_iter)
-        if isinstance(self.n_draws, bool) or not isinstance(self.n_draws, (int, np.integer)) or self.n_draws < 1:
-            raise ValueError(f"n_draws must be a positive integer, got {self.n_draws!r}")
+        check_n_draws(self.n_draws)
         helper = CollabDict(aggregation=self.aggregation, graph=self.graph, step=self.step, rel_tol=self.rel_tol,
                             n_chunks=self.n_chunks, runtime=self.runtime, random_state=self.random_state)
         sites = list(sites)

@@ -238,11 +238,9 @@ class FedMVPPCA:
         protocol = self._protocol(schema)
         if self.privacy is not None:
             self._check_privacy(sites)
+        # a resumed fit measures its first change of theta~ from the checkpointed broadcast
         saved = read_checkpoint(checkpoint) if checkpoint is not None and Path(checkpoint).exists() else None
         stop = None if self.tol is None else theta_settled(float(self.tol))
-        n_rounds = self.n_rounds
-        if stop is not None and saved is not None and saved.history and stop(RoundRecord.from_dict(saved.history[-1])):
-            n_rounds = min(n_rounds, saved.round)  # the checkpointed fit had already stopped
         callbacks = list(callbacks)
         bar = None
         if self.progress:
@@ -262,7 +260,7 @@ class FedMVPPCA:
                     simulate(
                         protocol,
                         sites,
-                        n_rounds=n_rounds,
+                        n_rounds=self.n_rounds,
                         random_state=seed,
                         n_jobs=self.n_jobs,
                         participation=self.participation,

@@ -175,6 +175,11 @@ def test_resume_from_a_checkpoint_gives_the_same_result(tmp_path):
         simulate(NoisyMean(), sites, n_rounds=3, random_state=5, checkpoint=path)
     with pytest.raises(ValueError, match="written by a differently configured 'noisy-mean' fit"):
         simulate(NoisyMean(dim=4), sites, n_rounds=5, random_state=5, checkpoint=path)
+    # a checkpointed run that had met its stopping rule runs no further round when resumed
+    stopped = tmp_path / "stopped.ckpt.npz"
+    simulate(NoisyMean(), sites, n_rounds=4, random_state=5, checkpoint=stopped, stop=lambda r, b: r.round == 2)
+    again = simulate(NoisyMean(), sites, n_rounds=4, random_state=5, checkpoint=stopped, stop=lambda r, b: r.round == 2)
+    assert [r.round for r in again.history] == [1, 2]
     for content in (b"not a checkpoint", None):
         other = tmp_path / "other.npz"
         if content is None:

@@ -294,7 +294,8 @@ def simulate(
         those of the whole secure-sum exchange.
     stop : callable ``(record, broadcast) -> bool``, optional
         Called after each round (after the callbacks and the checkpoint); True ends the
-        fit early (a stopping rule such as FedLin's EP convergence test).
+        fit early (a stopping rule such as FedLin's EP convergence test).  A run resumed
+        from a checkpoint whose last round met ``stop`` runs no further round.
     checkpoint : path, optional
         Write a checkpoint (:mod:`fedhier.runtime.checkpoint`) after every round; if the
         file exists when the run starts, resume from it (same protocol, sites and seed
@@ -346,6 +347,8 @@ def simulate(
             raise ValueError(f"checkpoint {checkpoint} was written by a differently configured {protocol.name!r} fit: {exc}") from None
         states = saved.site_states
         history = [RoundRecord.from_dict(h) for h in saved.history]
+        if stop is not None and history and stop(history[-1], broadcast):
+            first_round = n_rounds + 1  # the checkpointed run had already stopped: resume to its end
 
     pool = ProcessPoolExecutor(max_workers=n_jobs, initializer=_pool_init, initargs=(protocol, sites)) if n_jobs > 1 else None
     warned: set[int] = set()  # sites whose failure has been reported by a warning

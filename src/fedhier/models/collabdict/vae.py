@@ -16,10 +16,12 @@ encoder ``V1 (H, M), c1 (H,), V2 (d, H), c2 (d,), V3 (d, H), c3 (d,)``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 __all__ = ["decoder_shapes", "encoder_shapes", "init_decoder", "init_encoder", "elbo_and_gradients",
-           "reconstruction_scores"]
+           "reconstruction_scores", "check_n_draws"]
 
 _LOG_2PI = np.log(2.0 * np.pi)
 FLOOR = 1e-4  # variance floor of §8.3 [R], applied to sigma and h
@@ -111,6 +113,12 @@ def elbo_and_gradients(X: np.ndarray, theta: dict[str, np.ndarray], phi: dict[st
     return elbo, grad_theta, grad_phi
 
 
+def check_n_draws(n_draws: Any) -> None:
+    """Refuse a number of Monte Carlo draws of the score that is not a positive integer."""
+    if isinstance(n_draws, bool) or not isinstance(n_draws, (int, np.integer)) or n_draws < 1:
+        raise ValueError(f"n_draws must be a positive integer, got {n_draws!r}")
+
+
 def reconstruction_scores(X: np.ndarray, theta: dict[str, np.ndarray], phi: dict[str, np.ndarray],
                           rng: np.random.Generator, n_draws: int = 32) -> np.ndarray:
     """Variable-wise scores of §8.4 [R], shape ``(n, M)``; their row sums are Eq. (39).
@@ -120,8 +128,7 @@ def reconstruction_scores(X: np.ndarray, theta: dict[str, np.ndarray], phi: dict
     J standard normal draws (``z_j = m(x) + h(x) eps_j``), so a row's score does not depend on the
     other rows of ``X``.
     """
-    if isinstance(n_draws, bool) or int(n_draws) != n_draws or n_draws < 1:
-        raise ValueError(f"n_draws must be a positive integer, got {n_draws!r}")
+    check_n_draws(n_draws)
     _, _, m, _, h = _encode(phi, X)
     acc = np.zeros_like(X, dtype=float)
     for _ in range(int(n_draws)):
