@@ -11,7 +11,8 @@ from fedhier.models.mvppca.params import GlobalView
 from fedhier.privacy import gaussian_noise_multiplier
 
 R = 4
-KW = dict(n_components=2, n_rounds=R, n_local_iter=3, n_first_iter=5, random_state=2)
+# the paper's prior update (no posterior-spread releases) and all R rounds
+KW = dict(n_components=2, n_rounds=R, n_local_iter=3, n_first_iter=5, random_state=2, prior_update="paper", tol=None)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,21 @@ def test_total_budget_is_met_and_equals_a_direct_accountant_computation(sites):
     rows = [r for r in m.privacy_table() if r["site"] == 0]
     assert [r["round"] for r in rows] == list(range(1, R + 1))
     assert np.all(np.diff([r["epsilon"] for r in rows]) > 0)
+
+
+def test_em_prior_update_releases_the_posterior_spread_and_counts_it(sites):
+    """prior_update="em": two more Gaussian releases per view and round (tr Cov(mu_c), tr Cov(W_c))."""
+    kw = {**KW, "prior_update": "em"}
+    with pytest.raises(ValueError, match="spread=True"):
+        FedMVPPCA(privacy=DPConfig.total(1.0, 1e-5, n_rounds=R, n_views=2), **kw).fit(sites)
+    config = DPConfig.total(1.0, 1e-5, n_rounds=R, n_views=2, spread=True)
+    m = FedMVPPCA(privacy=config, **kw).fit(sites)
+    z = config.budget.gaussian_multiplier
+    for site, n_views in ((0, 2), (2, 1)):
+        assert m.privacy_spent_[site]["epsilon"] <= 1.0 + 1e-9
+        assert_pld_close(m.privacy_spent_[site]["epsilon"], pld_epsilon([dp_event.GaussianDpEvent(z)] * (5 * n_views * R), 1e-5))
+    labels = {r.block for r in m.privacy_ledger_.releases(0)}
+    assert {"a.post_var_mu", "a.post_var_W", "b.post_var_mu", "b.post_var_W"} <= labels
 
 
 def test_paper_semantics_true_cumulative_epsilon(sites):

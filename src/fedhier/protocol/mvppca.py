@@ -11,7 +11,8 @@ Messages (flat, declared; ``<view>/<field>``):
 
 * reply: for every view of the schema, optional (absent when the site does not measure
   it): ``count, sum_mu, sum_sq_mu, sum_W, sum_sq_W, sum_inv_sigma2, sum_log_sigma2,
-  sum_sigma2, sum_sq_sigma2``; plus ``expected_ll`` (the site's final Q_c, §4.2) and
+  sum_sigma2, sum_sq_sigma2``, and with ``prior_update="em"`` also ``sum_post_var_mu,
+  sum_post_var_W`` (the site's posterior spread, :mod:`fedhier.models.mvppca.spread`); plus ``expected_ll`` (the site's final Q_c, §4.2) and
   ``safeguards`` (how many [RC] safeguards triggered locally).
 * broadcast: ``has_prior`` (0 before round 1's global step) and, per view,
   ``mu, W, sigma2_mu, sigma2_W, alpha, beta, noise_var, var_sigma``.
@@ -26,7 +27,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..data.schema import ViewSchema
-from ..models.mvppca import local, master
+from ..models.mvppca import local, master, spread
 from ..models.mvppca.mstep import weak_ig_prior
 from ..models.mvppca.params import GlobalParams, GlobalView
 from .base import RoundProtocol, SiteContext
@@ -150,6 +151,10 @@ class MVPPCAProtocol(RoundProtocol):
         Public, data-independent theta~[0] broadcast before round 1.  It is used as the
         DP anchor of round 1 only; round 1 itself runs EM without priors (§4.5).  With
         ``privacy`` and no ``initial_prior``, :func:`master.data_independent_prior` (§8.2).
+    prior_update : "em" or "paper"
+        How the master updates the prior's variances: the EM update that adds the sites'
+        posterior spread [R] (two more scalars per view in the reply) or eqs. 14, 18 [P]
+        (:mod:`fedhier.models.mvppca.master`).
     """
 
     name = "fed-mv-ppca"
@@ -166,7 +171,11 @@ class MVPPCAProtocol(RoundProtocol):
         sigma2_prior: str | None = "weak",
         privacy: Any = None,
         initial_prior: GlobalParams | None = None,
+        prior_update: str = "em",
     ):
+        if prior_update not in master.PRIOR_UPDATES:
+            raise ValueError(f"prior_update must be one of {master.PRIOR_UPDATES}, got {prior_update!r}")
+        self.prior_update = prior_update
         self.schema = schema
         self.n_components = int(n_components)
         self.n_local_iter = int(n_local_iter)
@@ -181,7 +190,7 @@ class MVPPCAProtocol(RoundProtocol):
         reply: dict[str, Field] = {"expected_ll": Field(()), "safeguards": Field(())}
         broadcast: dict[str, Field] = {"has_prior": Field(())}
         for view, dim in zip(schema.names, schema.dims):
-            for stat, shape in master.statistic_shapes(dim, q).items():
+            for stat, shape in master.statistic_shapes(dim, q, prior_update).items():
                 reply[f"{view}/{stat}"] = Field(tuple(shape), optional=True)
             for name, shape in _global_shapes(dim, q).items():
                 broadcast[f"{view}/{name}"] = Field(shape, optional=True)
@@ -221,16 +230,21 @@ class MVPPCAProtocol(RoundProtocol):
             log.info("site %d, round %d: %s", ctx.site, ctx.round, note)
         params = fit.params
         anchor = self._anchor(broadcast)
+        site_spread = spread.posterior_spread(ctx.data, params, prior) if self.prior_update == "em" else None
         if self.privacy is not None:
             from ..models.mvppca import dp
 
             released = ctx.state.get("private_rounds", np.zeros(0, dtype="int64"))
-            ledger = dp.site_ledger(ctx.site, list(params), released, self.privacy)
+            ledger = dp.site_ledger(ctx.site, list(params), released, self.privacy, spread=site_spread is not None)
             params = dp.privatize_site_params(
                 params, anchor, self.privacy, ctx.rng, site=ctx.site, round=ctx.round, ledger=ledger
             )
+            if site_spread is not None:
+                site_spread = dp.privatize_spread(
+                    site_spread, anchor, self.privacy, ctx.rng, site=ctx.site, round=ctx.round, ledger=ledger
+                )
             ctx.state["private_rounds"] = np.append(released, np.int64(ctx.round))
-        stats = master.site_statistics(params, anchor)
+        stats = master.site_statistics(params, anchor, site_spread)
         reply: Message = {
             "expected_ll": np.asarray(float(fit.expected_ll[-1]) if len(fit.expected_ll) else 0.0),
             "safeguards": np.asarray(float(len(fit.safeguards))),
@@ -244,7 +258,8 @@ class MVPPCAProtocol(RoundProtocol):
         out: dict[str, dict[str, np.ndarray]] = {}
         for view, dim in zip(self.schema.names, self.schema.dims):
             if f"{view}/count" in combined:
-                out[view] = {stat: combined[f"{view}/{stat}"] for stat in master.statistic_shapes(dim, self.n_components)}
+                shapes = master.statistic_shapes(dim, self.n_components, self.prior_update)
+                out[view] = {stat: combined[f"{view}/{stat}"] for stat in shapes}
         return out
 
     def global_step(self, combined: Message, round: int, previous: Message) -> Message:
@@ -256,6 +271,7 @@ class MVPPCAProtocol(RoundProtocol):
             n_components=self.n_components,
             ig_solver=self.ig_solver,
             previous=prior,
+            prior_update=self.prior_update,
         )
         for note in safeguards:
             log.info("round %d, master: %s", round, note)

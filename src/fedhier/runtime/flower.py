@@ -319,13 +319,14 @@ class FlowerFitConfig:
             ig_solver=self.ig_solver,
             sigma2_prior=self.sigma2_prior,
             privacy=self.privacy(),
+            prior_update="paper",  # the EM update's spread fields are not yet wired into Flower deployments
         )
 
     def reply_spec(self) -> MessageSpec:
         """A site's declared reply, ``protocol().reply_spec``, without calibrating the DP noise (it does not depend on it)."""
         from ..protocol.mvppca import MVPPCAProtocol
 
-        return MVPPCAProtocol(self.schema(), self.n_components).reply_spec
+        return MVPPCAProtocol(self.schema(), self.n_components, prior_update="paper").reply_spec
 
     def aggregator(self) -> SecureAggregator | None:
         """The :class:`~fedhier.privacy.secure_round.SecureAggregator` of a secure fit, else None.

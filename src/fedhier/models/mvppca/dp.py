@@ -16,6 +16,14 @@ Every release's ``dp_accounting`` event goes into the site's
 :class:`~fedhier.privacy.ledger.PrivacyLedger` entry, labelled ``"<view>.<block>"``.
 This module is the only PPCA-aware part of the privacy layer.
 
+With the EM prior update (``prior_update="em"``, :mod:`.spread`) a site also sends, per
+observed view, the traces of its posterior covariances tr Cov(mu_c), tr Cov(W_c)
+(:data:`SPREAD_BLOCKS`).  :func:`privatize_spread` releases each as a scalar in
+[0, B] with B = d_k sigma2_mu~ resp. d_k q_k sigma2_W~ of the anchor (a posterior
+variance never exceeds the prior's, so B clips nothing from round 2 on): clip to
+[0, B], Gaussian mechanism with sensitivity B and the Gaussian noise multiplier, clip
+to [0, B] again (post-processing).  Two more Gaussian events per view and round.
+
 Round 1 (§8.2, §14 row 13): with ``first_round="public_prior"`` [R] the anchor is a
 public data-independent theta~[0] (``master.data_independent_prior`` when none is
 given), and round 1 is privatised and counted like any other.  With
@@ -44,15 +52,23 @@ from ...privacy.calibration import GaussianCalibration
 from ...privacy.clipping import clip_difference, clipping_bound
 from ...privacy.ledger import PrivacyLedger
 from ...privacy.mechanisms import release_gaussian, release_laplace
+from .mstep import effective_columns
 from .params import GlobalParams, GlobalView, LocalParams, ViewParams
 
 __all__ = [
-    "BLOCKS", "DPConfig", "privatize_site_params", "round_events", "record_round", "site_ledger", "denoise_global",
+    "BLOCKS", "SPREAD_BLOCKS", "released_blocks", "privatize_spread", "DPConfig", "privatize_site_params", "round_events", "record_round", "site_ledger", "denoise_global",
     "ledger_from_history",
 ]
 
 #: released blocks per observed view, in release order
 BLOCKS = ("mu", "W", "sigma2")
+#: the posterior-spread scalars released per observed view with the EM prior update
+SPREAD_BLOCKS = ("post_var_mu", "post_var_W")
+
+
+def released_blocks(spread: bool = False) -> tuple[str, ...]:
+    """Blocks a site releases per observed view and round (with the spread scalars or not)."""
+    return BLOCKS + SPREAD_BLOCKS if spread else BLOCKS
 
 
 @dataclass(frozen=True)
@@ -156,13 +172,16 @@ class DPConfig:
         return cls(PerReleaseBudget(epsilon, delta, calibration), **options)
 
     @classmethod
-    def total(cls, epsilon: float, delta: float, *, n_rounds: int, n_views: int, **options) -> "DPConfig":
+    def total(
+        cls, epsilon: float, delta: float, *, n_rounds: int, n_views: int, spread: bool = False, **options
+    ) -> "DPConfig":
         """Total budget per site over ``n_rounds`` rounds for a site observing at most ``n_views`` views.
 
-        Each round releases ``3 * n_views`` blocks; the Gaussian noise multiplier is
-        calibrated up front (:class:`~fedhier.privacy.budget.TotalBudget`).
+        Each round releases ``3 * n_views`` blocks, ``5 * n_views`` with ``spread`` (the EM
+        prior update's two posterior-spread scalars per view); the Gaussian noise
+        multiplier is calibrated up front (:class:`~fedhier.privacy.budget.TotalBudget`).
         """
-        return cls(TotalBudget(epsilon, delta, n_rounds, len(BLOCKS) * n_views), **options)
+        return cls(TotalBudget(epsilon, delta, n_rounds, len(released_blocks(spread)) * n_views), **options)
 
     def noise_multipliers(self) -> dict[str, tuple[Mechanism, float]]:
         """``{block: (mechanism, noise multiplier)}`` of every block (same for every view and round)."""
@@ -238,13 +257,14 @@ def _release_plan(
     return plan
 
 
-def round_events(views, config: DPConfig) -> list[tuple[str, dp_event.DpEvent]]:
+def round_events(views, config: DPConfig, *, spread: bool = False) -> list[tuple[str, dp_event.DpEvent]]:
     """``[(block label, DpEvent)]`` a site releasing ``views`` makes in one private round.
 
     The events depend on the configuration only, never on the data, so whoever runs
     the rounds (e.g. a parent process when sites run in a pool) can mirror a site's
     ledger entries from the views it replied with.  Labels are ``"<view>.<block>"``
-    in release order.
+    in release order; ``spread`` appends the :data:`SPREAD_BLOCKS` of every view
+    (released after the parameters, :func:`privatize_spread`).
     """
     out = []
     for view in views:
@@ -253,6 +273,62 @@ def round_events(views, config: DPConfig) -> list[tuple[str, dp_event.DpEvent]]:
                 out.append((f"{view}.{block}", dp_event.GaussianDpEvent(multiplier)))
             else:
                 out.append((f"{view}.{block}", dp_event.LaplaceDpEvent(multiplier)))
+    if spread:
+        out += _spread_events(views, config)
+    return out
+
+
+def _spread_events(views, config: DPConfig) -> list[tuple[str, dp_event.DpEvent]]:
+    multiplier = config.budget.noise_multiplier("gaussian")
+    return [(f"{view}.{block}", dp_event.GaussianDpEvent(multiplier)) for view in views for block in SPREAD_BLOCKS]
+
+
+def privatize_spread(
+    spread: dict[str, tuple[float, float]],
+    anchor: GlobalParams,
+    config: DPConfig,
+    rng: np.random.Generator,
+    *,
+    site,
+    round: int,
+    ledger: PrivacyLedger,
+) -> dict[str, tuple[float, float]]:
+    """Release a site's posterior spread (tr Cov(mu_c), tr Cov(W_c)) per view with DP (module docstring).
+
+    ``anchor`` is theta~[r-1] (theta~[0] in round 1), as for :func:`privatize_site_params`,
+    which the site calls first.  Each value is clipped to [0, B] (B = d_k sigma2_mu~ or
+    d_k q_k sigma2_W~ of the anchor, sigma2 capped at ``max_prior_sd``^2), released with the
+    Gaussian mechanism of sensitivity B, and clipped to [0, B] again.
+
+    Raises
+    ------
+    ValueError
+        On a view without anchor (nothing released or recorded).
+    fedhier.privacy.PrivacyBudgetExhausted
+        With a total budget, when these releases would exceed it.
+    """
+    if round == 1 and config.first_round == "non_private":
+        for view in spread:
+            for block in SPREAD_BLOCKS:
+                ledger.record(site, round, f"{view}.{block}", dp_event.NonPrivateDpEvent())
+        return dict(spread)
+    missing = [view for view in spread if anchor is None or view not in anchor]
+    if missing:
+        raise ValueError(f"views {missing}: no global prior to bound their posterior spread")
+    check_budget(ledger, config.budget, site, round, [event for _, event in _spread_events(spread, config)])
+    cap = math.inf if config.max_prior_sd is None else config.max_prior_sd**2
+    multiplier = config.budget.noise_multiplier("gaussian")
+    out = {}
+    for view, values in spread.items():
+        prior = anchor[view]
+        d, q = prior.W.shape
+        bounds = (d * min(prior.sigma2_mu, cap), d * effective_columns(d, q) * min(prior.sigma2_W, cap))
+        released = []
+        for block, value, bound in zip(SPREAD_BLOCKS, values, bounds):
+            noised, event = release_gaussian(np.asarray(min(max(float(value), 0.0), bound)), multiplier, bound, rng)
+            ledger.record(site, round, f"{view}.{block}", event)
+            released.append(min(max(float(noised), 0.0), bound))
+        out[view] = (released[0], released[1])
     return out
 
 
@@ -338,27 +414,31 @@ def privatize_site_params(
     }
 
 
-def record_round(ledger: PrivacyLedger, site, round: int, views, config: DPConfig) -> None:
+def record_round(ledger: PrivacyLedger, site, round: int, views, config: DPConfig, *, spread: bool = False) -> None:
     """Record in ``ledger`` the events of a round in which ``site`` released ``views``.
 
-    Mirrors :func:`privatize_site_params` exactly (a non-private round 1 records
-    ``NonPrivateDpEvent`` s), from public information only: who replied, with which
-    views, under which configuration.
+    Mirrors :func:`privatize_site_params` (and :func:`privatize_spread` with ``spread``)
+    exactly (a non-private round 1 records ``NonPrivateDpEvent`` s), from public
+    information only: who replied, with which views, under which configuration.
     """
     if round == 1 and config.first_round == "non_private":
         for view in views:
             for block in BLOCKS:
                 ledger.record(site, round, f"{view}.{block}", dp_event.NonPrivateDpEvent())
+        if spread:
+            for view in views:
+                for block in SPREAD_BLOCKS:
+                    ledger.record(site, round, f"{view}.{block}", dp_event.NonPrivateDpEvent())
         return
-    for label, event in round_events(views, config):
+    for label, event in round_events(views, config, spread=spread):
         ledger.record(site, round, label, event)
 
 
-def site_ledger(site, views, released_rounds, config: DPConfig) -> PrivacyLedger:
+def site_ledger(site, views, released_rounds, config: DPConfig, *, spread: bool = False) -> PrivacyLedger:
     """A site's own ledger rebuilt from the rounds in which it released (for the budget stop)."""
     ledger = PrivacyLedger()
     for r in released_rounds:
-        record_round(ledger, site, int(r), views, config)
+        record_round(ledger, site, int(r), views, config, spread=spread)
     return ledger
 
 
@@ -409,7 +489,7 @@ def denoise_global(new: GlobalParams, anchor: GlobalParams, counts: dict[str, in
     return out
 
 
-def ledger_from_history(config: DPConfig, site_views, history) -> PrivacyLedger:
+def ledger_from_history(config: DPConfig, site_views, history, *, spread: bool = False) -> PrivacyLedger:
     """The accountant's ledger of a whole fit, rebuilt from public facts.
 
     ``site_views[s]`` lists the views site ``s`` releases; ``history`` holds the round
@@ -419,7 +499,7 @@ def ledger_from_history(config: DPConfig, site_views, history) -> PrivacyLedger:
     ledger = PrivacyLedger()
     for record in history:
         for s in record.sites:
-            record_round(ledger, s, record.round, list(site_views[s]), config)
+            record_round(ledger, s, record.round, list(site_views[s]), config, spread=spread)
         for s, message in record.failed.items():
             if message.startswith("PrivacyBudgetExhausted"):
                 ledger.record_stop(s, record.round, message.splitlines()[0])

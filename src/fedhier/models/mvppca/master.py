@@ -16,6 +16,20 @@ cancellation of the raw second moment.
 [RC] safeguards (reported, never silent): C_k = 1 sets both variances to 1e-4; a zero
 spread sets the variance to 1e-20; sigma2_W~ is capped at ||W~||_F / 5.  A spread is
 "zero" when it is below 1e-12 of sum_c ||mu_c - a||^2 (identical values up to rounding).
+
+``prior_update="em"`` [R] replaces eqs. 14 and 18 by an EM (empirical Bayes) update of
+the between-site variances.  The sites' estimates m_c (mu_c or W_c) are shrunk toward the
+prior; the update adds back each site's posterior covariance V_c (:mod:`.spread`, summed
+over sites as ``sum_post_var_mu`` and ``sum_post_var_W``) and the uncertainty of the
+global mean (REML: the mean is integrated out, which removes the (C_k - 1) / C_k bias of
+ML), with v the variance the sites used and D = d_k (mu) or d_k q_k (W, q_k effective
+columns, §4.4):
+
+    v_new = [sum_c ||m_c - m~||^2 + (1 - 1/C_k) sum_c tr V_c + D v] / (C_k D).
+
+In round 1 the sites fit without a prior; the update is then the spread of their
+maximum-likelihood estimates, sum_c ||m_c - m~||^2 / ((C_k - 1) D), which includes their
+sampling error: a start from above, from which the EM steps of the next rounds descend.
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .invgamma import fit_invgamma_statistics, invgamma_mle, invgamma_mle_from_statistics
+from .mstep import effective_columns
 from .params import GlobalParams, GlobalView, LocalParams
 
 __all__ = [
@@ -39,6 +54,8 @@ __all__ = [
     "invgamma_mle_from_statistics",
     "SINGLE_SITE_VARIANCE",
     "ZERO_SPREAD_VARIANCE",
+    "PRIOR_UPDATES",
+    "SPREAD_FIELDS",
 ]
 
 #: [RC] rho: prior variances when a single site observes the view
@@ -47,13 +64,25 @@ SINGLE_SITE_VARIANCE = 1e-4
 ZERO_SPREAD_VARIANCE = 1e-20
 #: the blocks of theta~ (per view) whose change the optional stopping rule measures (§6 [R])
 THETA_BLOCKS = ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta")
+#: ways to update the prior's variances from the sites' replies: the [R] EM update or eqs. 14, 18 [P]
+PRIOR_UPDATES = ("em", "paper")
+#: the per-view fields that ``prior_update="em"`` adds to the site statistics
+SPREAD_FIELDS = ("sum_post_var_mu", "sum_post_var_W")
 #: a spread below this fraction of the summed squared norms (about the anchor) is rounding noise
 _ZERO_SPREAD_RTOL = 1e-12
 
 
-def statistic_shapes(dim: int, n_components: int) -> dict[str, tuple[int, ...]]:
-    """Field names and shapes of the per-view statistics of :func:`site_statistics`."""
-    return {
+def _check_prior_update(prior_update: str) -> None:
+    if prior_update not in PRIOR_UPDATES:
+        raise ValueError(f"prior_update must be one of {PRIOR_UPDATES}, got {prior_update!r}")
+
+
+def statistic_shapes(dim: int, n_components: int, prior_update: str = "paper") -> dict[str, tuple[int, ...]]:
+    """Field names and shapes of the per-view statistics of :func:`site_statistics`
+    (``prior_update="em"`` adds the scalars of :data:`SPREAD_FIELDS`)."""
+    _check_prior_update(prior_update)
+    spread = {name: () for name in SPREAD_FIELDS} if prior_update == "em" else {}
+    return spread | {
         "count": (),
         "sum_mu": (dim,),
         "sum_sq_mu": (),
@@ -75,7 +104,11 @@ def _anchor(anchor: GlobalParams | None, view: str, dim: int, q: int) -> tuple[n
     return np.asarray(a.mu, dtype=float), np.asarray(a.W, dtype=float)
 
 
-def site_statistics(params: LocalParams, anchor: GlobalParams | None) -> dict[str, dict[str, np.ndarray]]:
+def site_statistics(
+    params: LocalParams,
+    anchor: GlobalParams | None,
+    spread: Mapping[str, tuple[float, float]] | None = None,
+) -> dict[str, dict[str, np.ndarray]]:
     """Per-view statistics of one site whose sums over sites determine :func:`global_step`.
 
     Parameters
@@ -85,6 +118,9 @@ def site_statistics(params: LocalParams, anchor: GlobalParams | None) -> dict[st
     anchor : GlobalParams or None
         The previous global model (same for every site); None or a missing view means
         anchor 0.
+    spread : mapping view -> (tr Cov(mu_c), tr Cov(W_c)), optional
+        The site's posterior spread (:func:`.spread.posterior_spread`); adds the fields
+        ``sum_post_var_mu``, ``sum_post_var_W`` (for ``prior_update="em"``).
 
     Returns
     -------
@@ -116,12 +152,56 @@ def site_statistics(params: LocalParams, anchor: GlobalParams | None) -> dict[st
             "sum_sigma2": np.array(s2),
             "sum_sq_sigma2": np.array(s2 * s2),
         }
+        if spread is not None:
+            post_mu, post_W = (float(v) for v in spread[view])
+            if not (np.isfinite(post_mu) and np.isfinite(post_W) and post_mu >= 0 and post_W >= 0):
+                raise ValueError(f"spread: view {view!r} needs non-negative finite traces, got {spread[view]}")
+            out[view]["sum_post_var_mu"] = np.array(post_mu)
+            out[view]["sum_post_var_W"] = np.array(post_W)
     return out
 
 
 def _spread(spread: float, sum_sq: float) -> float:
     """The summed squared deviation, or 0 when it is below rounding noise of sum_c ||v_c - a||^2."""
     return spread if spread > _ZERO_SPREAD_RTOL * sum_sq else 0.0
+
+
+def _em_variance(spread: float, posterior: float, used: float, count: int, n_coord: int, flat: float = 0.0) -> float:
+    """One EM step for a between-site variance with the global mean integrated out (REML):
+
+    v_new = [sum_c ||m_c - m~||^2 + (1 - 1/C) sum_c tr V_c + D v + (C - 1) r v] / (C D),
+
+    m_c the sites' estimates, V_c their posterior covariances under the prior variance v
+    they used, D the number of coordinates, r (``flat``) the number of them the likelihood
+    does not see (:func:`rotation_shares`).  The term D v - (1/C) sum_c tr V_c is the
+    uncertainty of the global mean m~ (module docstring).
+    """
+    return (spread + (1.0 - 1.0 / count) * posterior + n_coord * used + (count - 1) * flat * used) / (count * n_coord)
+
+
+def rotation_shares(prior: GlobalParams) -> dict[str, float]:
+    """How many of the q (q - 1) / 2 rotation directions of the latent space fall on each view.
+
+    The likelihood of a site depends on its loadings only through W_c W_c^T: W_c R (R
+    orthogonal, the same for all views) fits equally well, so the local MAP turns W_c
+    toward W~ and its deviation along the q (q - 1) / 2 directions W~ A (A skew-symmetric)
+    is lost, although the prior gives each of them variance sigma2_W~.  For the pair of
+    columns (i, j), view k's share of the direction is its whitened weight
+    (||w~_ki||^2 + ||w~_kj||^2) / sigma2_W~k over the sum over views; r_k sums the shares.
+    """
+    views = list(prior)
+    if not views:
+        return {}
+    q = np.shape(prior[views[0]].W)[1]
+    col = np.array([np.sum(np.asarray(prior[v].W, dtype=float) ** 2, axis=0) / prior[v].sigma2_W for v in views])  # (K, q)
+    shares = np.zeros(len(views))
+    for i in range(q):
+        for j in range(i + 1, q):
+            weight = col[:, i] + col[:, j]
+            total = weight.sum()
+            if total > 0 and np.isfinite(total):
+                shares += weight / total
+    return dict(zip(views, shares.tolist()))
 
 
 def _finish_view(
@@ -134,12 +214,32 @@ def _finish_view(
     ig: tuple[float, float, list[str]],
     noise_var: float,
     notes: list[str],
+    posterior: tuple[float, float, GlobalView | None, float] | None = None,
 ) -> GlobalView:
-    """Variances with the [RC] safeguards, from the means and summed squared deviations."""
+    """Variances with the [RC] safeguards, from the means and summed squared deviations.
+
+    ``posterior`` = (sum_c tr Cov(mu_c), sum_c tr Cov(W_c), the prior view the sites used or
+    None in round 1, the view's rotation share) selects the EM update (module docstring); None the paper's eqs. 14, 18.
+    """
     d, q = W.shape
     if count == 1:
         var_mu = var_W = SINGLE_SITE_VARIANCE
         notes.append(f"view {view!r}: a single site (C_k = 1), prior variances set to {SINGLE_SITE_VARIANCE:g}")
+    elif posterior is not None:
+        post_mu, post_W, used, flat = posterior
+        q_k = max(effective_columns(d, q), 1)
+        if used is None:  # round 1: the sites' maximum-likelihood estimates, an upper start
+            var_mu = spread_mu / ((count - 1) * d)
+            var_W = spread_W / ((count - 1) * d * q_k)
+        else:
+            var_mu = _em_variance(spread_mu, post_mu, used.sigma2_mu, count, d)
+            var_W = _em_variance(spread_W, post_W, used.sigma2_W, count, d * q_k, flat)
+        if var_mu <= 0.0:
+            var_mu = ZERO_SPREAD_VARIANCE
+            notes.append(f"view {view!r}: zero spread of mu, sigma2_mu set to {ZERO_SPREAD_VARIANCE:g}")
+        if var_W <= 0.0:
+            var_W = ZERO_SPREAD_VARIANCE
+            notes.append(f"view {view!r}: zero spread of W, sigma2_W set to {ZERO_SPREAD_VARIANCE:g}")
     else:
         var_mu = spread_mu / (count * d)
         var_W = spread_W / (count * d * q)
@@ -169,6 +269,7 @@ def global_step(
     n_components: int,
     ig_solver: str = "newton",
     previous: GlobalParams | None = None,
+    prior_update: str = "paper",
 ) -> tuple[GlobalParams, tuple[str, ...]]:
     """ML estimate of theta~ from the per-view sums of :func:`site_statistics` (§5).
 
@@ -185,6 +286,10 @@ def global_step(
     previous : GlobalParams, optional
         Returned unchanged for a view with count 0 (the view is absent from the result
         when ``previous`` lacks it too).
+    prior_update : {"paper", "em"}
+        Eqs. 14, 18 [P] or the EM update of the variances [R] (module docstring), which
+        needs the fields of :data:`SPREAD_FIELDS`; with "em", ``previous`` None means that
+        the sites fitted without a prior (round 1).
 
     Returns
     -------
@@ -197,10 +302,12 @@ def global_step(
     ValueError
         If a field is missing, mis-shaped, or the count is not a non-negative integer.
     """
+    _check_prior_update(prior_update)
     q = int(n_components)
     notes: list[str] = []
     result: GlobalParams = {}
     views = list(stats) + [v for v in (previous or {}) if v not in stats]
+    shares = rotation_shares(previous) if prior_update == "em" and previous is not None else {}
     for view in views:
         fields = stats.get(view)
         count = 0 if fields is None else float(np.asarray(fields.get("count", np.nan)))
@@ -212,7 +319,7 @@ def global_step(
             continue
         count = int(count)
         dim = np.shape(fields.get("sum_mu"))[0] if np.ndim(fields.get("sum_mu")) == 1 else -1
-        for name, shape in statistic_shapes(dim, q).items():
+        for name, shape in statistic_shapes(dim, q, prior_update).items():
             if name not in fields:
                 raise ValueError(f"statistics: view {view!r} lacks field {name!r}")
             if np.shape(fields[name]) != shape:
@@ -228,7 +335,14 @@ def global_step(
             count, float(fields["sum_inv_sigma2"]), float(fields["sum_log_sigma2"]),
             float(fields["sum_sigma2"]), float(fields["sum_sq_sigma2"]), ig_solver,
         )
-        result[view] = _finish_view(view, count, mu, spread_mu, W, spread_W, ig, float(fields["sum_sigma2"]) / count, notes)
+        posterior = None
+        if prior_update == "em":
+            used = None if previous is None else previous.get(view)
+            flat = 0.0 if previous is None else shares.get(view, 0.0)
+            posterior = (float(fields["sum_post_var_mu"]), float(fields["sum_post_var_W"]), used, flat)
+        result[view] = _finish_view(
+            view, count, mu, spread_mu, W, spread_W, ig, float(fields["sum_sigma2"]) / count, notes, posterior
+        )
     return result, tuple(notes)
 
 

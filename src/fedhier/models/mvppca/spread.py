@@ -1,0 +1,112 @@
+"""Posterior spread of a site's parameters, for the empirical-Bayes prior update ([R]).
+
+The paper's master step (spec §5.1) estimates the between-site variances from the sites'
+*point* estimates, which the local MAP has already shrunk toward the prior:
+
+    sigma2_W~ = sum_c ||W_c - W~||_F^2 / (C_k d_k q).
+
+Shrinkage removes part of the spread, the next round's prior is tighter, the next
+estimates are shrunk more, and the variance can fall to zero (docs/mvppca.md).  The EM
+update of a random-effect variance adds each site's posterior uncertainty:
+
+    sigma2_W~ = sum_c E||W_c - W~||_F^2 / (C_k d_k q_k)
+              = sum_c [ ||W_c - W~||_F^2 + tr Cov(W_c | data_c, theta~) ] / (C_k d_k q_k),
+
+and likewise for mu.  This module computes the traces at one site, from the site's
+final (mu, W, sigma2) and the prior it used; only the two scalars travel.
+
+* W (one view, d_k x q_k effective columns): given the latent moments of the E-step the
+  rows of W are independent Gaussians with covariance sigma2 (S_xx + lambda I)^{-1},
+  S_xx = sum_n <x_n x_n^T> over the subjects with the view, lambda = sigma2 / sigma2_W~
+  (the ridge of step (3)), so tr Cov(W) = d_k sigma2 tr (S_xx + lambda I)^{-1}.
+* mu (one view): step (1) maximises the view's marginal likelihood plus the prior, whose
+  curvature gives Cov(mu) = (N C^{-1} + I / sigma2_mu~)^{-1}, C = W W^T + sigma2 I;
+  with e_i the eigenvalues of W W^T (the q of W^T W, then zeros),
+  tr Cov(mu) = sum_i 1 / (N / (sigma2 + e_i) + 1 / sigma2_mu~).
+
+Without a prior (round 1) both use a flat prior (lambda = 0, 1 / sigma2_mu~ = 0): the
+sampling variance of the maximum-likelihood estimates.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ._data import check_views
+from ._latent import posterior
+from .mstep import effective_columns
+from .params import GlobalParams, ViewParams
+
+__all__ = ["posterior_spread", "mean_spread", "loading_spread"]
+
+
+def loading_spread(second_moment: np.ndarray, sigma2: float, dim: int, ridge: float) -> float:
+    """tr Cov(W_k) = d_k sigma2 tr (S_xx + lambda I)^{-1} over the effective columns.
+
+    Parameters
+    ----------
+    second_moment : ndarray of shape (q_k, q_k)
+        S_xx = sum_n <x_n x_n^T> restricted to the effective columns.
+    sigma2 : float
+    dim : int
+        d_k.
+    ridge : float
+        lambda = sigma2 / sigma2_W~ (0 without a prior).
+    """
+    q = second_moment.shape[0]
+    if q == 0:
+        return 0.0
+    system = second_moment + ridge * np.eye(q)
+    return float(dim * sigma2 * np.trace(np.linalg.inv(system)))
+
+
+def mean_spread(W: np.ndarray, sigma2: float, n_obs: int, prior_var: float | None) -> float:
+    """tr (N C^{-1} + I / sigma2_mu~)^{-1}, C = W W^T + sigma2 I (flat prior when ``prior_var`` is None)."""
+    d, q = W.shape
+    eig = np.clip(np.linalg.eigvalsh(W.T @ W), 0.0, None)[::-1][: min(d, q)]
+    cov_eig = sigma2 + np.concatenate([eig, np.zeros(d - eig.size)])
+    precision = n_obs / cov_eig + (0.0 if prior_var is None else 1.0 / prior_var)
+    return float(np.sum(1.0 / precision))
+
+
+def posterior_spread(
+    data: Mapping[str, np.ndarray],
+    params: Mapping[str, ViewParams],
+    prior: GlobalParams | None,
+) -> dict[str, tuple[float, float]]:
+    """Per view, (tr Cov(mu_k), tr Cov(W_k)) at one site (module docstring).
+
+    Parameters
+    ----------
+    data : mapping view -> ndarray of shape (n, d_k)
+        The site's views (entirely-NaN rows: subject lacks the view).
+    params : mapping view -> ViewParams
+        The site's fitted theta_c (every view of ``data``).
+    prior : GlobalParams or None
+        The prior theta~[r-1] the site fitted with; None in round 1 (flat prior).
+
+    Returns
+    -------
+    dict view -> (float, float)
+    """
+    site = check_views(data, what="site data", dims={k: p.dim for k, p in params.items()})
+    post = posterior(site, params)
+    out = {}
+    for j, (name, block) in enumerate(site.views.items()):
+        p = params[name]
+        W = np.asarray(p.W, dtype=float)
+        q_k = effective_columns(block.dim, W.shape[1])
+        second = np.zeros((W.shape[1], W.shape[1]))
+        for pattern in np.flatnonzero(site.patterns[:, j]):
+            rows = site.pattern_rows[pattern]
+            X = post.means if rows is None else post.means[rows]
+            second += X.T @ X + X.shape[0] * post.covariances[pattern]
+        g = None if prior is None else prior[name]
+        ridge = 0.0 if g is None else p.sigma2 / g.sigma2_W
+        out[name] = (
+            mean_spread(W, p.sigma2, block.n_obs, None if g is None else g.sigma2_mu),
+            loading_spread(second[:q_k, :q_k], p.sigma2, block.dim, ridge),
+        )
+    return out
