@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import numbers
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -27,10 +28,35 @@ from .runtime.checkpoint import read_checkpoint
 from .runtime.simulate import RoundRecord, simulate
 from .utils.io import atomic_write_bytes, json_text
 
-__all__ = ["FedMVPPCA", "NotFittedError", "DataScaleWarning"]
+__all__ = ["FedMVPPCA", "ComponentScores", "NotFittedError", "DataScaleWarning"]
 
 log = logging.getLogger(__name__)
 _FORMAT = "fedhier.FedMVPPCA/1"
+
+
+@dataclass(frozen=True)
+class ComponentScores:
+    """Result of :meth:`FedMVPPCA.score_n_components`.
+
+    Attributes
+    ----------
+    candidates : list of int
+        The latent dimensions scored.
+    scores : ndarray (len(candidates),)
+        Mean held-out cross-view log-likelihood per subject (higher is better) or WAIC
+        (lower is better).
+    errors : ndarray (len(candidates),)
+        Standard error of each score's difference from the best score (nan for WAIC).
+    best : int
+        The chosen latent dimension.
+    criterion : {"heldout", "waic"}
+    """
+
+    candidates: list[int]
+    scores: np.ndarray
+    errors: np.ndarray
+    best: int
+    criterion: str
 
 
 class NotFittedError(RuntimeError):
@@ -448,6 +474,91 @@ class FedMVPPCA:
             lppd += a
             p_waic += b
         return -2.0 * (lppd - p_waic)
+
+    # ------------------------------------------------------------------ choosing q
+    @classmethod
+    def score_n_components(
+        cls,
+        sites: Sequence[Mapping[str, Any]],
+        candidates: Sequence[int],
+        *,
+        criterion: str = "heldout",
+        n_splits: int = 3,
+        n_draws: int = 1000,
+        random_state: int | None = 0,
+        **params: Any,
+    ) -> "ComponentScores":
+        """Score every latent dimension q in ``candidates`` on ``sites`` and choose one.
+
+        ``criterion="heldout"`` (default): federated cross-validated *cross-view*
+        predictive log-likelihood.  Every site splits its own subjects into ``n_splits``
+        folds; for each fold, a model fitted on all sites' other folds scores every
+        held-out subject by sum_k ln p(t_k | the subject's other views) (the imputation
+        task; a subject needs two observed views).  The latent dimension is what the views
+        share, so components that only model one view's noise do not raise this score, as
+        they raise the plain likelihood when the noise is not isotropic (min-max scaled
+        data).  The choice is the smallest q whose mean score is within one standard error
+        (paired, over subjects) of the best (the one-standard-error rule).  A site sends per
+        candidate the sum of its subjects' scores and per pair of candidates the sum of
+        squared differences.  ``criterion="waic"``: WAIC of a fit on all the data
+        (:meth:`waic`, ``n_draws`` draws), the smallest is chosen.  ``params`` go to the
+        constructor; ``random_state`` seeds the fits and the folds.
+
+        Returns
+        -------
+        ComponentScores
+        """
+        if criterion not in ("heldout", "waic"):
+            raise ValueError(f"criterion must be 'heldout' or 'waic', got {criterion!r}")
+        candidates = [int(q) for q in candidates]
+        if not candidates or any(q < 1 for q in candidates) or len(set(candidates)) != len(candidates):
+            raise ValueError(f"candidates must be distinct positive integers, got {candidates!r}")
+        if isinstance(n_splits, bool) or not isinstance(n_splits, (int, np.integer)) or n_splits < 2:
+            raise ValueError(f"n_splits must be an integer >= 2, got {n_splits!r}")
+        checked, _ = check_sites(sites, n_components=max(candidates), min_subjects=2 * n_splits)
+        seeds = np.random.SeedSequence(random_state).spawn(len(candidates) + len(checked))
+        fit_seeds = [int(seed.generate_state(1)[0]) for seed in seeds[: len(candidates)]]
+        if criterion == "waic":
+            waic = np.array([
+                cls(n_components=q, random_state=seed, **params).fit(checked).waic(checked, n_draws=n_draws, seed=seed)
+                for q, seed in zip(candidates, fit_seeds)
+            ])
+            return ComponentScores(candidates, waic, np.full(len(candidates), np.nan), candidates[int(np.argmin(waic))], criterion)
+        folds = [
+            np.random.default_rng(seed).permutation(next(iter(site.values())).shape[0]) % n_splits
+            for site, seed in zip(checked, seeds[len(candidates):])
+        ]
+        pointwise = np.zeros((len(candidates), sum(f.size for f in folds)))  # subjects in site order
+        offsets = np.cumsum([0] + [f.size for f in folds])
+        for i, (q, seed) in enumerate(zip(candidates, fit_seeds)):
+            for fold in range(n_splits):
+                train = [{v: X[f != fold] for v, X in site.items()} for site, f in zip(checked, folds)]
+                model = cls(n_components=q, random_state=seed, **params).fit(train)
+                for c, (site, f) in enumerate(zip(checked, folds)):
+                    rows = np.flatnonzero(f == fold)
+                    pointwise[i, offsets[c] + rows] = model._cross_view_loglik({v: X[rows] for v, X in site.items()})
+        scored = np.isfinite(pointwise[0])
+        if not scored.any():
+            raise ValueError("no subject has two observed views; use criterion='waic'")
+        pointwise = pointwise[:, scored]
+        scores = pointwise.mean(axis=1)
+        top = int(np.argmax(scores))
+        errors = (pointwise - pointwise[top]).std(axis=1, ddof=1) / np.sqrt(pointwise.shape[1])
+        order = np.argsort(candidates)
+        best = next(candidates[j] for j in order if scores[j] >= scores[top] - errors[j])
+        return ComponentScores(candidates, scores, errors, best, criterion)
+
+    def _cross_view_loglik(self, X: Mapping[str, np.ndarray]) -> np.ndarray:
+        """sum over observed views k of ln p(t_k | the other observed views) per subject (nan if < 2 views)."""
+        full = self.score_samples(X)
+        observed = np.stack([~np.isnan(np.asarray(V, dtype=float)).all(axis=1) for V in X.values()], axis=1)
+        total = np.zeros(full.shape)
+        for j, view in enumerate(X):
+            rest = {v: V for v, V in X.items() if v != view and observed[:, list(X).index(v)].any()}
+            if not rest:
+                continue
+            total += np.where(observed[:, j], full - self.score_samples(rest), 0.0)
+        return np.where(observed.sum(axis=1) >= 2, total, np.nan)
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> Path:

@@ -1,0 +1,109 @@
+"""The EM update of the between-site variances (prior_update="em") against independent computations,
+and its recovery of known between-site sds on data drawn from the hierarchical model
+(the fast version of benchmarks/mvppca_hierarchy.py)."""
+
+import numpy as np
+import pytest
+
+from fedhier import FedMVPPCA
+from fedhier.data.synthetic import make_federated_ppca
+from fedhier.models.mvppca import global_step, site_statistics
+from fedhier.models.mvppca.master import _em_variance, rotation_shares
+from fedhier.models.mvppca.params import GlobalView, ViewParams
+from fedhier.models.mvppca.spread import loading_spread, mean_spread, posterior_spread
+
+
+def test_mean_spread_is_the_trace_of_the_posterior_covariance_of_mu():
+    rng = np.random.default_rng(0)
+    for d, q in ((6, 2), (3, 5)):
+        W, s2, N, v = rng.normal(size=(d, q)), 0.7, 40, 0.3
+        C = W @ W.T + s2 * np.eye(d)
+        direct = np.trace(np.linalg.inv(N * np.linalg.inv(C) + np.eye(d) / v))
+        assert mean_spread(W, s2, N, v) == pytest.approx(direct, rel=1e-10)
+        assert mean_spread(W, s2, N, None) == pytest.approx(np.trace(C) / N, rel=1e-10)  # flat prior
+
+
+def test_loading_spread_is_the_trace_of_the_conditional_posterior_covariance_of_W():
+    rng = np.random.default_rng(1)
+    d, q, s2, lam = 5, 3, 0.4, 2.5
+    A = rng.normal(size=(50, q))
+    Sxx = A.T @ A
+    # vec W | x-moments ~ N(., s2 (Sxx + lam I)^{-1} kron I_d): the Hessian of Q + ln p(W) in vec W
+    hessian = np.kron(np.eye(d), (Sxx + lam * np.eye(q)) / s2)
+    assert loading_spread(Sxx, s2, d, lam) == pytest.approx(np.trace(np.linalg.inv(hessian)), rel=1e-10)
+
+
+def test_em_step_converges_to_the_reml_estimate_of_a_balanced_random_effects_model():
+    """y_c = m + u_c + e_c (per coordinate), u ~ N(0, s), e ~ N(0, a), a known: REML gives
+    s = sum (y_c - y-bar)^2 / ((C - 1) D) - a.  Iterate the master's EM step with the sites'
+    exact posterior means (given m~ = y-bar) and variances."""
+    rng = np.random.default_rng(2)
+    C, D, a = 5, 40, 0.2
+    y = 1.0 + rng.normal(scale=np.sqrt(0.5), size=(C, D)) + rng.normal(scale=np.sqrt(a), size=(C, D))
+    ybar = y.mean(axis=0)
+    reml = np.sum((y - ybar) ** 2) / ((C - 1) * D) - a
+    v = 5.0
+    for _ in range(2000):
+        m = ybar + v / (v + a) * (y - ybar)
+        spread = np.sum((m - m.mean(axis=0)) ** 2)
+        v = _em_variance(spread, C * D * v * a / (v + a), v, C, D)
+    assert v == pytest.approx(reml, rel=1e-6)
+
+
+def test_rotation_shares_sum_to_the_number_of_rotations_and_follow_the_whitened_weights():
+    rng = np.random.default_rng(3)
+    q = 4
+    prior = {
+        name: GlobalView(mu=np.zeros(d), W=scale * rng.normal(size=(d, q)), sigma2_mu=1.0, sigma2_W=var,
+                         alpha=3.0, beta=2.0, noise_var=1.0, var_sigma=1.0)
+        for name, d, scale, var in (("a", 6, 1.0, 0.1), ("b", 4, 3.0, 0.1), ("c", 5, 1.0, 10.0))
+    }
+    shares = rotation_shares(prior)
+    assert sum(shares.values()) == pytest.approx(q * (q - 1) / 2)
+    assert shares["b"] > shares["a"] > shares["c"]  # larger loadings / tighter prior: more of the rotation
+
+
+def test_paper_mode_statistics_are_unchanged_and_em_needs_the_spread_fields():
+    rng = np.random.default_rng(4)
+    sites = [{"v": ViewParams(mu=rng.normal(size=3), W=rng.normal(size=(3, 2)), sigma2=0.5 + rng.random())} for _ in range(3)]
+    stats = [site_statistics(p, None) for p in sites]
+    assert set(stats[0]["v"]) == {"count", "sum_mu", "sum_sq_mu", "sum_W", "sum_sq_W", "sum_inv_sigma2", "sum_log_sigma2", "sum_sigma2", "sum_sq_sigma2"}
+    summed = {"v": {k: sum(s["v"][k] for s in stats) for k in stats[0]["v"]}}
+    with pytest.raises(ValueError, match="sum_post_var_mu"):
+        global_step(summed, anchor=None, n_components=2, prior_update="em")
+    with pytest.raises(ValueError, match="prior_update"):
+        global_step(summed, anchor=None, n_components=2, prior_update="pooled")
+
+
+def test_posterior_spread_shrinks_with_a_tighter_prior():
+    rng = np.random.default_rng(5)
+    data = {"v": rng.normal(size=(30, 4))}
+    params = {"v": ViewParams(mu=np.zeros(4), W=rng.normal(size=(4, 2)), sigma2=0.5)}
+    flat = posterior_spread(data, params, None)["v"]
+    prior = lambda var: {"v": GlobalView(mu=np.zeros(4), W=np.zeros((4, 2)), sigma2_mu=var, sigma2_W=var,  # noqa: E731
+                                        alpha=3.0, beta=1.0, noise_var=0.5, var_sigma=1.0)}
+    wide, tight = posterior_spread(data, params, prior(10.0))["v"], posterior_spread(data, params, prior(1e-4))["v"]
+    assert tight[0] < wide[0] < flat[0] and tight[1] < wide[1] < flat[1]
+    assert tight[0] <= 4 * 1e-4 and tight[1] <= 8 * 1e-4  # never above the prior's own variance
+
+
+def _fitted_sds(sd_mu, sd_W, prior_update, seed=0, n_rounds=40):
+    data = make_federated_ppca(
+        6, 150, (15, 8, 10), 5, sd_mu=sd_mu, sd_W=sd_W, sigma2_alpha=3.0, sigma2_beta=2.0, random_state=seed
+    )
+    model = FedMVPPCA(n_components=5, n_rounds=n_rounds, random_state=seed, prior_update=prior_update).fit(data.sites)
+    g = model.global_params_
+    return np.array([np.sqrt(g[v]["sigma2_mu"]) for v in g]), np.array([np.sqrt(g[v]["sigma2_W"]) for v in g])
+
+
+def test_em_update_recovers_the_between_site_sds_where_the_paper_update_shrinks_them():
+    sd_mu, sd_W = _fitted_sds(0.5, 0.2, "em")
+    np.testing.assert_allclose(sd_mu, 0.5, rtol=0.25)
+    np.testing.assert_allclose(sd_W, 0.2, rtol=0.25)
+    paper_mu, paper_W = _fitted_sds(0.5, 0.2, "paper", n_rounds=25)
+    assert np.all(paper_mu < 0.8 * 0.5) and np.min(paper_W) < 0.5 * 0.2
+
+
+def test_em_update_gives_small_sds_for_identical_sites():
+    sd_mu, sd_W = _fitted_sds(0.0, 0.0, "em")
+    assert np.all(sd_mu < 0.15) and np.all(sd_W < 0.05)
