@@ -7,7 +7,7 @@ SD is the synthetic data set of the experiments (spec §12.1: 400 subjects, view
 features, true q = 5, 250 subjects shifted in latent space).  Repetition r draws SD with seed r,
 splits it into 3 IID sites, min-max scales it with the sites' pooled range (as the experiments
 do) and scores q = 2..8 by the default criterion: 3-fold federated held-out cross-view
-log-likelihood with the one-standard-error rule.  ``--waic`` also prints the q that WAIC picks.
+log-likelihood, the smallest q within one standard error or 1 % of the score range of the best.  ``--waic`` also prints the q that WAIC picks.
 """
 
 from __future__ import annotations

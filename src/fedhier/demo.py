@@ -102,7 +102,8 @@ def run_demo(
 
     privacy = None
     if total_budget is not None:
-        privacy = DPConfig.total(*total_budget, n_rounds=n_rounds, n_views=max(len(s) for s in sites))
+        # the default EM prior update also releases two posterior-spread scalars per view and round
+        privacy = DPConfig.total(*total_budget, n_rounds=n_rounds, n_views=max(len(s) for s in sites), spread=True)
     elif per_release is not None:
         privacy = DPConfig.per_release(*per_release)
     model = FedMVPPCA(n_components=n_components, n_rounds=n_rounds, random_state=seed, privacy=privacy, progress=progress)
@@ -144,6 +145,8 @@ def run_demo(
         "missing_views": [list(m) for m in part.missing],
         "n_components": n_components,
         "n_rounds": n_rounds,
+        "rounds_run": model.n_rounds_,
+        "tol": model.tol,
         "seed": seed,
         "test_mae": test_mae,
         "train_mae_mean": float(np.mean(train_mae)),
@@ -156,7 +159,7 @@ def run_demo(
     if privacy is not None:
         summary["privacy_spent"] = model.privacy_spent_
         delta = model.privacy_spent_[0]["delta"]
-        checkpoints = sorted({1, *range(10, n_rounds + 1, 10), n_rounds})
+        checkpoints = sorted({1, *range(10, model.n_rounds_ + 1, 10), model.n_rounds_})
         summary["privacy_by_round"] = [
             {"round": r, **{f"epsilon site {s}": model.privacy_ledger_.epsilon(s, delta, up_to_round=r) for s in range(n_sites)}}
             for r in checkpoints
@@ -205,7 +208,8 @@ def _write_report(out: Path, summary: dict[str, Any], figures: dict[str, Path]) 
     intro = (
         f"# Fed-mv-PPCA demo\n\nCommand: `fedhier demo` (seed {summary['seed']}). {summary['data']}, "
         f"{summary['n_sites']} sites in scenario {summary['scenario']} (sizes {summary['site_sizes']}, "
-        f"absent views {summary['missing_views']}), q = {summary['n_components']}, {summary['n_rounds']} rounds.\n\n"
+        f"absent views {summary['missing_views']}), q = {summary['n_components']}, {summary['rounds_run']} rounds "
+        f"(at most {summary['n_rounds']}; the fit stops once the global model changes by less than {summary['tol']:g} per round).\n\n"
     )
     tables = "## Summary\n\n" + markdown_table(_metrics_rows(summary))
     if summary["imputation"]:
