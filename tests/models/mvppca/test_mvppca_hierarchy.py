@@ -107,3 +107,37 @@ def test_em_update_recovers_the_between_site_sds_where_the_paper_update_shrinks_
 def test_em_update_gives_small_sds_for_identical_sites():
     sd_mu, sd_W = _fitted_sds(0.0, 0.0, "em")
     assert np.all(sd_mu < 0.15) and np.all(sd_W < 0.05)
+
+
+def test_protocol_declares_and_sends_the_spread_only_with_the_em_update():
+    from fedhier.data.schema import ViewSchema
+    from fedhier.protocol.base import SiteContext
+    from fedhier.protocol.mvppca import MVPPCAProtocol
+
+    rng = np.random.default_rng(6)
+    schema = ViewSchema(("a", "b"), (5, 4))
+    data = {"a": rng.normal(size=(40, 5)), "b": rng.normal(size=(40, 4))}
+    em, paper = MVPPCAProtocol(schema, 2), MVPPCAProtocol(schema, 2, prior_update="paper")
+    added = set(em.reply_spec.fields) - set(paper.reply_spec.fields)
+    assert added == {f"{v}/{f}" for v in ("a", "b") for f in ("sum_post_var_mu", "sum_post_var_W")}
+    assert all(em.reply_spec.fields[name].shape == () and em.reply_spec.fields[name].optional for name in added)
+    reply = em.site_step(SiteContext(site=0, round=1, rng=np.random.default_rng(0), data=data, state={}), em.initial_broadcast())
+    em.reply_spec.validate(reply)
+    # round 1: the sampling variance of the maximum-likelihood estimates, the site's own fit re-run
+    fit_params = {v: ViewParams(mu=data[v].mean(axis=0), W=np.zeros((data[v].shape[1], 2)), sigma2=1.0) for v in data}
+    flat = posterior_spread(data, fit_params, None)
+    assert flat["a"][0] == pytest.approx(5 * 1.0 / 40)  # tr(C) / N with W = 0, sigma2 = 1
+    assert reply["a/sum_post_var_mu"] > 0 and reply["b/sum_post_var_W"] > 0
+    with pytest.raises(ValueError, match="prior_update"):
+        MVPPCAProtocol(schema, 2, prior_update="reml")
+
+
+def test_score_n_components_finds_the_latent_dimension_of_data_from_the_model():
+    data = make_federated_ppca(3, 90, (7, 6, 5), 2, sd_mu=0.1, sd_W=0.05, sigma2_alpha=5.0, sigma2_beta=1.0, random_state=7)
+    kw = dict(n_rounds=8, n_local_iter=5, n_first_iter=20)
+    result = FedMVPPCA.score_n_components(data.sites, [1, 2, 3, 4], random_state=0, **kw)
+    assert result.best == 2 and result.criterion == "heldout"
+    assert result.scores[1] > result.scores[0] + 1.0  # the second component predicts the other views
+    assert np.all(np.abs(result.scores[2:] - result.scores[1]) < 0.2 * (result.scores[1] - result.scores[0]))
+    with pytest.raises(ValueError, match="criterion"):
+        FedMVPPCA.score_n_components(data.sites, [1, 2], criterion="bic")
