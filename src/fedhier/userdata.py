@@ -163,7 +163,8 @@ def fit_from_config(
     n_rounds = config.get("n_rounds", 100)
     privacy = None
     if total_budget is not None:
-        privacy = DPConfig.total(*total_budget, n_rounds=n_rounds, n_views=max(len(s) for s in sites))
+        # the default EM prior update also releases two posterior-spread scalars per view and round
+        privacy = DPConfig.total(*total_budget, n_rounds=n_rounds, n_views=max(len(s) for s in sites), spread=True)
     model = FedMVPPCA(
         n_components=config.get("n_components", 5),
         n_rounds=n_rounds,
@@ -171,7 +172,7 @@ def fit_from_config(
         n_first_iter=config.get("n_first_iter", 30),
         random_state=config.get("seed", 0),
         n_init=config.get("n_init", 1),
-        tol=config.get("tol"),
+        **({"tol": config["tol"]} if "tol" in config else {}),  # else FedMVPPCA's default
         privacy=privacy,
         progress=progress,
     )

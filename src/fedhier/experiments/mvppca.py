@@ -240,7 +240,7 @@ def _dp_config(method: Method, n_rounds: int, n_views: int):
 
     eps, delta, kappa = method.option("epsilon"), method.option("delta"), method.option("kappa")
     if method.option("mode") == "total":
-        return DPConfig.total(eps, delta, n_rounds=n_rounds, n_views=n_views, kappa=kappa)
+        return DPConfig.total(eps, delta, n_rounds=n_rounds, n_views=n_views, kappa=kappa, spread=True)
     return DPConfig.per_release(eps, delta, kappa=kappa)
 
 
