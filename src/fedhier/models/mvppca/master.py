@@ -219,30 +219,26 @@ def _finish_view(
     """Variances with the [RC] safeguards, from the means and summed squared deviations.
 
     ``posterior`` = (sum_c tr Cov(mu_c), sum_c tr Cov(W_c), the prior view the sites used or
-    None in round 1, the view's rotation share) selects the EM update (module docstring); None the paper's eqs. 14, 18.
+    None in round 1, the view's rotation share) selects the EM update (module docstring);
+    None the paper's eqs. 14, 18.
     """
     d, q = W.shape
     if count == 1:
         var_mu = var_W = SINGLE_SITE_VARIANCE
         notes.append(f"view {view!r}: a single site (C_k = 1), prior variances set to {SINGLE_SITE_VARIANCE:g}")
-    elif posterior is not None:
-        post_mu, post_W, used, flat = posterior
-        q_k = max(effective_columns(d, q), 1)
-        if used is None:  # round 1: the sites' maximum-likelihood estimates, an upper start
-            var_mu = spread_mu / ((count - 1) * d)
-            var_W = spread_W / ((count - 1) * d * q_k)
-        else:
-            var_mu = _em_variance(spread_mu, post_mu, used.sigma2_mu, count, d)
-            var_W = _em_variance(spread_W, post_W, used.sigma2_W, count, d * q_k, flat)
-        if var_mu <= 0.0:
-            var_mu = ZERO_SPREAD_VARIANCE
-            notes.append(f"view {view!r}: zero spread of mu, sigma2_mu set to {ZERO_SPREAD_VARIANCE:g}")
-        if var_W <= 0.0:
-            var_W = ZERO_SPREAD_VARIANCE
-            notes.append(f"view {view!r}: zero spread of W, sigma2_W set to {ZERO_SPREAD_VARIANCE:g}")
     else:
-        var_mu = spread_mu / (count * d)
-        var_W = spread_W / (count * d * q)
+        if posterior is None:  # eqs. 14, 18
+            var_mu = spread_mu / (count * d)
+            var_W = spread_W / (count * d * q)
+        else:
+            post_mu, post_W, used, flat = posterior
+            q_k = max(effective_columns(d, q), 1)
+            if used is None:  # round 1: the sites' maximum-likelihood estimates, an upper start
+                var_mu = spread_mu / ((count - 1) * d)
+                var_W = spread_W / ((count - 1) * d * q_k)
+            else:
+                var_mu = _em_variance(spread_mu, post_mu, used.sigma2_mu, count, d)
+                var_W = _em_variance(spread_W, post_W, used.sigma2_W, count, d * q_k, flat)
         if var_mu <= 0.0:
             var_mu = ZERO_SPREAD_VARIANCE
             notes.append(f"view {view!r}: zero spread of mu, sigma2_mu set to {ZERO_SPREAD_VARIANCE:g}")
