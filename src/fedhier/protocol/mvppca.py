@@ -12,8 +12,9 @@ Messages (flat, declared; ``<view>/<field>``):
 * reply: for every view of the schema, optional (absent when the site does not measure
   it): ``count, sum_mu, sum_sq_mu, sum_W, sum_sq_W, sum_inv_sigma2, sum_log_sigma2,
   sum_sigma2, sum_sq_sigma2``, and with ``prior_update="em"`` also ``sum_post_var_mu,
-  sum_post_var_W`` (the site's posterior spread, :mod:`fedhier.models.mvppca.spread`); plus ``expected_ll`` (the site's final Q_c, §4.2) and
-  ``safeguards`` (how many [RC] safeguards triggered locally).
+  sum_post_var_W`` (the site's posterior spread, :mod:`fedhier.models.mvppca.spread`;
+  released by the DP mechanism with ``privacy``); plus ``expected_ll`` (the site's final
+  Q_c, §4.2) and ``safeguards`` (how many [RC] safeguards triggered locally).
 * broadcast: ``has_prior`` (0 before round 1's global step) and, per view,
   ``mu, W, sigma2_mu, sigma2_W, alpha, beta, noise_var, var_sigma``.
 """
