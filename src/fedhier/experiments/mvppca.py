@@ -180,7 +180,8 @@ class Method:
     """A method of the comparison tables.
 
     kind : "fedmvppca" | "dp" | "pca" | "fa" | "vae"
-    options : DP (epsilon, delta, kappa, mode) or VAE (model, hidden, proximal) settings
+    options : Fed-mv-PPCA (prior_update, tol), DP (epsilon, delta, kappa, mode) or VAE (model, hidden,
+        proximal) settings
     """
 
     name: str
@@ -219,6 +220,8 @@ def _vae_method(model: str, hidden: int | None, proximal: float = 0.0) -> Method
 PCA_POOLED = Method("PCA (pooled data)", "pca")
 FA_POOLED = Method("FactorAnalysis (pooled data)", "fa")
 FED_MVPPCA = Method("Fed-mv-PPCA", "fedmvppca")
+#: the paper's update of the prior's variances and a fixed number of rounds (the defaults before the EM update)
+FED_MVPPCA_PAPER = Method("Fed-mv-PPCA (paper's prior update)", "fedmvppca", (("prior_update", "paper"), ("tol", None)))
 
 
 @dataclass(frozen=True)
@@ -254,6 +257,7 @@ def fit_method(method: Method, sites: list[dict[str, np.ndarray]], *, n_componen
         privacy = None
         if method.kind == "dp":
             privacy = _dp_config(method, n_rounds, max(len(s) for s in sites))
+        options = {key: value for key, value in method.options if key in ("prior_update", "tol")}
         model = FedMVPPCA(
             n_components,
             n_rounds=n_rounds,
@@ -261,6 +265,7 @@ def fit_method(method: Method, sites: list[dict[str, np.ndarray]], *, n_componen
             n_first_iter=schedule.central_iter if central else schedule.n_first_iter,
             random_state=seed,
             privacy=privacy,
+            **options,
         )
         return model.fit(sites, callbacks=callbacks)
     if method.kind in ("pca", "fa"):
@@ -635,13 +640,15 @@ def _table_design(dataset: str, q: int, quick: bool, cells=_FULL_CELLS, fedprox:
         base = [_vae_method("vae", None), _vae_method("mcvae", None)] if _baseline_methods() else []
         return TableDesign(
             dataset=dataset, n_components=q, cells=(("iid", 1), ("iid", 3), ("GK", 3)),
-            methods=(FED_MVPPCA, dp, PCA_POOLED, FA_POOLED, *base), n_repeats=1, n_folds_run=1, schedule=_QUICK_SCHEDULE,
+            methods=(FED_MVPPCA, FED_MVPPCA_PAPER, dp, PCA_POOLED, FA_POOLED, *base), n_repeats=1, n_folds_run=1,
+            schedule=_QUICK_SCHEDULE,
             fedprox_cell=("iid", 3) if base and fedprox else None,
             fedprox_methods=(_vae_method("mcvae", None, 0.1),) if base and fedprox else (),
         )
     base = _baseline_methods((None, 64) if nonlinear else (None,))
     return TableDesign(
-        dataset=dataset, n_components=q, cells=cells, methods=(FED_MVPPCA, dp, PCA_POOLED, FA_POOLED, *base), n_repeats=10,
+        dataset=dataset, n_components=q, cells=cells, methods=(FED_MVPPCA, FED_MVPPCA_PAPER, dp, PCA_POOLED, FA_POOLED, *base),
+        n_repeats=10,
         fedprox_cell=("G", 3) if base and fedprox else None,
         fedprox_methods=tuple(_vae_method(m, None, lam) for m in ("vae", "mcvae") for lam in FEDPROX_LAMBDAS) if base and fedprox else (),
     )
