@@ -100,9 +100,6 @@ class CollabDict:
         Consensus step (O1).
     rel_tol : float
         Consensus tolerance (sets the fixed step count ``T``, §3.4).
-    private_masks : bool
-        Chunk masks from OS entropy rather than the run's seed (use in deployments; see
-        :class:`fedhier.runtime.peer.PeerAggregation`).
     runtime : {"peer", "star"}
         ``"peer"``: serverless in-process simulator (``S > 2``); ``"star"``: exact sums
         through :func:`fedhier.runtime.simulate.simulate` (the centralised reference; also
@@ -143,7 +140,7 @@ class CollabDict:
     def __init__(self, n_components: int = 7, *, rho: float = 0.8, lambda0: float = 1.0, n_min: float | None = None,
                  weights: str = "local", l0_penalty: float | None = None, score: str = "expected",
                  aggregation: str = "consensus", graph: np.ndarray | None = None, step: str | float = "max-degree",
-                 rel_tol: float = 1e-12, n_chunks: int = 3, private_masks: bool = False, runtime: str = "peer",
+                 rel_tol: float = 1e-12, n_chunks: int = 3, runtime: str = "peer",
                  max_iter: int = 100,
                  tol: float = 1e-4, glasso_tol: float = 1e-4, ell0: float = 10.0, diversity_rule: str = "min",
                  mitigate: bool = True,
@@ -161,7 +158,6 @@ class CollabDict:
         self.step = step
         self.rel_tol = rel_tol
         self.n_chunks = n_chunks
-        self.private_masks = private_masks
         self.runtime = runtime
         self.max_iter = max_iter
         self.tol = tol
@@ -177,7 +173,7 @@ class CollabDict:
     # ------------------------------------------------------------------ helpers
     def _params(self) -> dict[str, Any]:
         keys = ("n_components", "rho", "lambda0", "n_min", "weights", "l0_penalty", "score", "aggregation", "step",
-                "rel_tol", "n_chunks", "private_masks", "runtime", "max_iter", "tol", "glasso_tol", "ell0",
+                "rel_tol", "n_chunks", "runtime", "max_iter", "tol", "glasso_tol", "ell0",
                 "diversity_rule", "mitigate", "clip_norm", "delta", "contamination", "random_state")
         return {k: getattr(self, k) for k in keys}
 
@@ -195,8 +191,7 @@ class CollabDict:
     def _aggregation(self):
         from .runtime.peer import PeerAggregation
 
-        return PeerAggregation(method=self.aggregation, step=self.step, rel_tol=self.rel_tol, n_chunks=self.n_chunks,
-                               private_masks=self.private_masks)
+        return PeerAggregation(method=self.aggregation, step=self.step, rel_tol=self.rel_tol, n_chunks=self.n_chunks)
 
     def _ggm_protocol(self, n_features: int, moments: dict[str, np.ndarray]) -> GGMMixtureProtocol:
         n_total = float(moments["n_total"])
@@ -256,9 +251,12 @@ class CollabDict:
         self._finish(protocol, moments, model, states, history, train, n_sites=len(sites))
         return self
 
-    def fit_mpi(self, X: np.ndarray, comm=None) -> "CollabDict":
+    def fit_mpi(self, X: np.ndarray, comm=None, site_seed: int | None = None) -> "CollabDict":
         """Fit with this MPI process as site ``rank`` (collective; run under ``mpiexec -n S``).
 
+        ``random_state`` is the run's public seed (every rank knows it); this site's secrets
+        (chunk masks, its step's draws) come from the operating system's entropy, or from
+        ``site_seed`` for a reproducible test (:func:`fedhier.runtime.mpi.run_mpi`).
         Only this site's weights, threshold and l-diversity log are known afterwards;
         the other sites' rows of ``weights_``/``thresholds_`` are NaN.
         """
@@ -271,10 +269,10 @@ class CollabDict:
         agg = self._aggregation()
         seed = int(self.random_state)
         moments = run_mpi(MomentsProtocol(X.shape[1]), X, n_rounds=1, graph=self.graph, aggregation=agg,
-                          random_state=seed, comm=comm).broadcast
+                          random_state=seed, site_seed=site_seed, comm=comm).broadcast
         protocol = self._ggm_protocol(X.shape[1], moments)
         res = run_mpi(protocol, X, n_rounds=int(self.max_iter), graph=self.graph, aggregation=agg, random_state=seed,
-                      stop=protocol.converged, comm=comm)
+                      site_seed=site_seed, stop=protocol.converged, comm=comm)
         from mpi4py import MPI
 
         local_norm = np.array([np.linalg.norm(protocol.transform(X), axis=1).max()])
@@ -598,13 +596,15 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
     fit.add_argument("--out", required=True, help="model .npz path")
     fit.add_argument("--runtime", choices=["peer", "star", "mpi"], default="peer")
     fit.add_argument("--aggregation", choices=["consensus", "chunked", "shamir"], default="consensus")
-    fit.add_argument("--private-masks", action="store_true",
-                     help="chunk masks from OS entropy (deployments; differs from a seeded run by rounding only)")
     fit.add_argument("--components", type=int, default=7)
     fit.add_argument("--rho", type=float, default=0.8)
     fit.add_argument("--weights", choices=["local", "shared"], default="local")
     fit.add_argument("--max-iter", type=int, default=100)
-    fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--seed", type=int, default=0,
+                     help="the run's seed (with --runtime mpi: public, every site knows it)")
+    fit.add_argument("--site-seed", type=int, default=None,
+                     help="with --runtime mpi: each site's secret seed, for reproducible tests only "
+                          "(default: each site's own entropy, as a deployment needs)")
     score = sub.add_parser("score", help="score a CSV with a fitted model")
     score.add_argument("--model", required=True)
     score.add_argument("--csv", required=True)
@@ -620,7 +620,6 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
         labels, names, sites = _read_sites(args.csv, args.site_column, cols, drop)
         model = CollabDict(n_components=args.components, rho=args.rho, weights=args.weights,
                            aggregation=args.aggregation, max_iter=args.max_iter, random_state=args.seed,
-                           private_masks=args.private_masks,
                            runtime="peer" if args.runtime == "mpi" else args.runtime)
         if args.runtime == "mpi":
             from .runtime.mpi import world
@@ -629,7 +628,7 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
             if comm.Get_size() != len(sites):
                 raise ValueError(f"{len(sites)} sites in {args.csv} but {comm.Get_size()} MPI processes")
             rank = comm.Get_rank()
-            model.fit_mpi(sites[rank], comm)
+            model.fit_mpi(sites[rank], comm, site_seed=args.site_seed)
             out = Path(args.out)
             out = Path(str(out).format(site=rank)) if "{site}" in str(out) else out.with_name(
                 f"{out.stem}.site{rank}{out.suffix}")

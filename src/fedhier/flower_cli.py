@@ -120,6 +120,7 @@ def supernode_command(
     port: int = 9094,
     auth_key: str | Path | None = None,
     max_wait_time: float | None = None,
+    seed: int | None = None,
 ) -> list[str]:
     """``flower-supernode`` command line of one site.
 
@@ -133,6 +134,8 @@ def supernode_command(
     port : local port of the SuperNode's own runtime API (distinct per SuperNode on a host).
     auth_key : the site's private key for node authentication (ECDSA, OpenSSH format).
     max_wait_time : give up after this many seconds without the SuperLink.
+    seed : the site's own secret seed (its DP noise, random start), for reproducible tests only;
+        None (a deployment): the site's operating system's entropy.  The coordinator never sends one.
     """
     if not re.fullmatch(r"[A-Za-z0-9._-]+", site):
         raise ValueError(f"site name {site!r}: use letters, digits, '.', '_' or '-' only")
@@ -154,7 +157,12 @@ def supernode_command(
         cmd += ["--auth-supernode-private-key", str(Path(auth_key).resolve())]
     if max_wait_time is not None:
         cmd += ["--max-wait-time", str(float(max_wait_time))]
-    cmd += ["--node-config", f'site="{site}" data="{path}"']
+    node_config = f'site="{site}" data="{path}"'
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"site {site!r}: the seed must be a non-negative integer")
+        node_config += f' seed="{seed}"'
+    cmd += ["--node-config", node_config]
     return cmd
 
 
@@ -363,10 +371,13 @@ class LoopbackFederation:
     tls : serve TLS with certificates made by :func:`make_certificates` in ``root/certs``.
     node_auth : the SuperLink accepts only registered SuperNodes; a key pair per site is
         made in ``root/keys`` (:func:`make_site_key`) and registered before the SuperNode starts.
+    site_seed : every SuperNode's secret seed (:func:`supernode_command`), so that a fit equals
+        :func:`fedhier.runtime.simulate` with ``random_state=site_seed``; None: each site's own entropy.
     """
 
     def __init__(
-        self, root: str | Path, sites: dict[str, str | Path], *, tls: bool = False, node_auth: bool = False, startup_timeout: float = 60.0
+        self, root: str | Path, sites: dict[str, str | Path], *, tls: bool = False, node_auth: bool = False,
+        startup_timeout: float = 60.0, site_seed: int | None = None,
     ):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -385,7 +396,8 @@ class LoopbackFederation:
                     key, public = make_site_key(self.root / "keys" / name)
                     register_site_key(public, superlink=self.address, name=name, root_certificates=self.tls_options().get("root_certificates"))
                 self._start(name, supernode_command(
-                    superlink=self.address, site=name, data=data, port=port, auth_key=key, max_wait_time=startup_timeout, **self.tls_options()
+                    superlink=self.address, site=name, data=data, port=port, auth_key=key, max_wait_time=startup_timeout,
+                    seed=site_seed, **self.tls_options()
                 ))
         except BaseException:
             self.stop()
@@ -622,6 +634,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=9094, help="local port of the SuperNode's runtime API")
     p.add_argument("--auth-key", help="this site's private key for node authentication")
     p.add_argument("--config", help="check the data file against this fit.toml before starting")
+    p.add_argument("--seed", type=int, default=None,
+                   help="this site's own secret seed, for reproducible tests only (default: the machine's entropy)")
     p.add_argument("--print-command", action="store_true", help="print the flower-supernode command instead of running it")
 
     p = sub.add_parser("run", help="submit a fit to the SuperLink and wait for it")
@@ -677,7 +691,7 @@ def cli_flower(argv: Sequence[str] | None = None) -> int:
                 print(f"site {args.site!r}: " + ", ".join(f"{v} {X.shape[0]}x{X.shape[1]}" for v, X in data.items()))
             cmd = supernode_command(
                 superlink=args.superlink, site=args.site, data=args.data, root_certificates=args.root_certificates,
-                insecure=args.insecure, port=args.port, auth_key=args.auth_key,
+                insecure=args.insecure, port=args.port, auth_key=args.auth_key, seed=args.seed,
             )
             return _run(cmd, args.print_command)
         if args.command == "run":

@@ -275,7 +275,8 @@ class FedMVPPCA:
         finally:
             if bar is not None:
                 bar.close()
-        scores = np.array([r.history[-1].metrics["expected_ll"] for r in results])
+        # expected log-likelihoods pick the best start (without privacy, the only case with n_init > 1)
+        scores = np.array([r.history[-1].metrics.get("expected_ll", np.nan) for r in results])
         result = results[int(np.argmax(scores))]
         self._adopt(result.broadcast, schema, result.history, seed=result.seed, n_sites=len(sites))
         self.feature_names_in_ = names

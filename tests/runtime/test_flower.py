@@ -94,6 +94,8 @@ class LocalGrid:
         self.sent: list[tuple[int, str]] = []
         self.received: list[tuple[str, object]] = []
         self._ids = itertools.count()
+        # each site's own secret seed, set to the simulation's so that the fits can be compared bit for bit
+        self.node_seed = {"seed": str(config.seed)}
 
     def get_node_ids(self):
         return list(self.nodes)
@@ -127,7 +129,7 @@ class LocalGrid:
                 continue
             site, path = self.nodes[node]
             context = Context(
-                run_id=1, node_id=node, node_config={"site": site, "data": str(path)}, state=self.states[node],
+                run_id=1, node_id=node, node_config={"site": site, "data": str(path), **self.node_seed}, state=self.states[node],
                 run_config={RUN_CONFIG_KEY: self.config.to_json()},
             )
             reply = client_app(msg, context)
@@ -412,7 +414,7 @@ def test_a_site_answers_each_secure_step_of_a_round_once(demo):
     fields, kept = secure_site_step(config, "hospital-a", "advertise_keys", {"round": 2}, kept)
     assert fields["error"] == "SecAggProtocolError: site 'hospital-a' already advertised its keys for round 2" and kept is None
     fields, kept = secure_site_step(config, "hospital-a", "share_keys", {"round": 3, "payload": b""}, {"round": 2, "reply": b""})
-    assert fields["error"] == "ValueError: site 'hospital-a' holds no reply for round 3" and kept is None
+    assert fields["error"] == "SecAggProtocolError: site 'hospital-a' holds no reply for round 3" and kept is None
 
 
 def test_secure_configuration(tmp_path):
@@ -530,7 +532,8 @@ def _flower_fit(cluster: LoopbackFederation, config_path: Path, out: Path) -> in
 def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, transport):
     folder, config, sites = demo
     secure = transport == "tls+node-auth"
-    cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES}, tls=secure, node_auth=secure)
+    cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES}, tls=secure, node_auth=secure,
+                                 site_seed=config.seed)
     try:
         # 1. all three sites: the same global parameters as simulate()
         out = tmp_path / "fit-all"
@@ -578,7 +581,7 @@ def test_secure_flower_fit_equals_simulate(tmp_path, demo):
     folder, config, sites = demo
     path = tmp_path / "fit-secure.toml"
     path.write_text('aggregation = "secure"\n' + (folder / "fit.toml").read_text().replace("n_rounds = 3", "n_rounds = 2"))
-    cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES})
+    cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES}, site_seed=config.seed)
     try:
         out = tmp_path / "fit-secure"
         assert _flower_fit(cluster, path, out) == 0, cluster.logs()

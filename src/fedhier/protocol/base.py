@@ -16,6 +16,11 @@ A :class:`RoundProtocol` declares
 
 Runtimes (:mod:`fedhier.runtime`) own seeding, transport, participation and byte
 counting; a protocol only ever sees declared messages.
+
+A protocol that runs with differential privacy (:attr:`RoundProtocol.private`) declares
+what each reply field reveals (``Field.disclosure``); every runtime calls
+:func:`check_disclosure` on a site's reply before it leaves the site, so a field computed
+from the site's data without a DP release is refused, not sent.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import numpy as np
 
 from .messages import Message, MessageSpec
 
-__all__ = ["RoundProtocol", "SiteContext", "sum_messages"]
+__all__ = ["RoundProtocol", "SiteContext", "SiteError", "DisclosureError", "check_disclosure", "sum_messages"]
 
 
 @dataclass
@@ -42,14 +47,18 @@ class SiteContext:
     round : int
         Communication round, 1-based.
     rng : numpy.random.Generator
-        The site's generator for this round, derived from one seed
-        (``SeedSequence(seed, spawn_key=(round, site))``) so results do not depend on
-        scheduling or on the process pool.
+        The site's own generator for this round: every secret the step draws (DP noise,
+        random starts) comes from it.  It is seeded from the site's own entropy or its
+        secret seed (:func:`fedhier.runtime.simulate.site_rng`), never from anything the
+        coordinator or a peer sends.
     data : Any
         The site's private data, never sent anywhere.
     state : dict[str, ndarray]
         Site-private arrays kept by the runtime between rounds (empty in round 1).
         A protocol whose sites are stateless ignores it.
+    releases : list of (label, dp_accounting.DpEvent)
+        The differentially private releases this step made (a private protocol appends
+        one per released block); :func:`check_disclosure` reads it.
     """
 
     site: int
@@ -57,6 +66,24 @@ class SiteContext:
     rng: np.random.Generator
     data: Any
     state: dict[str, np.ndarray] = field(default_factory=dict)
+    releases: list[tuple[str, Any]] = field(default_factory=list)
+
+
+class SiteError(Exception):
+    """A site's failure whose message may be sent to the coordinator.
+
+    Its text names the site, the column, the row and the kind of problem, never a value of
+    the site's data.  Any other exception raised by a site step reaches the coordinator as
+    its category only (:func:`fedhier.runtime.simulate.failure_report`); its full text
+    stays in the site's own log.  Other exception classes whose text is equally safe say so
+    with the class attribute ``public_message = True``.
+    """
+
+    public_message = True
+
+
+class DisclosureError(SiteError, RuntimeError):
+    """A private protocol's reply holds a field that is neither public nor a DP release; nothing is sent."""
 
 
 class RoundProtocol(ABC):
@@ -65,6 +92,12 @@ class RoundProtocol(ABC):
     #: short machine name, used in message headers and reports
     name: str = "protocol"
     combine: Literal["sum", "gather"] = "sum"
+
+    @property
+    def private(self) -> bool:
+        """True when the sites' replies are differentially private releases: every reply field must then be
+        declared ``"public"`` or ``"release"`` (:func:`check_disclosure`)."""
+        return False
 
     @property
     @abstractmethod
@@ -116,6 +149,28 @@ class RoundProtocol(ABC):
 
     def validate_site_data(self, site: int, data: Any) -> None:  # pragma: no cover - default
         """Raise ``ValueError`` naming the site and problem before any work is done."""
+
+
+def check_disclosure(protocol: RoundProtocol, reply: Mapping[str, Any], releases: list) -> None:
+    """Refuse a private protocol's reply that would reveal the site's data outside a DP release.
+
+    Runs at the site, after :meth:`RoundProtocol.site_step` and before anything is sent.
+    For ``protocol.private``: every field present in ``reply`` must be declared
+    ``"public"`` or ``"release"`` in ``protocol.reply_spec``, and ``"release"`` fields
+    need at least one DP release recorded by the step (``releases``, the step's
+    :attr:`SiteContext.releases`).  Raises :class:`DisclosureError` naming the fields.
+    """
+    if not protocol.private:
+        return
+    fields = protocol.reply_spec.fields
+    raw = sorted(k for k in reply if k not in fields or fields[k].disclosure == "raw")
+    if raw:
+        raise DisclosureError(
+            f"reply field(s) {raw} would be computed from the site's data without a differentially private "
+            "release; a private fit does not send them"
+        )
+    if not releases and any(fields[k].disclosure == "release" for k in reply):
+        raise DisclosureError("the reply holds release fields but the step recorded no differentially private release")
 
 
 def sum_messages(spec: MessageSpec, replies: Mapping[int, Message]) -> Message:

@@ -24,10 +24,15 @@ Message = dict[str, np.ndarray]
 #: dtypes allowed on the wire (fixed-size, no objects).
 WIRE_DTYPES = frozenset({"float64", "int64", "uint64", "bool"})
 _MAGIC = b"FHM1"
+#: what a reply field may reveal (see :class:`Field`)
+DISCLOSURES = ("raw", "public", "release")
 
 
 class MessageError(ValueError):
-    """A message does not match its declared specification."""
+    """A message does not match its declared specification (its text names fields, shapes and dtypes, never values)."""
+
+    #: safe to send across a site boundary (see :class:`fedhier.protocol.base.SiteError`)
+    public_message = True
 
 
 @dataclass(frozen=True)
@@ -42,15 +47,25 @@ class Field:
         One of ``float64``, ``int64``, ``uint64``, ``bool``.
     optional : bool
         The field may be absent (e.g. a view the site does not measure).
+    disclosure : {"raw", "public", "release"}
+        What the field reveals when it leaves a site (reply fields; docs/privacy.md):
+        ``"raw"`` -- computed from the site's data (the default: assume the worst);
+        ``"public"`` -- public by declaration (which views a site has, participation);
+        ``"release"`` -- computed only from the differentially private releases the site
+        made in the same step (post-processing) and public values.  A private protocol may
+        send only public and release fields (:func:`fedhier.protocol.base.check_disclosure`).
     """
 
     shape: tuple[int, ...] = ()
     dtype: str = "float64"
     optional: bool = False
+    disclosure: str = field(default="raw", compare=False)  # not part of the wire format
 
     def __post_init__(self) -> None:
         if self.dtype not in WIRE_DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not a wire dtype {sorted(WIRE_DTYPES)}")
+        if self.disclosure not in DISCLOSURES:
+            raise ValueError(f"disclosure {self.disclosure!r} is not one of {list(DISCLOSURES)}")
         if any(int(s) < 0 for s in self.shape):
             raise ValueError(f"negative dimension in shape {self.shape}")
 

@@ -11,8 +11,11 @@ Messages (flat, declared; ``<view>/<field>``):
 
 * reply: for every view of the schema, optional (absent when the site does not measure
   it): ``count, sum_mu, sum_sq_mu, sum_W, sum_sq_W, sum_inv_sigma2, sum_log_sigma2,
-  sum_sigma2, sum_sq_sigma2``; plus ``expected_ll`` (the site's final Q_c, §4.2) and
-  ``safeguards`` (how many [RC] safeguards triggered locally).
+  sum_sigma2, sum_sq_sigma2``; plus, in a fit without privacy only, ``expected_ll`` (the
+  site's final Q_c, §4.2) and ``safeguards`` (how many [RC] safeguards triggered locally).
+  With privacy the statistics are computed from the site's DP releases alone (declared
+  ``"release"``), ``count`` (1 per view the site measures) is public, and the two
+  diagnostics, computed from the raw data, are never sent (``docs/privacy.md``).
 * broadcast: ``has_prior`` (0 before round 1's global step) and, per view,
   ``mu, W, sigma2_mu, sigma2_W, alpha, beta, noise_var, var_sigma``.
 """
@@ -178,15 +181,22 @@ class MVPPCAProtocol(RoundProtocol):
             initial_prior = master.data_independent_prior(dict(zip(schema.names, schema.dims)), self.n_components)
         self.initial_prior = initial_prior
         q = self.n_components
-        reply: dict[str, Field] = {"expected_ll": Field(()), "safeguards": Field(())}
+        # raw diagnostics: sent only without privacy (check_disclosure refuses them otherwise)
+        reply: dict[str, Field] = {"expected_ll": Field((), optional=True), "safeguards": Field((), optional=True)}
         broadcast: dict[str, Field] = {"has_prior": Field(())}
+        released = "release" if privacy is not None else "raw"
         for view, dim in zip(schema.names, schema.dims):
             for stat, shape in master.statistic_shapes(dim, q).items():
-                reply[f"{view}/{stat}"] = Field(tuple(shape), optional=True)
+                disclosure = "public" if stat == "count" else released
+                reply[f"{view}/{stat}"] = Field(tuple(shape), optional=True, disclosure=disclosure)
             for name, shape in _global_shapes(dim, q).items():
                 broadcast[f"{view}/{name}"] = Field(shape, optional=True)
         self._reply_spec = MessageSpec("fed-mv-ppca-reply", reply)
         self._broadcast_spec = MessageSpec("fed-mv-ppca-broadcast", broadcast)
+
+    @property
+    def private(self) -> bool:
+        return self.privacy is not None
 
     @property
     def reply_spec(self) -> MessageSpec:
@@ -229,12 +239,13 @@ class MVPPCAProtocol(RoundProtocol):
             params = dp.privatize_site_params(
                 params, anchor, self.privacy, ctx.rng, site=ctx.site, round=ctx.round, ledger=ledger
             )
+            ctx.releases.extend((r.block, r.event) for r in ledger.releases(ctx.site) if r.round == ctx.round)
             ctx.state["private_rounds"] = np.append(released, np.int64(ctx.round))
         stats = master.site_statistics(params, anchor)
-        reply: Message = {
-            "expected_ll": np.asarray(float(fit.expected_ll[-1]) if len(fit.expected_ll) else 0.0),
-            "safeguards": np.asarray(float(len(fit.safeguards))),
-        }
+        reply: Message = {}
+        if self.privacy is None:
+            reply["expected_ll"] = np.asarray(float(fit.expected_ll[-1]) if len(fit.expected_ll) else 0.0)
+            reply["safeguards"] = np.asarray(float(len(fit.safeguards)))
         for view, fields in stats.items():
             for stat, value in fields.items():
                 reply[f"{view}/{stat}"] = np.asarray(value, dtype=float)
@@ -268,10 +279,10 @@ class MVPPCAProtocol(RoundProtocol):
 
     def round_metrics(self, combined: Message, round: int) -> dict[str, float]:
         stats = self._statistics(combined)
-        metrics = {
-            "expected_ll": float(combined["expected_ll"]),
-            "local_safeguards": float(combined["safeguards"]),
-        }
+        metrics = {}
+        if self.privacy is None:  # raw diagnostics: sent without privacy only
+            metrics["expected_ll"] = float(combined["expected_ll"])
+            metrics["local_safeguards"] = float(combined["safeguards"])
         for view, fields in stats.items():
             metrics[f"{view}/sites"] = float(fields["count"])
         return metrics

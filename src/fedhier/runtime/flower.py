@@ -12,9 +12,13 @@ Flower's Message API.  Flower only carries bytes; the round itself is ours:
   :func:`fedhier.protocol.messages.encode` and carried as a ``bytes`` value of a Flower
   ``ConfigRecord`` -- never a pickle;
 * the site step is :func:`fedhier.runtime.simulate.run_site_step` and the server step is
-  :func:`fedhier.runtime.simulate.server_update`, with the same ``(seed, round, site)``
-  generators, so a Flower fit equals :func:`fedhier.runtime.simulate` bit for bit on the
-  same sites (same seed, same site indices).
+  :func:`fedhier.runtime.simulate.server_update`;
+* a site's secrets (DP noise, its random start, secure-sum keys) come from its own
+  entropy: the coordinator's request carries no seed.  A SuperNode started with a secret
+  seed of its own (``node_config`` ``seed="..."``, ``fedhier flower site --seed``) draws
+  what :func:`fedhier.runtime.simulate` draws with ``random_state`` equal to that seed,
+  so a Flower fit whose sites are all given the simulation's seed equals it bit for bit
+  (tests and reproductions only: a seed shared by the sites is no secret among them).
 
 Robustness (issue 6, "Robustness"):
 
@@ -39,7 +43,7 @@ the global step gets the decoded sum, as :func:`fedhier.runtime.simulate` with
 the threshold of sites left) stops the fit with ``RoundFailed``.
 
 Site indices: the fit configuration lists the site names; site ``s`` is the ``s``-th name
-(0-based), the index that seeds its generator.  A SuperNode whose ``site`` is not in
+(0-based).  A SuperNode whose ``site`` is not in
 the list is ignored (and reported); two SuperNodes claiming the same site stop the fit.
 """
 
@@ -61,7 +65,8 @@ from ..privacy.secure_round import SecureAggregator
 from ..protocol.base import RoundProtocol
 from ..protocol.messages import Message, MessageSpec, decode, encode
 from ..utils.io import atomic_write_bytes, write_json
-from .simulate import RoundFailed, RoundRecord, decode_state, encode_state, global_update, run_site_step, server_update
+from .simulate import (RoundFailed, RoundRecord, decode_state, encode_state, failure_report, global_update, run_site_step,
+                       server_update, site_log)
 
 try:
     from flwr.app import ConfigRecord, Context, Message as FlowerMessage, RecordDict
@@ -128,7 +133,8 @@ class FlowerFitConfig:
         As :class:`fedhier.mvppca.FedMVPPCA` (``tol``: stop after the first round in
         which theta~ changed by less, spec §6 [R]).
     seed : int or None
-        One seed for everything; None draws one (recorded in the result).
+        The coordinator's public seed (recorded in the result); None draws one.  It never
+        reaches a site's secrets (see the module docstring).
     min_sites : int
         Fewest replies a round needs; fewer stop the fit.
     round_timeout : float
@@ -629,7 +635,7 @@ def run_rounds(
         t0 = time.perf_counter()
         broadcast_bytes = encode(protocol.broadcast_spec, broadcast)
         targets = connected if rnd == 1 else [n for s, n in sorted(result.nodes.items()) if s not in result.lost]
-        request = ConfigRecord({"round": rnd, "seed": seed, "broadcast": broadcast_bytes})
+        request = ConfigRecord({"round": rnd, "broadcast": broadcast_bytes})
         contents = {n: RecordDict({_RECORD: request}) for n in targets}
         messages, silent = _exchange(grid, contents, MESSAGE_TYPE, rnd, round_timeout, poll_interval)
 
@@ -724,7 +730,8 @@ def run_rounds(
 # --------------------------------------------------------------------------- the site half
 
 
-def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, request: Mapping[str, Any], state: Mapping[str, np.ndarray]):
+def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, request: Mapping[str, Any],
+               state: Mapping[str, np.ndarray], site_seed: int | None = None):
     """One site's answer to a round request (what the ClientApp does, without Flower).
 
     Parameters
@@ -734,8 +741,11 @@ def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, reques
         This site's name (``node_config["site"]``).
     data_path : path
         This site's CSV file (``node_config["data"]``).
-    request : mapping with ``round`` (int), ``seed`` (int), ``broadcast`` (bytes)
+    request : mapping with ``round`` (int), ``broadcast`` (bytes)
     state : dict of arrays kept by the site between rounds
+    site_seed : int or None
+        The site's own secret seed (``node_config["seed"]``); None: the operating
+        system's entropy.  Nothing in ``request`` seeds the site.
 
     Returns
     -------
@@ -748,9 +758,10 @@ def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, reques
     try:
         data = load_site(config, data_path, site)
     except (ValueError, OSError) as exc:
-        return {"site": site, "status": "error", "error": f"{type(exc).__name__}: {exc}"}, state
+        site_log.warning("site %s: its data could not be read: %s: %s", site, type(exc).__name__, exc)
+        return {"site": site, "status": "error", "error": failure_report(exc)}, state
     status, payload, new_state = run_site_step(
-        config.protocol(), data, index, int(request["round"]), int(request["seed"]), bytes(request["broadcast"]), dict(state)
+        config.protocol(), data, index, int(request["round"]), site_seed, bytes(request["broadcast"]), dict(state)
     )
     if status == "ok":
         return {"site": site, "status": "ok", "reply": payload}, new_state
@@ -784,7 +795,7 @@ def secure_site_step(config: FlowerFitConfig, site: str, step: str, request: Map
     rnd = int(request["round"])
     try:
         if kept is None or int(kept["round"]) != rnd:
-            raise ValueError(f"site {site!r} holds no reply for round {rnd}")
+            raise SecAggProtocolError(f"site {site!r} holds no reply for round {rnd}")
         if step == "advertise_keys" and "secagg" in kept:
             raise SecAggProtocolError(f"site {site!r} already advertised its keys for round {rnd}")
         spec = config.reply_spec()
@@ -802,7 +813,8 @@ def secure_site_step(config: FlowerFitConfig, site: str, step: str, request: Map
             else:
                 message = secagg.unmask(payload)
     except (KeyError, ValueError, OverflowError, InsufficientSitesError) as exc:
-        return {"site": site, "status": "error", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}, None
+        site_log.warning("site %s, round %d, secure sum step %s failed: %s: %s", site, rnd, step, type(exc).__name__, exc)
+        return {"site": site, "status": "error", "error": failure_report(exc)}, None
     fields = {"site": site, "status": "ok", "reply": message}
     return fields, None if step == SECURE_STEPS[-1] else {**kept, "secagg": secagg.to_state()}
 
@@ -818,6 +830,17 @@ def _node_setting(context: Context, key: str) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"SuperNode {context.node_id}: node_config has no {key!r}; start it with --node-config '{key}=\"...\"'")
     return value
+
+
+def _site_seed(context: Context) -> int | None:
+    """The site's own secret seed from its SuperNode's ``node_config`` (``seed="..."``), or None."""
+    value = context.node_config.get("seed")
+    if value is None or value == "":
+        return None
+    text = str(value)
+    if not text.isdigit():
+        raise ValueError(f"SuperNode {context.node_id}: node_config 'seed' must be a non-negative integer")
+    return int(text)
 
 
 def _reply(msg: FlowerMessage, fields: Mapping[str, Any]) -> FlowerMessage:
@@ -838,12 +861,13 @@ def _site_message(msg: FlowerMessage, context: Context) -> FlowerMessage:
     try:
         config = FlowerFitConfig.from_json(str(context.run_config[RUN_CONFIG_KEY]))
         site, path = _node_setting(context, "site"), _node_setting(context, "data")
+        site_seed = _site_seed(context)
     except (KeyError, ValueError, TypeError) as exc:
         return _reply(msg, _setup_failure(context, exc))
     kept = context.state.config_records.get(_STATE)
     state = decode_state(kept["state"]) if kept is not None and "state" in kept else {}
     request = msg.content.config_records[_RECORD]
-    fields, new_state = site_round(config, site, path, request, state)
+    fields, new_state = site_round(config, site, path, request, state, site_seed)
     encoded = encode_state(new_state)
     if encoded is not None:
         context.state[_STATE] = ConfigRecord({"state": encoded})

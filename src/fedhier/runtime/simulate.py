@@ -7,10 +7,19 @@ the results:
 * every reply and broadcast is validated against its declared spec, serialised with
   :func:`fedhier.protocol.messages.encode` (no pickle) and its bytes are recorded; each
   site is sent only its part of the broadcast (``protocol.site_broadcast``);
-* one seed determines everything: the site step of site ``s`` in round ``r`` gets
-  ``Generator(PCG64(SeedSequence(seed, spawn_key=(1, r, s))))``, the runtime's own
-  draws (participation) use ``spawn_key=(2, r)``, so results do not depend on the
-  order in which sites run nor on the process pool;
+* randomness is split by who may know it.  The run's *public* seed drives the runtime's
+  own draws (participation, ``spawn_key=(2, r)``) and is recorded in the result.  Each
+  site's step draws from the site's *own* generator (:func:`site_rng`): with
+  ``random_state`` given, the simulation derives every site's secret seed from it
+  (``SeedSequence(random_state, spawn_key=(1, r, s))``, reproducible; whoever knows
+  ``random_state`` then knows every site's noise, which only a simulation may accept);
+  with ``random_state=None`` each site draws from the operating system's entropy, and the
+  public seed tells nothing about it.  Results do not depend on the order in which sites
+  run nor on the process pool;
+* a failing site tells the runner only the category of its failure
+  (:func:`failure_report`); the full message stays in the site's log;
+* a private protocol's reply is checked field by field before it leaves the site
+  (:func:`fedhier.protocol.base.check_disclosure`);
 * partial participation: a site may miss a round (scheduled, random, or because its
   step raised); the global step sees only the sites that replied.  The first failure of
   each site raises a :class:`SiteFailedWarning`; every failure is in the history;
@@ -21,6 +30,7 @@ the results:
 
 from __future__ import annotations
 
+import logging
 import time
 import traceback
 import warnings
@@ -31,14 +41,17 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from ..protocol.base import RoundProtocol, SiteContext, sum_messages
+from ..protocol.base import RoundProtocol, SiteContext, check_disclosure, sum_messages
 from .checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from ..protocol.messages import Field, Message, MessageError, MessageSpec, decode, encode, header_fields
 
 __all__ = [
     "simulate", "SimulationResult", "RoundRecord", "RoundFailed", "SiteFailedWarning", "site_rng", "Participation",
-    "run_site_step", "server_update", "global_update", "encode_state", "decode_state",
+    "run_site_step", "server_update", "global_update", "encode_state", "decode_state", "failure_report",
 ]
+
+#: a site's own log: the full text of its failures (never sent to the coordinator)
+site_log = logging.getLogger("fedhier.site")
 
 #: participation: None (every site, every round); a float p in (0, 1] (each site joins
 #: each round with probability p); a mapping ``round -> sites that are absent``; or a
@@ -107,9 +120,27 @@ class SimulationResult:
     seed: int
 
 
-def site_rng(seed: int, round: int, site: int) -> np.random.Generator:
-    """The generator of ``site`` in ``round`` (see module docstring)."""
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(1, round, site))))
+def site_rng(site_seed: int | None, round: int, site: int) -> np.random.Generator:
+    """The site's own generator for ``round``: the source of every secret its step draws.
+
+    ``site_seed`` is a secret of the site, never sent and never derived from what the
+    site receives: ``SeedSequence(site_seed, spawn_key=(1, round, site))``.  None (the
+    default of every deployment) draws fresh entropy from the operating system.
+    """
+    if site_seed is None:
+        return np.random.default_rng()
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(site_seed), spawn_key=(1, round, site))))
+
+
+def failure_report(exc: BaseException) -> str:
+    """The one line a failing site sends to the coordinator: the failure's category and,
+    for an error whose text is safe to send (``public_message``, e.g.
+    :class:`~fedhier.protocol.base.SiteError`), its first line.  Never a value of the data."""
+    name = type(exc).__name__
+    if getattr(exc, "public_message", False):
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        return f"{name}: {text}" if text else name
+    return f"{name} at the site (the details are in the site's own log)"
 
 
 def _runtime_rng(seed: int, round: int) -> np.random.Generator:
@@ -141,29 +172,37 @@ def run_site_step(
     data: Any,
     site: int,
     round: int,
-    seed: int,
+    site_seed: int | None,
     broadcast_bytes: bytes,
     state: dict[str, np.ndarray],
 ) -> tuple[str, bytes | str, dict[str, np.ndarray]]:
     """Run one site step from the bytes the site received (its :meth:`site_broadcast`); the site-side half of a round.
 
-    Returns ("ok", reply bytes, new state) or ("error", message, old state).  Every
+    ``site_seed`` is the site's own secret seed (:func:`site_rng`; None: the operating
+    system's entropy), never a value the site received.  A private protocol's reply is
+    checked by :func:`~fedhier.protocol.base.check_disclosure` before it is encoded.
+
+    Returns ("ok", reply bytes, new state) or ("error", :func:`failure_report`, old
+    state); the full error is written to the site's log (``fedhier.site``).  Every
     runtime (this simulator, its process pool, the Flower ClientApp) calls this, so a
-    site computes the same reply from the same (seed, round, site) wherever it runs.
+    site computes the same reply from the same (site seed, round, site) wherever it runs.
     """
     try:
         broadcast = decode(protocol.site_broadcast_spec, broadcast_bytes)
-        ctx = SiteContext(site=site, round=round, rng=site_rng(seed, round, site), data=data, state=dict(state))
+        ctx = SiteContext(site=site, round=round, rng=site_rng(site_seed, round, site), data=data, state=dict(state))
         reply = protocol.site_step(ctx, broadcast)
+        check_disclosure(protocol, reply, ctx.releases)
         return "ok", encode(protocol.reply_spec, reply), ctx.state
     except Exception as exc:  # a failing site is dropped from the round, never silently
-        return "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}", state
+        site_log.warning("site %d, round %d failed: %s: %s\n%s", site, round, type(exc).__name__, exc,
+                         traceback.format_exc(limit=3))
+        return "error", failure_report(exc), state
 
 
-def _site_step_in_worker(site: int, round: int, seed: int, broadcast_bytes: bytes, state_bytes: bytes | None):
+def _site_step_in_worker(site: int, round: int, site_seed: int | None, broadcast_bytes: bytes, state_bytes: bytes | None):
     protocol = _WORKER["protocol"]
     state = decode_state(state_bytes)
-    status, payload, new_state = run_site_step(protocol, _WORKER["sites"][site], site, round, seed, broadcast_bytes, state)
+    status, payload, new_state = run_site_step(protocol, _WORKER["sites"][site], site, round, site_seed, broadcast_bytes, state)
     return status, payload, encode_state(new_state)
 
 
@@ -276,7 +315,10 @@ def simulate(
     n_rounds : int
         Number of communication rounds (>= 1).
     random_state : int or None
-        Seed of everything; None draws one (recorded in the result).
+        Seed of the simulation.  Given: the public seed is ``random_state`` and every
+        site's secret seed is derived from it (reproducible runs).  None: a public seed
+        is drawn (recorded in the result) and every site draws its secrets from the
+        operating system, as in a deployment (see the module docstring).
     n_jobs : int
         Number of worker processes for the site steps (1 = no pool).  Results are
         bit-identical with and without the pool.
@@ -299,7 +341,8 @@ def simulate(
     checkpoint : path, optional
         Write a checkpoint (:mod:`fedhier.runtime.checkpoint`) after every round; if the
         file exists when the run starts, resume from it (same protocol, sites and seed
-        required) -- the result is bit-identical to an uninterrupted run.
+        required) -- with ``random_state`` given the result is bit-identical to an
+        uninterrupted run (without it the sites' secrets after the restart are fresh draws).
 
     Returns
     -------
@@ -327,6 +370,7 @@ def simulate(
         protocol.validate_site_data(s, data)
 
     seed = int(np.random.SeedSequence().entropy % (2**63)) if random_state is None else int(random_state)
+    site_seed = None if random_state is None else seed  # the sites' secret: derived in-process only when given
     first_round, broadcast, states = 1, protocol.broadcast_spec.validate(protocol.initial_broadcast()), [{} for _ in sites]
     history: list[RoundRecord] = []
     if checkpoint is not None and Path(checkpoint).exists():
@@ -360,10 +404,10 @@ def simulate(
             outcomes: dict[int, tuple[str, bytes | str, dict[str, np.ndarray]]] = {}
             if pool is None:
                 for s in active:
-                    outcomes[s] = run_site_step(protocol, sites[s], s, rnd, seed, down[s], states[s])
+                    outcomes[s] = run_site_step(protocol, sites[s], s, rnd, site_seed, down[s], states[s])
             else:
                 futures = {
-                    s: pool.submit(_site_step_in_worker, s, rnd, seed, down[s], encode_state(states[s]))
+                    s: pool.submit(_site_step_in_worker, s, rnd, site_seed, down[s], encode_state(states[s]))
                     for s in active
                 }
                 for s, fut in futures.items():
