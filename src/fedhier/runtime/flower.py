@@ -61,6 +61,7 @@ from ..privacy.secure_round import SecureAggregator
 from ..protocol.base import RoundProtocol
 from ..protocol.messages import Message, MessageSpec, decode, encode
 from ..utils.io import atomic_write_bytes, write_json
+from ..utils.untrusted import check_site_name
 from .simulate import RoundFailed, RoundRecord, decode_state, encode_state, global_update, run_site_step, server_update
 
 try:
@@ -193,6 +194,8 @@ class FlowerFitConfig:
             raise ValueError("fit configuration: [flower] sites must list the site names (non-empty strings)")
         if len(set(self.sites)) != len(self.sites):
             raise ValueError(f"fit configuration: site names must be unique, got {list(self.sites)}")
+        for site in self.sites:  # a site name names its SuperNode's files (keys, logs)
+            check_site_name(site, "fit configuration: [flower] sites")
         for name in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "min_sites"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
