@@ -316,7 +316,7 @@ def test_other_readers_name_column_and_row_never_the_value(tmp_path, capsys):
     view = np.array([[1.0, 2.0], [SECRET, 3.0]], dtype=object)
     with pytest.raises(ValueError) as info:
         check_sites([{"v": view}])
-    assert "Jane" not in str(info.value) and "flat position 2" in str(info.value)
+    assert "Jane" not in str(info.value) and "row 1, column 0" in str(info.value)
 
 
 def test_a_secure_mode_overflow_names_the_site_and_bound_never_the_value():

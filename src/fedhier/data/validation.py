@@ -241,8 +241,9 @@ def _as_float_matrix(raw: Any, where: str) -> np.ndarray:
             flat = arr.ravel()
             bad = next((i for i, v in enumerate(flat) if not _is_real_number(v)), None)
             if bad is not None:
+                at = f"row {bad // arr.shape[1]}, column {bad % arr.shape[1]}" if arr.ndim == 2 else f"flat position {bad}"
                 raise ValueError(  # the value itself is not quoted: error text may cross a site boundary
-                    f"{where}: non-numeric value of type {type(flat[bad]).__name__} at flat position {bad}; views must hold numbers"
+                    f"{where}: non-numeric value (of type {type(flat[bad]).__name__}) at {at}; views must hold numbers"
                 )
         elif arr.dtype.kind not in "biuf":
             raise ValueError(f"{where}: non-numeric array of dtype {arr.dtype}; views must hold real numbers")
