@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import tempfile
 import tracemalloc
 import zipfile
@@ -27,24 +28,8 @@ import numpy as np
 from fedhier import FedMVPPCA
 from fedhier.runtime.checkpoint import read_checkpoint
 
-
-def _npy(array=None, *, header_shape=None, payload=b"") -> bytes:
-    buf = io.BytesIO()
-    if array is not None:
-        np.lib.format.write_array(buf, np.asarray(array), allow_pickle=False)
-    else:
-        np.lib.format.write_array_header_1_0(buf, {"descr": "<f8", "fortran_order": False, "shape": header_shape})
-        buf.write(payload)
-    return buf.getvalue()
-
-
-def _replace(path: Path, members: dict[str, bytes]) -> None:
-    with zipfile.ZipFile(path) as zf:
-        content = {i.filename: zf.read(i) for i in zf.infolist()}
-    content.update({f"{k}.npy": v for k, v in members.items()})
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
-        for name, data in content.items():
-            zf.writestr(name, data)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "privacy"))
+from test_attacks_files import npy_bytes as _npy, replace_members as _replace  # noqa: E402  the attack tests' file builders
 
 
 def main() -> None:

@@ -48,7 +48,7 @@ def _user_files(folder: Path, site_names=("a", "b"), paths=("a.csv", "b.csv")) -
     return toml
 
 
-def _npy_bytes(array=None, *, header_shape=None, dtype="<f8", payload=b"") -> bytes:
+def npy_bytes(array=None, *, header_shape=None, dtype="<f8", payload=b"") -> bytes:
     """An .npy member: a real array, or a header declaring ``header_shape`` followed by ``payload``."""
     buf = io.BytesIO()
     if array is not None:
@@ -59,7 +59,7 @@ def _npy_bytes(array=None, *, header_shape=None, dtype="<f8", payload=b"") -> by
     return buf.getvalue()
 
 
-def _replace_members(path: Path, members: dict[str, bytes]) -> None:
+def replace_members(path: Path, members: dict[str, bytes]) -> None:
     """Rewrite the .npz at ``path`` with some members (``name`` without .npy) replaced by raw bytes."""
     with zipfile.ZipFile(path) as zf:
         content = {i.filename: zf.read(i) for i in zf.infolist()}
@@ -165,7 +165,7 @@ def test_a_model_file_declaring_a_gigabyte_array_is_refused_without_allocating_i
     bomb = tmp_path / "bomb.npz"
     bomb.write_bytes(model_file.read_bytes())
     # 1 MiB of data behind a header that declares 2**27 doubles (1 GiB)
-    _replace_members(bomb, {"v0/W": _npy_bytes(header_shape=(2**27,), payload=bytes(2**20))})
+    replace_members(bomb, {"v0/W": npy_bytes(header_shape=(2**27,), payload=bytes(2**20))})
     assert bomb.stat().st_size < 2 * 2**20
     peak = _peak_while_refused(lambda: FedMVPPCA.load(bomb), r"v0/W")
     assert peak < SMALL, peak
@@ -181,7 +181,7 @@ def test_a_checkpoint_declaring_millions_of_sites_or_a_huge_array_is_refused_sma
     meta["n_sites"] = 2_000_000  # a few hundred bytes that ask for two million per-site structures
     sites_bomb = tmp_path / "sites.npz"
     sites_bomb.write_bytes(path.read_bytes())
-    _replace_members(sites_bomb, {"__meta__": _npy_bytes(np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))})
+    replace_members(sites_bomb, {"__meta__": npy_bytes(np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))})
     peak = _peak_while_refused(lambda: read_checkpoint(sites_bomb), "damaged checkpoint")
     assert peak < 16 * 2**20, peak
     with pytest.raises(ValueError, match="is for 2000000 sites, not 3"):
@@ -189,7 +189,7 @@ def test_a_checkpoint_declaring_millions_of_sites_or_a_huge_array_is_refused_sma
 
     array_bomb = tmp_path / "array.npz"
     array_bomb.write_bytes(path.read_bytes())
-    _replace_members(array_bomb, {"broadcast/v0/W": _npy_bytes(header_shape=(2**27,), payload=bytes(1000))})
+    replace_members(array_bomb, {"broadcast/v0/W": npy_bytes(header_shape=(2**27,), payload=bytes(1000))})
     peak = _peak_while_refused(lambda: read_checkpoint(array_bomb), r"broadcast/v0/W")
     assert peak < SMALL, peak
 
@@ -224,7 +224,7 @@ def test_model_files_with_nan_parameters_are_refused_naming_the_array(tmp_path, 
     bad = tmp_path / "nan.npz"
     bad.write_bytes(model_file.read_bytes())
     W = np.full((6, 2), np.nan)
-    _replace_members(bad, {"v0/W": _npy_bytes(W)})
+    replace_members(bad, {"v0/W": npy_bytes(W)})
     with pytest.raises(ValueError, match="'v0/W' contains NaN or infinite"):
         FedMVPPCA.load(bad)
 
@@ -233,7 +233,7 @@ def test_model_files_with_nan_parameters_are_refused_naming_the_array(tmp_path, 
     path = FedHM1Regressor(n_rounds=2, eta=0.01, random_state=0).fit(sites).save(tmp_path / "hm1.npz")
     coef = np.zeros((3, 2))
     coef[1, 1] = np.inf
-    _replace_members(path, {"coef_": _npy_bytes(coef)})
+    replace_members(path, {"coef_": npy_bytes(coef)})
     with pytest.raises(ValueError, match="'coef_' contains NaN or infinite"):
         load(path)
 
@@ -241,7 +241,7 @@ def test_model_files_with_nan_parameters_are_refused_naming_the_array(tmp_path, 
     path = model.save(tmp_path / "collab.npz")
     mu = np.array(model.mu_, dtype=float)
     mu.flat[0] = np.nan
-    _replace_members(path, {"mu_": _npy_bytes(mu)})
+    replace_members(path, {"mu_": npy_bytes(mu)})
     with pytest.raises(ValueError, match="'mu_' contains NaN or infinite"):
         CollabDict.load(path)
 
