@@ -60,7 +60,8 @@ def _read_model(path: str | Path, kind: str, required: Sequence[str]) -> tuple[d
     meta = read_meta_json(arrays, "meta", str(path))
     del arrays["meta"]
     graph = arrays.pop("graph", None)
-    check_finite(arrays, str(path), nan_means_unknown=("weights_", "thresholds_"))
+    check_finite({**arrays, **({} if graph is None else {"graph": graph})}, str(path),
+                 nan_means_unknown=("weights_", "thresholds_"))
     found = meta.get("kind", "CollabDict")  # files written before the kind was recorded hold a CollabDict
     if found != kind:
         raise ValueError(f"{path} holds a {found}, not a {kind}; use {found}.load")
@@ -567,6 +568,21 @@ class CollabVAE:
 
 
 # ---------------------------------------------------------------------------- command line
+def _numeric(frame, columns: list[str], csv_path: str) -> np.ndarray:
+    """``frame[columns]`` as floats; a non-numeric cell is named by its column and data row, never quoted."""
+    import pandas as pd
+
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{csv_path}: unknown column(s) {missing}")
+    for column in columns:
+        numeric = pd.to_numeric(frame[column], errors="coerce")
+        bad = np.flatnonzero(numeric.isna().to_numpy() & frame[column].notna().to_numpy())
+        if bad.size:
+            raise ValueError(f"{csv_path}: non-numeric value in column {column!r}, row {int(bad[0]) + 1}")
+    return frame[columns].apply(pd.to_numeric).to_numpy(dtype=float)
+
+
 def _read_sites(csv_path: str, site_column: str, columns: list[str] | None, drop: list[str]):
     import pandas as pd
 
@@ -574,16 +590,9 @@ def _read_sites(csv_path: str, site_column: str, columns: list[str] | None, drop
     if site_column not in frame.columns:
         raise ValueError(f"{csv_path}: no site column {site_column!r}; columns are {list(frame.columns)}")
     names = columns or [c for c in frame.columns if c != site_column and c not in drop]
-    missing = [c for c in names if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{csv_path}: unknown column(s) {missing}")
-    for column in names:  # pandas' conversion error would quote the cell: name its column and row instead
-        numeric = pd.to_numeric(frame[column], errors="coerce")
-        bad = np.flatnonzero(numeric.isna().to_numpy() & frame[column].notna().to_numpy())
-        if bad.size:
-            raise ValueError(f"{csv_path}: non-numeric value in column {column!r}, row {int(bad[0]) + 1}")
+    values = _numeric(frame, names, csv_path)
     labels = sorted(frame[site_column].unique().tolist())
-    sites = [frame.loc[frame[site_column] == lab, names].to_numpy(dtype=float) for lab in labels]
+    sites = [values[(frame[site_column] == lab).to_numpy()] for lab in labels]
     return labels, names, sites
 
 
@@ -654,7 +663,7 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
     import pandas as pd
 
     frame = pd.read_csv(args.csv)
-    X = frame[args.columns.split(",")].to_numpy(dtype=float)
+    X = _numeric(frame, args.columns.split(","), args.csv)
     rows = [{"row": i, "score": float(v)} for i, v in enumerate(model.score_samples(X, site=args.site))]
     if args.variable:
         for row, vs in zip(rows, model.variable_scores(X, site=args.site)):

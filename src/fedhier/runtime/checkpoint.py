@@ -143,6 +143,8 @@ def read_checkpoint(path: str | Path, *, n_sites: int | None = None) -> Checkpoi
     if "__meta__" not in arrays:
         raise ValueError(f"{path}: not a fedhier checkpoint")
     meta = read_meta_json(arrays, "__meta__", what)
+    if meta.get("format") == "fedhier.checkpoint/1":
+        raise ValueError(f"{path}: written by an earlier fedhier that did not record which data it belongs to; delete it")
     if meta.get("format") != _FORMAT:
         raise ValueError(f"{path}: unsupported checkpoint format {meta.get('format')!r}")
     declared = meta.get("n_sites")

@@ -47,7 +47,11 @@ def _member_array(archive: zipfile.ZipFile, info: zipfile.ZipInfo, what: str) ->
                              "compressed bytes can hold")
     else:
         raise ValueError(f"{what}: array {name!r} uses an unsupported compression")
-    with archive.open(info) as fh:
+    try:
+        fh = archive.open(info)
+    except (zipfile.BadZipFile, RuntimeError, NotImplementedError, OSError, ValueError) as exc:
+        raise ValueError(f"{what}: array {name!r} cannot be opened ({exc})") from None
+    with fh:
         try:
             version = np.lib.format.read_magic(fh)
             if version == (1, 0):
