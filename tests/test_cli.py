@@ -75,7 +75,7 @@ def test_fit_refuses_non_numeric_values_before_writing_anything(tmp_path, user_f
     out = tmp_path / "fit"
     assert main(["fit", "--config", str(user_files), "--out", str(out), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "site 'b', view 'csf': non-numeric value 'high' in column 'tau', row 3" in err
+    assert "site 'b', view 'csf': non-numeric value in column 'tau', row 3" in err and "high" not in err
     assert not out.exists()
 
 
@@ -95,7 +95,7 @@ def test_fit_reads_csv_files_as_spreadsheets_write_them(tmp_path, user_files, ca
     "edit, message",
     [
         (lambda lines: [lines[0] + "," + lines[0].split(",")[0]] + [r + ",0" for r in lines[1:]], r"column\(s\) \['tau'\] appear more than once"),
-        (lambda lines: lines[:3] + [lines[3].replace(lines[3].split(",")[0], "inf", 1)] + lines[4:], "infinite value 'inf' in column 'tau', row 3"),
+        (lambda lines: lines[:3] + [lines[3].replace(lines[3].split(",")[0], "inf", 1)] + lines[4:], "infinite value in column 'tau', row 3"),
         (lambda lines: lines[:3] + ["," + lines[3].split(",", 1)[1]] + lines[4:], "some but not all of the view's cells empty, first at row 3"),
     ],
 )

@@ -156,7 +156,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["collab"]:
         from .collab import cli_collab
 
-        return int(cli_collab(argv[1:]) or 0)
+        try:
+            return int(cli_collab(argv[1:]) or 0)
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"fedhier: error: {exc}", file=sys.stderr)
+            return 2
     args = _build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -27,6 +26,7 @@ from .models.collabdict.rdp import (dp_event, epsilon_dp, optimal_order, paper_e
                                     release_pattern_means, tight_epsilon)
 from .models.collabdict.scores import score_expected, score_logloss, variable_scores
 from .utils.io import atomic_write_bytes, json_text, write_csv
+from .utils.untrusted import check_finite, check_outputs_spare_inputs, read_meta_json, read_npz
 
 __all__ = ["CollabDict", "CollabVAE", "cli_collab"]
 
@@ -54,12 +54,14 @@ def _read_model(path: str | Path, kind: str, required: Sequence[str]) -> tuple[d
                                                                               np.ndarray | None]:
     """Arrays, meta and peer graph (or None) of a file written by :func:`_write_model`; refuses another kind
     or missing arrays."""
-    with np.load(path, allow_pickle=False) as data:
-        if "meta" not in data.files:
-            raise ValueError(f"{path}: not a fedhier model file (no meta entry)")
-        meta = json.loads(bytes(data["meta"]).decode())
-        arrays = {name: data[name] for name in data.files if name not in ("meta", "graph")}
-        graph = data["graph"] if "graph" in data.files else None
+    arrays = read_npz(path)
+    if "meta" not in arrays:
+        raise ValueError(f"{path}: not a fedhier model file (no meta entry)")
+    meta = read_meta_json(arrays, "meta", str(path))
+    del arrays["meta"]
+    graph = arrays.pop("graph", None)
+    check_finite({**arrays, **({} if graph is None else {"graph": graph})}, str(path),
+                 nan_means_unknown=("weights_", "thresholds_"))
     found = meta.get("kind", "CollabDict")  # files written before the kind was recorded hold a CollabDict
     if found != kind:
         raise ValueError(f"{path} holds a {found}, not a {kind}; use {found}.load")
@@ -564,6 +566,21 @@ class CollabVAE:
 
 
 # ---------------------------------------------------------------------------- command line
+def _numeric(frame, columns: list[str], csv_path: str) -> np.ndarray:
+    """``frame[columns]`` as floats; a non-numeric cell is named by its column and data row, never quoted."""
+    import pandas as pd
+
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{csv_path}: unknown column(s) {missing}")
+    for column in columns:
+        numeric = pd.to_numeric(frame[column], errors="coerce")
+        bad = np.flatnonzero(numeric.isna().to_numpy() & frame[column].notna().to_numpy())
+        if bad.size:
+            raise ValueError(f"{csv_path}: non-numeric value in column {column!r}, row {int(bad[0]) + 1}")
+    return frame[columns].apply(pd.to_numeric).to_numpy(dtype=float)
+
+
 def _read_sites(csv_path: str, site_column: str, columns: list[str] | None, drop: list[str]):
     import pandas as pd
 
@@ -571,11 +588,9 @@ def _read_sites(csv_path: str, site_column: str, columns: list[str] | None, drop
     if site_column not in frame.columns:
         raise ValueError(f"{csv_path}: no site column {site_column!r}; columns are {list(frame.columns)}")
     names = columns or [c for c in frame.columns if c != site_column and c not in drop]
-    missing = [c for c in names if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{csv_path}: unknown column(s) {missing}")
+    values = _numeric(frame, names, csv_path)
     labels = sorted(frame[site_column].unique().tolist())
-    sites = [frame.loc[frame[site_column] == lab, names].to_numpy(dtype=float) for lab in labels]
+    sites = [values[(frame[site_column] == lab).to_numpy()] for lab in labels]
     return labels, names, sites
 
 
@@ -618,6 +633,7 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
         cols = args.columns.split(",") if args.columns else None
         drop = [c for c in args.drop_columns.split(",") if c]
         labels, names, sites = _read_sites(args.csv, args.site_column, cols, drop)
+        check_outputs_spare_inputs([args.out], [args.csv])
         model = CollabDict(n_components=args.components, rho=args.rho, weights=args.weights,
                            aggregation=args.aggregation, max_iter=args.max_iter, random_state=args.seed,
                            runtime="peer" if args.runtime == "mpi" else args.runtime)
@@ -635,16 +651,18 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
         else:
             model.fit(sites)
             out = Path(args.out)
+        check_outputs_spare_inputs([out], [args.csv])
         model.save(out)
         print(f"fitted CollabDict on {len(sites)} sites ({', '.join(map(str, labels))}); variables {names}; "
               f"{int(model.active_.sum())} patterns; {model.n_iter_} rounds; wrote {out}")
         return 0
 
+    check_outputs_spare_inputs([args.out], [args.csv, args.model])
     model = CollabDict.load(args.model)
     import pandas as pd
 
     frame = pd.read_csv(args.csv)
-    X = frame[args.columns.split(",")].to_numpy(dtype=float)
+    X = _numeric(frame, args.columns.split(","), args.csv)
     rows = [{"row": i, "score": float(v)} for i, v in enumerate(model.score_samples(X, site=args.site))]
     if args.variable:
         for row, vs in zip(rows, model.variable_scores(X, site=args.site)):

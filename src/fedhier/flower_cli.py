@@ -39,6 +39,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .utils.untrusted import check_outputs_spare_inputs, check_site_name
+
 __all__ = [
     "cli_flower",
     "superlink_command",
@@ -137,6 +139,7 @@ def supernode_command(
     seed : the site's own secret seed (its DP noise, random start), for reproducible tests only;
         None (a deployment): the site's operating system's entropy.  The coordinator never sends one.
     """
+    check_site_name(site, "--site")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", site):
         raise ValueError(f"site name {site!r}: use letters, digits, '.', '_' or '-' only")
     path = Path(data).resolve()
@@ -379,6 +382,8 @@ class LoopbackFederation:
         self, root: str | Path, sites: dict[str, str | Path], *, tls: bool = False, node_auth: bool = False,
         startup_timeout: float = 60.0, site_seed: int | None = None,
     ):
+        for name in sites:  # each names files under root (log, Flower home, keys)
+            check_site_name(name, "FlowerCluster")
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.tls = tls
@@ -564,6 +569,8 @@ def submit(
     config = FlowerFitConfig.read(config_path)
     if out is not None:
         config = config.replace(out=str(Path(out).resolve()))
+    results = ("summary.json", "history.json", "model.npz", "broadcast.fhm")
+    check_outputs_spare_inputs([Path(config.out) / name for name in results], [config_path])
     if (superlink is None) == (federation is None):
         raise ValueError("give exactly one of --superlink HOST:PORT or --federation NAME")
     if federation is not None and (insecure or root_certificates is not None):

@@ -9,7 +9,6 @@ runtime (:func:`fedhier.runtime.simulate`).  Prediction uses the global point mo
 from __future__ import annotations
 
 import io
-import json
 import logging
 import numbers
 from pathlib import Path
@@ -26,6 +25,7 @@ from .protocol.mvppca import GLOBAL_FIELDS, BroadcastMetrics, DataScaleWarning, 
 from .runtime.checkpoint import read_checkpoint
 from .runtime.simulate import RoundRecord, simulate
 from .utils.io import atomic_write_bytes, json_text
+from .utils.untrusted import check_finite, read_meta_json, read_npz
 
 __all__ = ["FedMVPPCA", "NotFittedError", "DataScaleWarning"]
 
@@ -239,7 +239,7 @@ class FedMVPPCA:
         if self.privacy is not None:
             self._check_privacy(sites)
         # a resumed fit measures its first change of theta~ from the checkpointed broadcast
-        saved = read_checkpoint(checkpoint) if checkpoint is not None and Path(checkpoint).exists() else None
+        saved = read_checkpoint(checkpoint, n_sites=len(sites)) if checkpoint is not None and Path(checkpoint).exists() else None
         stop = None if self.tol is None else theta_settled(float(self.tol))
         callbacks = list(callbacks)
         bar = None
@@ -460,22 +460,35 @@ class FedMVPPCA:
 
     @classmethod
     def load(cls, path: str | Path) -> "FedMVPPCA":
-        """Load a model written by :meth:`save` (``allow_pickle=False``)."""
-        with np.load(Path(path), allow_pickle=False) as data:
-            if "__meta__" not in data:
-                raise ValueError(f"{path}: not a fedhier FedMVPPCA file")
-            meta = json.loads(data["__meta__"].tobytes().decode())
-            if meta.get("format") != _FORMAT:
-                raise ValueError(f"{path}: unsupported format {meta.get('format')!r}")
+        """Load a model written by :meth:`save`; the file is untrusted input.
+
+        No pickle; every array's declared size is checked against the file before it is
+        read (:func:`fedhier.utils.untrusted.read_npz`), shapes against the saved schema,
+        and NaN or infinite parameters are refused, naming the array.
+        """
+        arrays = read_npz(path)
+        meta = read_meta_json(arrays, "__meta__", str(path))
+        if meta.get("format") != _FORMAT:
+            raise ValueError(f"{path}: unsupported format {meta.get('format')!r}")
+        try:
             model = cls(**meta["params"])
-            schema = ViewSchema(tuple(meta["schema"]["names"]), tuple(meta["schema"]["dims"]))
-            glob: GlobalParams = {}
-            for view in schema.names:
-                if f"{view}/mu" in data:
-                    v = {name: data[f"{view}/{name}"] for name in GLOBAL_FIELDS}
-                    glob[view] = GlobalView(
-                        mu=v["mu"], W=v["W"], **{n: float(v[n]) for n in GLOBAL_FIELDS if n not in ("mu", "W")}
-                    )
+            schema = ViewSchema(tuple(meta["schema"]["names"]), tuple(int(d) for d in meta["schema"]["dims"]))
+            q = int(model.n_components)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: damaged model metadata ({type(exc).__name__}: {exc})") from None
+        glob: GlobalParams = {}
+        for view, dim in zip(schema.names, schema.dims):
+            if f"{view}/mu" not in arrays:
+                continue
+            v = {}
+            for name in GLOBAL_FIELDS:
+                key = f"{view}/{name}"
+                expected = {"mu": (dim,), "W": (dim, q)}.get(name, ())
+                if key not in arrays or arrays[key].shape != expected or arrays[key].dtype.kind != "f":
+                    raise ValueError(f"{path}: array {key!r} is missing or not a float array of shape {expected}")
+                v[name] = arrays[key]
+            check_finite({f"{view}/{name}": value for name, value in v.items()}, str(path))
+            glob[view] = GlobalView(mu=v["mu"], W=v["W"], **{n: float(v[n]) for n in GLOBAL_FIELDS if n not in ("mu", "W")})
         model._global = glob
         model.schema_ = schema
         model.n_sites_ = meta["n_sites"]

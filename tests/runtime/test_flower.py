@@ -235,7 +235,8 @@ def test_site_whose_step_fails_is_dropped_per_round(demo, tmp_path):
     result = _run(grid, config)
     for record in result.history:
         assert record.sites == [0, 1]
-        assert "non-numeric value 'not-a-number'" in record.failed[2]
+        assert "non-numeric value in column" in record.failed[2] and ", row 1" in record.failed[2]
+        assert "not-a-number" not in record.failed[2]  # the coordinator learns where, never what
     assert result.lost == {}
     assert sum(1 for node, _ in grid.sent if node == nodes[2]) == config.n_rounds  # asked every round
     reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed,

@@ -231,8 +231,8 @@ def _as_float_matrix(raw: Any, where: str) -> np.ndarray:
             raise ValueError(f"{where}: non-numeric DataFrame column(s) {bad}; convert or drop them first")
         try:
             arr = raw.to_numpy(dtype=np.float64, na_value=np.nan)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{where}: cannot convert the DataFrame to float64 ({err})") from None
+        except (TypeError, ValueError):  # pandas' own text may quote a cell: not repeated
+            raise ValueError(f"{where}: cannot convert the DataFrame to float64") from None
     elif hasattr(raw, "dtype") and hasattr(raw, "to_numpy") and not isinstance(raw, np.ndarray):
         raise ValueError(f"{where}: a 1-D pandas Series was given; a view must be 2-D (n, d), e.g. series.to_frame()")
     else:
@@ -241,8 +241,9 @@ def _as_float_matrix(raw: Any, where: str) -> np.ndarray:
             flat = arr.ravel()
             bad = next((i for i, v in enumerate(flat) if not _is_real_number(v)), None)
             if bad is not None:
-                raise ValueError(
-                    f"{where}: non-numeric value {flat[bad]!r} at flat position {bad}; views must hold numbers"
+                at = f"row {bad // arr.shape[1]}, column {bad % arr.shape[1]}" if arr.ndim == 2 else f"flat position {bad}"
+                raise ValueError(  # the value itself is not quoted: error text may cross a site boundary
+                    f"{where}: non-numeric value (of type {type(flat[bad]).__name__}) at {at}; views must hold numbers"
                 )
         elif arr.dtype.kind not in "biuf":
             raise ValueError(f"{where}: non-numeric array of dtype {arr.dtype}; views must hold real numbers")

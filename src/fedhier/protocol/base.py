@@ -25,15 +25,17 @@ from the site's data without a DP release is refused, not sent.
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from typing import Any, Literal, Mapping
 
 import numpy as np
 
 from .messages import Message, MessageSpec
 
-__all__ = ["RoundProtocol", "SiteContext", "SiteError", "DisclosureError", "check_disclosure", "sum_messages"]
+__all__ = ["RoundProtocol", "SiteContext", "SiteError", "DisclosureError", "check_disclosure", "sum_messages",
+           "data_digest"]
 
 
 @dataclass
@@ -149,6 +151,70 @@ class RoundProtocol(ABC):
 
     def validate_site_data(self, site: int, data: Any) -> None:  # pragma: no cover - default
         """Raise ``ValueError`` naming the site and problem before any work is done."""
+
+    def site_fingerprint(self, site: int, data: Any) -> bytes:
+        """Digest of a site's data, so that a checkpoint is never resumed on other data.
+
+        Runs where the data is; the runtime stores only a salted keyed hash of it.  Default:
+        SHA-256 over the dtype, shape and bytes of every array in ``data`` (an array, a
+        mapping of arrays in key order, or a sequence of arrays); ``b""`` (not checked) for
+        data of another kind.
+        """
+        return data_digest(data)
+
+    def config_fingerprint(self) -> dict[str, str]:
+        """Text of each setting of this protocol; resuming a checkpoint with one changed is refused, naming it.
+
+        Default: the instance's public attributes that are numbers, strings, None,
+        dataclasses, arrays (digested) or tuples/lists/mappings of these.
+        """
+        out = {}
+        for key, value in sorted(vars(self).items()):
+            text = None if key.startswith("_") else _setting_text(value)
+            if text is not None:
+                out[key] = text
+        return out
+
+
+def _setting_text(value: Any) -> str | None:
+    """Deterministic text of a setting, or None for a value of another kind (not fingerprinted)."""
+    if value is None or isinstance(value, (bool, int, float, str, np.number, np.bool_)):
+        return repr(value)
+    if isinstance(value, np.ndarray):
+        return f"array{value.shape}:{data_digest(value).hex()}" if value.dtype != object else None
+    if is_dataclass(value) and not isinstance(value, type):
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        parts = [_setting_text(v) for v in value]
+        return None if None in parts else "[" + ", ".join(parts) + "]"
+    if isinstance(value, Mapping):
+        parts = [(repr(k), _setting_text(v)) for k, v in sorted(value.items(), key=lambda kv: repr(kv[0]))]
+        return None if any(t is None for _, t in parts) else "{" + ", ".join(f"{k}: {t}" for k, t in parts) + "}"
+    return None
+
+
+def data_digest(data: Any) -> bytes:
+    """SHA-256 over the arrays of ``data`` (array, mapping of arrays, or sequence of arrays); ``b""`` otherwise."""
+    digest = hashlib.sha256()
+
+    def add(value: Any) -> bool:
+        if isinstance(value, Mapping):
+            for key in sorted(value, key=repr):
+                digest.update(repr(key).encode())
+                if not add(value[key]):
+                    return False
+            return True
+        if isinstance(value, (tuple, list)):
+            digest.update(f"seq{len(value)}".encode())
+            return all(add(v) for v in value)
+        arr = np.asarray(value)
+        if arr.dtype == object:
+            return False
+        digest.update(f"{arr.dtype.str}{arr.shape}".encode())
+        digest.update(np.ascontiguousarray(arr).tobytes())
+        return True
+
+    return digest.digest() if add(data) else b""
 
 
 def check_disclosure(protocol: RoundProtocol, reply: Mapping[str, Any], releases: list) -> None:

@@ -65,6 +65,7 @@ from ..privacy.secure_round import SecureAggregator
 from ..protocol.base import RoundProtocol
 from ..protocol.messages import Message, MessageSpec, decode, encode
 from ..utils.io import atomic_write_bytes, write_json
+from ..utils.untrusted import check_site_name
 from .simulate import (RoundFailed, RoundRecord, decode_state, encode_state, failure_report, global_update, run_site_step,
                        server_update, site_log)
 
@@ -199,6 +200,8 @@ class FlowerFitConfig:
             raise ValueError("fit configuration: [flower] sites must list the site names (non-empty strings)")
         if len(set(self.sites)) != len(self.sites):
             raise ValueError(f"fit configuration: site names must be unique, got {list(self.sites)}")
+        for site in self.sites:  # a site name names its SuperNode's files (keys, logs)
+            check_site_name(site, "fit configuration: [flower] sites")
         for name in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "min_sites"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -363,13 +366,17 @@ def load_site(config: FlowerFitConfig, path: str | Path, site: str) -> dict[str,
     omitted.  Raises ValueError naming the site, view and problem.
     """
     from ..data.validation import check_sites
-    from ..userdata import read_site_table
+    from ..userdata import SiteDataError, read_site_table
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
     table = read_site_table(path, {v: list(c) for v, c in config.views.items()}, site)
-    checked, _ = check_sites([table], schema=config.schema(), n_components=config.n_components, min_subjects=2, site_names=[site])
+    try:
+        checked, _ = check_sites([table], schema=config.schema(), n_components=config.n_components, min_subjects=2,
+                                 site_names=[site])
+    except ValueError as exc:  # check_sites names sites, views, rows and columns, never values
+        raise SiteDataError(str(exc)) from None
     return checked[0]
 
 

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 import numpy as np
 
 from ..protocol.base import RoundProtocol, SiteContext, check_disclosure, sum_messages
-from .checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from .checkpoint import Checkpoint, Fingerprint, read_checkpoint, write_checkpoint
 from ..protocol.messages import Field, Message, MessageError, MessageSpec, decode, encode, header_fields
 
 __all__ = [
@@ -343,6 +343,8 @@ def simulate(
         file exists when the run starts, resume from it (same protocol, sites and seed
         required) -- with ``random_state`` given the result is bit-identical to an
         uninterrupted run (without it the sites' secrets after the restart are fresh draws).
+        A resume on other data (even of the same shapes) or with another configuration is
+        refused, naming what differs (:class:`~fedhier.runtime.checkpoint.Fingerprint`).
 
     Returns
     -------
@@ -373,13 +375,18 @@ def simulate(
     site_seed = None if random_state is None else seed  # the sites' secret: derived in-process only when given
     first_round, broadcast, states = 1, protocol.broadcast_spec.validate(protocol.initial_broadcast()), [{} for _ in sites]
     history: list[RoundRecord] = []
+    fingerprint = None
     if checkpoint is not None and Path(checkpoint).exists():
-        saved = read_checkpoint(checkpoint)
+        saved = read_checkpoint(checkpoint, n_sites=n_sites)
         if saved.protocol != protocol.name or len(saved.site_states) != n_sites:
             raise ValueError(
                 f"checkpoint {checkpoint} is for protocol {saved.protocol!r} with {len(saved.site_states)} sites, "
                 f"not {protocol.name!r} with {n_sites}"
             )
+        if saved.fingerprint is None:
+            raise ValueError(f"checkpoint {checkpoint} does not say which data and configuration it belongs to; delete it")
+        saved.fingerprint.check_resume(protocol, sites, f"checkpoint {checkpoint}")
+        fingerprint = saved.fingerprint
         if random_state is not None and saved.seed != seed:
             raise ValueError(f"checkpoint {checkpoint} was written with seed {saved.seed}, not {seed}")
         if saved.round > n_rounds:
@@ -457,9 +464,10 @@ def simulate(
             for cb in callbacks:  # before the checkpoint, which then holds the metrics they add
                 cb(record, broadcast)
             if checkpoint is not None:
+                fingerprint = fingerprint or Fingerprint.of(protocol, sites)  # salted digests of the data, see Fingerprint
                 write_checkpoint(
                     checkpoint,
-                    Checkpoint(protocol.name, rnd, seed, broadcast, states, [h.to_dict() for h in history]),
+                    Checkpoint(protocol.name, rnd, seed, broadcast, states, [h.to_dict() for h in history], fingerprint),
                 )
             if stop is not None and stop(record, broadcast):
                 break
