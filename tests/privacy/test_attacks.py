@@ -445,3 +445,39 @@ def test_e_an_error_reply_carries_the_category_not_the_value():
     with pytest.raises(simulate_module.RoundFailed) as info:
         simulate(failing, _sites(), n_rounds=1, random_state=0)
     assert "ValueError" in str(info.value) and "Jane" not in str(info.value)
+
+
+def test_every_release_a_site_makes_is_in_the_accountants_ledger(monkeypatch):
+    """The releases each site step records (what it actually noised) are exactly the events of the ledger
+    the estimator reports epsilon from, site by site and round by round."""
+    from fedhier import FedMVPPCA
+
+    steps = {}
+    original = simulate_module.run_site_step
+
+    def recorded_step(protocol, data, site, round, site_seed, broadcast_bytes, state):
+        from fedhier.protocol import base
+
+        made = []
+        real_check = base.check_disclosure
+
+        def spy(protocol, reply, releases):
+            made.extend(releases)
+            return real_check(protocol, reply, releases)
+
+        monkeypatch.setattr(simulate_module, "check_disclosure", spy)
+        out = original(protocol, data, site, round, site_seed, broadcast_bytes, state)
+        steps[(site, round)] = [(label, event) for label, event in made]
+        return out
+
+    monkeypatch.setattr(simulate_module, "run_site_step", recorded_step)
+    sites = _sites()
+    del sites[2]["b"]  # a site that lacks a view releases less
+    model = FedMVPPCA(n_components=2, n_rounds=3, n_local_iter=3, n_first_iter=5, random_state=0,
+                      privacy=_dp(n_rounds=3)).fit(sites)
+    ledger = model.privacy_ledger_
+    assert len(steps) == 9 and all(steps.values())  # 3 sites x 3 rounds, each with its releases
+    for (site, rnd), made in steps.items():
+        accounted = [(r.block, r.event) for r in ledger.releases(site) if r.round == rnd]
+        assert made == accounted, (site, rnd)
+    assert all(v["epsilon"] <= 1.0 + 1e-9 for v in model.privacy_spent_.values())
