@@ -155,6 +155,7 @@ def run_demo(
     }
     if privacy is not None:
         summary["privacy_spent"] = model.privacy_spent_
+        write_json(out / "privacy-report.json", model.privacy_report())
         delta = model.privacy_spent_[0]["delta"]
         checkpoints = sorted({1, *range(10, n_rounds + 1, 10), n_rounds})
         summary["privacy_by_round"] = [

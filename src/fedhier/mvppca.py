@@ -300,6 +300,19 @@ class FedMVPPCA:
             raise ValueError("this model was fitted without privacy")
         return self.privacy_ledger_.round_table(self._privacy_delta() if delta is None else delta)
 
+    def privacy_report(self, delta: float | None = None, site_names=None) -> dict[str, Any]:
+        """Machine-readable report of every release of the fit (:func:`fedhier.privacy.report.fit_report`).
+
+        ``delta`` defaults to the total budget's delta, else 1e-5; ``site_names`` maps site index -> name.
+        """
+        self._check_fitted()
+        if self.privacy is None:
+            raise ValueError("this model was fitted without privacy")
+        from .privacy.report import fit_report
+
+        return fit_report(self.privacy_ledger_, self._privacy_delta() if delta is None else delta, unit="site",
+                          site_names=site_names)
+
     def _privacy_delta(self) -> float:
         """delta at which the spent epsilon is reported: the total budget's, else 1e-5."""
         from .privacy import TotalBudget

@@ -213,5 +213,7 @@ def fit_from_config(
     }
     if privacy is not None:
         summary["privacy_spent"] = model.privacy_spent_
+        names = {s: site["name"] for s, site in enumerate(config["sites"])}
+        write_json(out / "privacy-report.json", model.privacy_report(site_names=names))
     write_json(out / "summary.json", summary)
     return summary

@@ -280,9 +280,9 @@ def test_c_every_field_of_every_private_reply_is_public_or_a_release(monkeypatch
     steps = []
     original = simulate_module.run_site_step
 
-    def recorded_step(protocol, data, site, round, site_seed, broadcast_bytes, state):
+    def recorded_step(protocol, data, site, round, site_seed, broadcast_bytes, state, guard=None):
         replayer.recorded.append([])
-        status, payload, new_state = original(protocol, data, site, round, site_seed, broadcast_bytes, state)
+        status, payload, new_state = original(protocol, data, site, round, site_seed, broadcast_bytes, state, guard)
         steps.append((site, round, site_seed, broadcast_bytes, dict(state), status, payload, replayer.recorded[-1]))
         return status, payload, new_state
 
@@ -344,8 +344,8 @@ def _transcripts(protocol, sites, n_fits, n_rounds):
         replies = []
         original = simulate_module.run_site_step
 
-        def keep(protocol, data, site, round, site_seed, broadcast_bytes, state):
-            out = original(protocol, data, site, round, site_seed, broadcast_bytes, state)
+        def keep(protocol, data, site, round, site_seed, broadcast_bytes, state, guard=None):
+            out = original(protocol, data, site, round, site_seed, broadcast_bytes, state, guard)
             if site == 0 and out[0] == "ok":
                 replies.append(protocol.reply_spec.flatten(decode(protocol.reply_spec, out[1])))
             return out
@@ -455,7 +455,7 @@ def test_every_release_a_site_makes_is_in_the_accountants_ledger(monkeypatch):
     steps = {}
     original = simulate_module.run_site_step
 
-    def recorded_step(protocol, data, site, round, site_seed, broadcast_bytes, state):
+    def recorded_step(protocol, data, site, round, site_seed, broadcast_bytes, state, guard=None):
         from fedhier.protocol import base
 
         made = []
@@ -466,7 +466,7 @@ def test_every_release_a_site_makes_is_in_the_accountants_ledger(monkeypatch):
             return real_check(protocol, reply, releases)
 
         monkeypatch.setattr(simulate_module, "check_disclosure", spy)
-        out = original(protocol, data, site, round, site_seed, broadcast_bytes, state)
+        out = original(protocol, data, site, round, site_seed, broadcast_bytes, state, guard)
         steps[(site, round)] = [(label, event) for label, event in made]
         return out
 

@@ -152,6 +152,27 @@ class RoundProtocol(ABC):
     def validate_site_data(self, site: int, data: Any) -> None:  # pragma: no cover - default
         """Raise ``ValueError`` naming the site and problem before any work is done."""
 
+    # What a site's own policy checks before it takes part (fedhier.privacy.policy); none of
+    # these reads data except subject_counts, which runs after admission, before any step.
+
+    def requested_views(self) -> tuple[str, ...]:
+        """The views (or data blocks) the analysis reads at a site (default: none named)."""
+        return ()
+
+    @property
+    def protected_unit(self) -> str | None:
+        """What the protocol's DP protects, ``"site"`` or ``"record"``; None without DP."""
+        return None
+
+    def release_plan(self, n_rounds: int) -> list[Any]:
+        """Every ``dp_accounting`` event a site measuring every requested view would release over ``n_rounds``
+        rounds (the most the analysis can spend at a site); empty without DP."""
+        return []
+
+    def subject_counts(self, data: Any) -> dict[str, int]:
+        """Subjects per view in a site's data, for the site's minimum (default: none counted)."""
+        return {}
+
     def site_fingerprint(self, site: int, data: Any) -> bytes:
         """Digest of a site's data, so that a checkpoint is never resumed on other data.
 

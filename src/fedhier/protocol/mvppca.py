@@ -198,6 +198,24 @@ class MVPPCAProtocol(RoundProtocol):
     def private(self) -> bool:
         return self.privacy is not None
 
+    def requested_views(self) -> tuple[str, ...]:
+        return tuple(self.schema.names)
+
+    @property
+    def protected_unit(self) -> str | None:
+        return None if self.privacy is None else "site"  # client-level DP: the whole site's data set
+
+    def release_plan(self, n_rounds: int) -> list:
+        if self.privacy is None:
+            return []
+        from ..models.mvppca import dp
+
+        rounds = range(1, int(n_rounds) + 1)
+        return dp.site_ledger("site", list(self.schema.names), rounds, self.privacy).events("site")
+
+    def subject_counts(self, data: Any) -> dict[str, int]:
+        return {view: int(np.sum(~np.all(np.isnan(np.asarray(x, dtype=float)), axis=1))) for view, x in data.items()}
+
     @property
     def reply_spec(self) -> MessageSpec:
         return self._reply_spec

@@ -65,7 +65,9 @@ from ..privacy.secure_round import SecureAggregator
 from ..protocol.base import RoundProtocol
 from ..protocol.messages import Message, MessageSpec, decode, encode
 from ..utils.io import atomic_write_bytes, write_json
+from ..privacy.policy import SitePolicy
 from ..utils.untrusted import check_site_name
+from .guard import SiteGuard
 from .simulate import (RoundFailed, RoundRecord, decode_state, encode_state, failure_report, global_update, run_site_step,
                        server_update, site_log)
 
@@ -738,7 +740,7 @@ def run_rounds(
 
 
 def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, request: Mapping[str, Any],
-               state: Mapping[str, np.ndarray], site_seed: int | None = None):
+               state: Mapping[str, np.ndarray], site_seed: int | None = None, guard: SiteGuard | None = None):
     """One site's answer to a round request (what the ClientApp does, without Flower).
 
     Parameters
@@ -753,6 +755,10 @@ def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, reques
     site_seed : int or None
         The site's own secret seed (``node_config["seed"]``); None: the operating
         system's entropy.  Nothing in ``request`` seeds the site.
+    guard : SiteGuard or None
+        The site's own policy (``node_config["policy"]``) for this run: in round 1 the
+        analysis is admitted or refused before the site reads its file; every release is
+        recorded in the site's ledger.
 
     Returns
     -------
@@ -762,13 +768,18 @@ def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, reques
     if site not in config.sites:
         return {"site": site, "status": "error", "error": f"site {site!r} is not in the fit's site list {list(config.sites)}"}, state
     index = config.sites.index(site)
+    protocol, rnd = config.protocol(), int(request["round"])
     try:
+        if guard is not None and rnd == 1:  # before the site reads its data
+            guard.admit(protocol, config.n_rounds, config.aggregation == "secure")
+        elif guard is not None:
+            guard.check_admitted()
         data = load_site(config, data_path, site)
-    except (ValueError, OSError) as exc:
-        site_log.warning("site %s: its data could not be read: %s: %s", site, type(exc).__name__, exc)
+    except Exception as exc:
+        site_log.warning("site %s, round %d: %s: %s", site, rnd, type(exc).__name__, exc)
         return {"site": site, "status": "error", "error": failure_report(exc)}, state
     status, payload, new_state = run_site_step(
-        config.protocol(), data, index, int(request["round"]), site_seed, bytes(request["broadcast"]), dict(state)
+        protocol, data, index, rnd, site_seed, bytes(request["broadcast"]), dict(state), guard
     )
     if status == "ok":
         return {"site": site, "status": "ok", "reply": payload}, new_state
@@ -850,6 +861,14 @@ def _site_seed(context: Context) -> int | None:
     return int(text)
 
 
+def _site_guard(context: Context) -> SiteGuard | None:
+    """The site's own policy from its SuperNode's ``node_config`` (``policy="<file>"``), for this run; or None."""
+    value = context.node_config.get("policy")
+    if value is None or value == "":
+        return None
+    return SiteGuard(SitePolicy.read(str(value)), analysis=f"flower-run-{context.run_id}")
+
+
 def _reply(msg: FlowerMessage, fields: Mapping[str, Any]) -> FlowerMessage:
     return FlowerMessage(RecordDict({_RECORD: ConfigRecord(dict(fields))}), reply_to=msg)
 
@@ -869,12 +888,13 @@ def _site_message(msg: FlowerMessage, context: Context) -> FlowerMessage:
         config = FlowerFitConfig.from_json(str(context.run_config[RUN_CONFIG_KEY]))
         site, path = _node_setting(context, "site"), _node_setting(context, "data")
         site_seed = _site_seed(context)
+        guard = _site_guard(context)
     except (KeyError, ValueError, TypeError) as exc:
         return _reply(msg, _setup_failure(context, exc))
     kept = context.state.config_records.get(_STATE)
     state = decode_state(kept["state"]) if kept is not None and "state" in kept else {}
     request = msg.content.config_records[_RECORD]
-    fields, new_state = site_round(config, site, path, request, state, site_seed)
+    fields, new_state = site_round(config, site, path, request, state, site_seed, guard)
     encoded = encode_state(new_state)
     if encoded is not None:
         context.state[_STATE] = ConfigRecord({"state": encoded})

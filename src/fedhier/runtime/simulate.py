@@ -32,18 +32,23 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 import traceback
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from ..protocol.base import RoundProtocol, SiteContext, check_disclosure, sum_messages
 from .checkpoint import Checkpoint, Fingerprint, read_checkpoint, write_checkpoint
 from ..protocol.messages import Field, Message, MessageError, MessageSpec, decode, encode, header_fields
+
+if TYPE_CHECKING:
+    from ..privacy.policy import SitePolicy
+    from .guard import SiteGuard
 
 __all__ = [
     "simulate", "SimulationResult", "RoundRecord", "RoundFailed", "SiteFailedWarning", "site_rng", "Participation",
@@ -175,12 +180,15 @@ def run_site_step(
     site_seed: int | None,
     broadcast_bytes: bytes,
     state: dict[str, np.ndarray],
+    guard: "SiteGuard | None" = None,
 ) -> tuple[str, bytes | str, dict[str, np.ndarray]]:
     """Run one site step from the bytes the site received (its :meth:`site_broadcast`); the site-side half of a round.
 
     ``site_seed`` is the site's own secret seed (:func:`site_rng`; None: the operating
     system's entropy), never a value the site received.  A private protocol's reply is
     checked by :func:`~fedhier.protocol.base.check_disclosure` before it is encoded.
+    ``guard`` (:class:`~fedhier.runtime.guard.SiteGuard`): the site's own policy, checked
+    on the data before the step, and its ledger, which records the step's releases.
 
     Returns ("ok", reply bytes, new state) or ("error", :func:`failure_report`, old
     state); the full error is written to the site's log (``fedhier.site``).  Every
@@ -189,20 +197,27 @@ def run_site_step(
     """
     try:
         broadcast = decode(protocol.site_broadcast_spec, broadcast_bytes)
+        if guard is not None:
+            guard.check_data(protocol, data)
         ctx = SiteContext(site=site, round=round, rng=site_rng(site_seed, round, site), data=data, state=dict(state))
         reply = protocol.site_step(ctx, broadcast)
         check_disclosure(protocol, reply, ctx.releases)
-        return "ok", encode(protocol.reply_spec, reply), ctx.state
+        encoded = encode(protocol.reply_spec, reply)
+        if guard is not None:  # recorded before it is sent: a release lost on the way still counts
+            guard.record(round, ctx.releases)
+        return "ok", encoded, ctx.state
     except Exception as exc:  # a failing site is dropped from the round, never silently
         site_log.warning("site %d, round %d failed: %s: %s\n%s", site, round, type(exc).__name__, exc,
                          traceback.format_exc(limit=3))
         return "error", failure_report(exc), state
 
 
-def _site_step_in_worker(site: int, round: int, site_seed: int | None, broadcast_bytes: bytes, state_bytes: bytes | None):
+def _site_step_in_worker(site: int, round: int, site_seed: int | None, broadcast_bytes: bytes, state_bytes: bytes | None,
+                         guard: "SiteGuard | None" = None):
     protocol = _WORKER["protocol"]
     state = decode_state(state_bytes)
-    status, payload, new_state = run_site_step(protocol, _WORKER["sites"][site], site, round, site_seed, broadcast_bytes, state)
+    status, payload, new_state = run_site_step(protocol, _WORKER["sites"][site], site, round, site_seed, broadcast_bytes,
+                                               state, guard)
     return status, payload, encode_state(new_state)
 
 
@@ -270,6 +285,29 @@ def global_update(protocol: RoundProtocol, combined: Message, round: int, broadc
 # --------------------------------------------------------------------------- main loop
 
 
+def _admit_sites(protocol: RoundProtocol, n_sites: int, policies, analysis: str | None, n_rounds: int,
+                 secure: bool) -> tuple[list["SiteGuard | None"], dict[int, str]]:
+    """Each site's guard and the sites whose own policy refuses the analysis (site -> the reason it sends)."""
+    if policies is None:
+        return [None] * n_sites, {}
+    if len(policies) != n_sites:
+        raise ValueError(f"site_policies: {len(policies)} given for {n_sites} sites")
+    from .guard import SiteGuard
+
+    name = analysis if analysis is not None else f"simulate-{uuid.uuid4().hex}"
+    guards: list[SiteGuard | None] = [None if p is None else SiteGuard(p, name) for p in policies]
+    refused = {}
+    for s, guard in enumerate(guards):
+        if guard is None:
+            continue
+        try:
+            guard.admit(protocol, n_rounds, secure)
+        except Exception as exc:  # the site says no (or its ledger does not check out): it takes no part
+            site_log.warning("site %d refused analysis %s: %s", s, name, exc)
+            refused[s] = failure_report(exc)
+    return guards, refused
+
+
 def _participants(participation: Participation, round: int, n_sites: int, rng: np.random.Generator) -> list[int]:
     if participation is None:
         return list(range(n_sites))
@@ -304,6 +342,8 @@ def simulate(
     aggregator: Any = None,
     checkpoint: str | Path | None = None,
     stop: Callable[[RoundRecord, Message], bool] | None = None,
+    site_policies: Sequence["SitePolicy | None"] | None = None,
+    analysis: str | None = None,
 ) -> SimulationResult:
     """Run ``n_rounds`` rounds of ``protocol`` over ``sites`` in this process.
 
@@ -346,6 +386,15 @@ def simulate(
         A resume on other data (even of the same shapes) or with another configuration is
         refused, naming what differs (:class:`~fedhier.runtime.checkpoint.Fingerprint`).
 
+    site_policies : sequence of SitePolicy or None, optional
+        Each site's own privacy policy (:class:`fedhier.privacy.policy.SitePolicy`), enforced
+        at the site as in a deployment (:class:`fedhier.runtime.guard.SiteGuard`): before
+        round 1 a site whose policy refuses the analysis takes no part (its reason is in
+        every round's ``failed`` and in a :class:`SiteFailedWarning`), and every release a
+        site makes is appended to its policy's ledger.
+    analysis : str, optional
+        The analysis' name in the sites' ledgers (default: a fresh random id).
+
     Returns
     -------
     SimulationResult
@@ -368,8 +417,10 @@ def simulate(
             raise ValueError(f"protocol {protocol.name!r} combines by {protocol.combine!r}; secure aggregation needs 'sum'")
         if aggregator is None:
             raise ValueError("aggregation='secure' needs an aggregator")
+    guards, refused = _admit_sites(protocol, n_sites, site_policies, analysis, n_rounds, aggregation == "secure")
     for s, data in enumerate(sites):
-        protocol.validate_site_data(s, data)
+        if s not in refused:
+            protocol.validate_site_data(s, data)
 
     seed = int(np.random.SeedSequence().entropy % (2**63)) if random_state is None else int(random_state)
     site_seed = None if random_state is None else seed  # the sites' secret: derived in-process only when given
@@ -406,15 +457,15 @@ def simulate(
     try:
         for rnd in range(first_round, n_rounds + 1):
             t0 = time.perf_counter()
-            active = _participants(participation, rnd, n_sites, _runtime_rng(seed, rnd))
+            active = [s for s in _participants(participation, rnd, n_sites, _runtime_rng(seed, rnd)) if s not in refused]
             down = {s: encode_site_broadcast(protocol, broadcast, s) for s in active}
             outcomes: dict[int, tuple[str, bytes | str, dict[str, np.ndarray]]] = {}
             if pool is None:
                 for s in active:
-                    outcomes[s] = run_site_step(protocol, sites[s], s, rnd, site_seed, down[s], states[s])
+                    outcomes[s] = run_site_step(protocol, sites[s], s, rnd, site_seed, down[s], states[s], guards[s])
             else:
                 futures = {
-                    s: pool.submit(_site_step_in_worker, s, rnd, site_seed, down[s], encode_state(states[s]))
+                    s: pool.submit(_site_step_in_worker, s, rnd, site_seed, down[s], encode_state(states[s]), guards[s])
                     for s in active
                 }
                 for s, fut in futures.items():
@@ -422,7 +473,7 @@ def simulate(
                     outcomes[s] = (status, payload, decode_state(state_bytes))
 
             replies: dict[int, Message] = {}
-            failed: dict[int, str] = {}
+            failed: dict[int, str] = dict(refused)  # a site that refused the analysis, every round
             bytes_up: dict[int, int] = {}
             for s in active:
                 status, payload, new_state = outcomes[s]
@@ -432,7 +483,7 @@ def simulate(
                     states[s] = new_state
                 else:
                     failed[s] = str(payload)
-            absent = [s for s in range(n_sites) if s not in active]
+            absent = [s for s in range(n_sites) if s not in active and s not in refused]
             if len(replies) < min_sites:
                 detail = "; ".join(f"site {s}: {m.splitlines()[0]}" for s, m in failed.items())
                 raise RoundFailed(rnd, f"{len(replies)} site(s) replied, at least {min_sites} needed" + (f" ({detail})" if detail else ""))
