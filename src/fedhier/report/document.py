@@ -39,7 +39,7 @@ th,td{border:1px solid #ccc;padding:4px 10px;text-align:left}td.num{text-align:r
 th{background:#f2f2f4}tr:nth-child(even) td{background:#fafafa}
 figure{margin:10px 0 24px}figure img{display:block;max-width:100%;height:auto;border:1px solid #eee}
 figcaption{max-width:1000px;margin-top:6px;font-size:15px;color:#333}
-pre{background:#f5f5f7;padding:8px 12px;overflow-x:auto;font-size:14px}code{font-size:14px}
+pre{background:#f5f5f7;padding:8px 12px;white-space:pre-wrap;overflow-wrap:anywhere;font-size:14px}code{font-size:14px}
 """
 
 
