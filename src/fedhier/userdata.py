@@ -155,7 +155,7 @@ def read_site_table(path: str | Path, views: dict[str, list[str]], site_name: st
 def fit_from_config(
     config_path: str | Path, *, out_dir: str | Path, total_budget: tuple[float, float] | None = None, progress: bool = True
 ) -> dict[str, Any]:
-    """Fit Fed-mv-PPCA on the sites of a configuration; write model, latents and summary."""
+    """Fit Fed-mv-PPCA on the sites of a configuration; write model, latents, summary and report."""
     config = load_config(config_path)
     names = [s["name"] for s in config["sites"]]
     sites = [read_site_table(s["path"], config["views"], s["name"]) for s in config["sites"]]
@@ -195,4 +195,20 @@ def fit_from_config(
     if privacy is not None:
         summary["privacy_spent"] = model.privacy_spent_
     write_json(out / "summary.json", summary)
+    from .report.mvppca import write_mvppca_report
+
+    names = summary["sites"]
+    intro = (
+        f"Fed-mv-PPCA on {len(sites)} sites ({', '.join(f'{n}: {len(next(iter(s.values())))} subjects' for n, s in zip(names, sites))}) "
+        f"and {len(config['views'])} views ({', '.join(f'{v}: {len(c)} features' for v, c in config['views'].items())}), "
+        f"{model.n_components} latent factors, {model.n_rounds_} rounds run. Values are in the units of the sites' files."
+    )
+    write_mvppca_report(
+        out, model, title="Fed-mv-PPCA fit", intro=intro, command=f"fedhier fit --config {Path(config_path).name}",
+        summary_rows=[{"quantity": k, "value": summary[k]} for k in ("rounds_run", "final_expected_ll", "bytes_sent")],
+        tables=[("Privacy spent per site for the whole fit", [{"site": names[s], **v} for s, v in model.privacy_spent_.items()])]
+        if privacy is not None else (),
+        sites=sites, site_names=names, feature_names=config["views"],
+    )
+    summary["report"] = str(out / "report.html")
     return summary
