@@ -309,3 +309,19 @@ def test_site_processes_do_not_import_plotting_or_reports():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_result_folder_report_from_the_model_file_alone(tmp_path):
+    # what a Flower coordinator holds: model.npz and the privacy summary, no site data
+    from fedhier import FedMVPPCA
+    from fedhier.report.mvppca import write_result_report
+
+    rng = np.random.default_rng(0)
+    sites = [{"v": rng.normal(size=(40, 5)), "w": rng.normal(size=(40, 3))} for _ in range(2)]
+    FedMVPPCA(n_components=2, n_rounds=3, random_state=0).fit(sites).save(tmp_path / "model.npz")
+    path = write_result_report(tmp_path, title="t", intro="i", site_names=["a", "b"],
+                               privacy_spent={"a": {"epsilon": 1.0, "delta": 1e-5}, "b": {"epsilon": 0.8, "delta": 1e-5}})
+    page = check_page(path)
+    text = headings(page)
+    assert "Variance explained per view and factor" in text and "Convergence" in text and "0.8" in text
+    assert "How the sites differ" not in text

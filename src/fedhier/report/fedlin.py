@@ -67,16 +67,17 @@ def write_fedlin_report(
     report = Report(title, intro)
     if command:
         report.command(command)
-    fits = fit_by_site(est, sites)
-    report.table(
-        [{"site": name, **row} for name, row in zip(site_names, fits)],
-        caption=f"Fit per site: posterior-mean prediction of {target} on the site's own rows (RMSE in the units of {target})",
-    )
     _coefficient_section(report, est, sites, site_names, features, level, hm2)
     _prediction_section(report, est, sites, site_names, target)
     if hm2:
         _selection_section(report, est, sites, site_names, features, level)
         _convergence_section(report, est)
+    report.heading("Fit per site")
+    report.table(
+        [{"site": name, **row} for name, row in zip(site_names, fit_by_site(est, sites))],
+        caption=f"Posterior-mean prediction of {target} on each site's own rows (RMSE in the units of {target}; "
+                "R² = 1 − residual / total sum of squares, undefined for a single row)",
+    )
     return report.write(out)
 
 
@@ -186,7 +187,7 @@ def _prediction_section(report, est, sites, site_names, target) -> None:
         fig, "predicted_vs_observed",
         f"Each row of a site's data: observed {target} (horizontal) against the model's posterior-mean prediction "
         f"(vertical), in the units of {target}. Points on the grey diagonal are predicted exactly; the vertical scatter "
-        f"around it is the error the table above summarises as RMSE.{subset}",
+        f"around it is the error the table at the end (fit per site) summarises as RMSE.{subset}",
     )
 
 

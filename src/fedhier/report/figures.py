@@ -20,6 +20,7 @@ _STYLE = {
     "grid.alpha": 0.3,
     "axes.spines.top": False,
     "axes.spines.right": False,
+    "axes.formatter.useoffset": False,
 }
 
 

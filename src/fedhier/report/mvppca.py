@@ -17,7 +17,10 @@ import numpy as np
 from .document import Report
 from .figures import class_colour, mark_stop, pyplot, site_colour, trace_axis, zoom_axis
 
-__all__ = ["variance_explained", "top_loadings", "site_estimates", "privacy_by_round", "HeldOut", "write_mvppca_report"]
+__all__ = [
+    "variance_explained", "top_loadings", "site_estimates", "privacy_by_round", "HeldOut", "write_mvppca_report",
+    "write_result_report",
+]
 
 #: factors shown in the latent pairs grid (a q x q grid beyond this is unreadable at page width)
 MAX_PAIRS = 6
@@ -150,6 +153,28 @@ def write_mvppca_report(
     if getattr(model, "privacy", None) is not None:
         _privacy_section(report, model, site_names, privacy)
     return report.write(out)
+
+
+def write_result_report(
+    folder: str | Path,
+    *,
+    title: str,
+    intro: str,
+    site_names: Sequence[str],
+    feature_names: Mapping[str, Sequence[str]] | None = None,
+    privacy_spent: Mapping[str, Mapping[str, Any]] | None = None,
+    command: str | None = None,
+) -> Path:
+    """The report of a result folder holding ``model.npz`` only, as a coordinator has it (no site data):
+    variance explained, loadings, convergence, and the privacy spent per site when given."""
+    from ..mvppca import FedMVPPCA
+
+    model = FedMVPPCA.load(Path(folder) / "model.npz")
+    tables = []
+    if privacy_spent:
+        tables.append(("Privacy spent per site for the whole fit", [{"site": s, **v} for s, v in privacy_spent.items()]))
+    return write_mvppca_report(folder, model, title=title, intro=intro, command=command, tables=tables,
+                               site_names=site_names, feature_names=feature_names)
 
 
 # ---------------------------------------------------------------------- sections
@@ -440,7 +465,8 @@ def _privacy_section(report: Report, model: Any, site_names: Sequence[str], tabl
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(13, 4))
     for i, key in enumerate(keys):
-        axes[0].plot(rounds, [row[key] for row in table], lw=1.5, color=site_colour(i), label=site_names[i] if i < len(site_names) else key)
+        axes[0].plot(rounds, [row[key] for row in table], lw=2, ls=("-", "--", ":", "-.")[i % 4], color=site_colour(i),
+                     label=site_names[i] if i < len(site_names) else key)
     axes[0].set_xlabel("round")
     axes[0].set_ylabel(f"cumulative ε (δ = {delta:g})")
     axes[0].set_title("privacy spent per site")
@@ -458,8 +484,8 @@ def _privacy_section(report: Report, model: Any, site_names: Sequence[str], tabl
     fig.tight_layout()
     report.figure(
         fig, "privacy",
-        "Left: cumulative privacy loss ε of each site after each round (one line per site); the last value is the "
-        "site's total. Right: the global standard deviations of the sites' means (solid) and loadings (dashed) per "
+        "Left: cumulative privacy loss ε of each site after each round (one line per site; sites that release the same "
+        "blocks spend the same and their lines coincide); the last value is the site's total. Right: the global standard deviations of the sites' means (solid) and loadings (dashed) per "
         "view and round, on a log axis: how far the sites' (noisy) estimates spread around the global model. The "
         "lowest value, 1e-10, is the floor the fit sets when the sites' estimates coincide.",
     )
