@@ -74,7 +74,7 @@ def _score_section(report, model, scores, site_names, labels) -> None:
     ncol = 2 if len(shown) > 1 else 1
     nrow = int(np.ceil(len(shown) / ncol))
     plt = pyplot()
-    fig, axes = plt.subplots(nrow, ncol, figsize=(13, 2.8 * nrow + 0.5), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(11.3, 2.8 * nrow + 0.5), squeeze=False)
     for i in range(nrow * ncol):
         ax = axes.flat[i]
         if i >= len(shown):
@@ -185,7 +185,7 @@ def _consensus_section(report, model) -> None:
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(1, 2 if positive.any() else 1, figsize=(12 if positive.any() else 6.5, 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, 2 if positive.any() else 1, figsize=(11.3 if positive.any() else 6.5, 3.8), squeeze=False)
     ax = axes[0, 0]
     ax.step(rounds, retained, where="mid")
     ax.set_ylim(0, np.nanmax(retained) + 1)

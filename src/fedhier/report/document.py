@@ -25,7 +25,8 @@ from ..utils.io import atomic_write_bytes, atomic_write_text
 
 __all__ = ["Report", "format_value"]
 
-#: resolution of every figure: one figure pixel is one CSS pixel of the page at 100 % zoom
+#: resolution of every figure: one figure pixel is one CSS pixel of the page at 100 % zoom; figures are at most
+#: about 11.5 inches wide, so that they fit the page's 1180-pixel column without being scaled down
 DPI = 100
 
 _STYLE = """

@@ -115,7 +115,7 @@ def _coefficient_section(report, est, sites, site_names, features, level, hm2) -
     nrow = int(np.ceil(d / ncol))
     height = 0.27 * (len(shown) + (2 if population else 0)) + 1.2
     plt = pyplot()
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol + 1.6, height * nrow), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol + 1.6, height * nrow), squeeze=False)
     labels = (["population"] if population else []) + [site_names[k] for k in shown]
     ypos = np.arange(len(labels))[::-1]
     for j in range(nrow * ncol):
@@ -164,7 +164,7 @@ def _prediction_section(report, est, sites, site_names, target) -> None:
     ncol = min(len(shown), 4)
     nrow = int(np.ceil(len(shown) / ncol))
     plt = pyplot()
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.1 * ncol + 0.6, 3.0 * nrow + 0.3), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(2.7 * ncol + 0.5, 2.8 * nrow + 0.3), squeeze=False)
     for i in range(nrow * ncol):
         ax = axes.flat[i]
         if i >= len(shown):
@@ -208,7 +208,7 @@ def _selection_section(report, est, sites, site_names, features, level) -> None:
     )
     shown = _shown_sites(sites, MAX_SITES_SHOWN)
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(1.1 * len(features) + 3.4, 0.3 * len(shown) + 1.6))
+    fig, ax = plt.subplots(figsize=(min(1.1 * len(features) + 3.4, 11.3), 0.3 * len(shown) + 1.6))
     im = ax.imshow(score[shown], cmap="Greens", vmin=0.5, vmax=1.0, aspect="auto")
     for r, k in enumerate(shown):
         for j in range(len(features)):
@@ -234,7 +234,7 @@ def _convergence_section(report, est) -> None:
         return
     rounds, dm, dv = ep_changes(history)
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(11.3, 3.8))
     hr = [h["round"] for h in history]
     means = np.array([h["phi_mean"] for h in history])
     for i, name in enumerate(est.phi_names_[:10]):

@@ -189,7 +189,7 @@ def _variance_section(report: Report, model: Any, scale_note: str) -> None:
         for i, v in enumerate(views)
     ]
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(1.2 * q + 3.2, 0.55 * len(views) + 1.6))
+    fig, ax = plt.subplots(figsize=(min(1.2 * q + 3.2, 11.3), 0.55 * len(views) + 1.6))
     im = ax.imshow(table, cmap="Blues", vmin=0, vmax=max(float(table.max()), 1e-9), aspect="auto")
     for i in range(len(views)):
         for j in range(q):
@@ -293,7 +293,7 @@ def _latent_section(report, model, sites, site_names, site_classes, class_names)
     classes = np.concatenate([np.asarray(k) for k in site_classes]) if site_classes is not None else None
     k = min(model.n_components, MAX_PAIRS)
     plt = pyplot()
-    size = 2.0 * k + 1.0 if k > 1 else 5
+    size = min(2.0 * k + 1.0, 11.3) if k > 1 else 5
     fig, axes = plt.subplots(k, k, figsize=(size, size), squeeze=False)
     for i in range(k):
         for j in range(k):
@@ -368,7 +368,7 @@ def _imputation_section(report: Report, model: Any, held: HeldOut, names: Mappin
         shown = min(d, 12)
         ncol = min(shown, 4)
         nrow = int(np.ceil(shown / ncol))
-        fig, axes = plt.subplots(nrow, ncol, figsize=(3.0 * ncol + 0.8, 3.0 * nrow + 0.4), squeeze=False)
+        fig, axes = plt.subplots(nrow, ncol, figsize=(2.6 * ncol + 0.8, 2.8 * nrow + 0.4), squeeze=False)
         for f in range(nrow * ncol):
             ax = axes.flat[f]
             if f >= shown:
@@ -401,7 +401,7 @@ def _convergence_section(report: Report, model: Any) -> None:
     ell = np.array([h["expected_ll"] for h in history], dtype=float)
     change = np.array([h["metrics"].get("rel_change", np.nan) for h in history], dtype=float)
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(11.3, 3.9))
     axes[0].plot(rounds, ell, marker=".", lw=1)
     scale = trace_axis(axes[0], ell)
     axes[0].set_title("all rounds" + (" (symmetric-log axis)" if scale != "linear" else ""))
@@ -463,7 +463,7 @@ def _privacy_section(report: Report, model: Any, site_names: Sequence[str], tabl
     rounds = [row["round"] for row in table]
     keys = [k for k in table[0] if k != "round"]
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11.3, 4))
     for i, key in enumerate(keys):
         axes[0].plot(rounds, [row[key] for row in table], lw=2, ls=("-", "--", ":", "-.")[i % 4], color=site_colour(i),
                      label=site_names[i] if i < len(site_names) else key)
