@@ -71,7 +71,7 @@ def write_fedlin_report(
     _prediction_section(report, est, sites, site_names, target)
     if hm2:
         _selection_section(report, est, sites, site_names, features, level)
-        _convergence_section(report, est)
+        _convergence_section(report, est, features)
     report.heading("Fit per site")
     report.table(
         [{"site": name, **row} for name, row in zip(site_names, fit_by_site(est, sites))],
@@ -226,7 +226,15 @@ def _selection_section(report, est, sites, site_names, features, level) -> None:
     )
 
 
-def _convergence_section(report, est) -> None:
+def _phi_label(name: str, features: Sequence[str]) -> str:
+    """``mu[j]`` -> "population mean: <feature j>", ``log_tau[j]`` -> "log between-site sd: <feature j>"."""
+    for prefix, label in (("mu[", "population mean"), ("log_tau[", "log between-site sd")):
+        if name.startswith(prefix):
+            return f"{label}: {features[int(name[len(prefix):-1])]}"
+    return name
+
+
+def _convergence_section(report, est, features) -> None:
     report.heading("Convergence of EP")
     history = est.history_
     if len(history) < 2:
@@ -238,11 +246,11 @@ def _convergence_section(report, est) -> None:
     hr = [h["round"] for h in history]
     means = np.array([h["phi_mean"] for h in history])
     for i, name in enumerate(est.phi_names_[:10]):
-        axes[0].plot(hr, means[:, i], marker=".", lw=1, label=name)
+        axes[0].plot(hr, means[:, i], marker=".", lw=1, label=_phi_label(name, features))
     axes[0].set_xlabel("EP round")
     axes[0].set_ylabel("posterior mean")
     axes[0].set_title("global parameters of the hierarchy")
-    axes[0].legend(fontsize=9, ncol=2)
+    axes[0].legend(fontsize=9, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     axes[1].semilogy(rounds, dm, marker=".", label="change of the means (in posterior sds)")
     axes[1].semilogy(rounds, dv, marker=".", label="change of the log variances")
     if est.tol is not None:
@@ -250,16 +258,19 @@ def _convergence_section(report, est) -> None:
     axes[1].set_xlabel("EP round")
     axes[1].set_ylabel("largest change (log axis)")
     axes[1].set_title("change from the previous round")
+    from matplotlib.ticker import MaxNLocator
+
     for ax in axes:
         mark_stop(ax, int(hr[-1]), int(est.n_rounds))
-    axes[1].legend(fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[1].legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, ncol=2)
     fig.tight_layout()
     shown = "" if len(est.phi_names_) <= 10 else f" The first 10 of {len(est.phi_names_)} parameters are drawn."
     report.figure(
         fig, "ep_convergence",
-        "Left: posterior mean of each global parameter of the hierarchy after each EP round (mu[j]: population "
-        "coefficient of feature j; log_tau[j]: log of its between-site sd; log_sigma2 or log_lambda: noise and "
-        "shrinkage). Flat lines mean EP has settled. Right: the largest change of those means (in posterior standard "
+        "Left: posterior mean of each global parameter of the hierarchy after each EP round (population means of the "
+        "coefficients, logs of their between-site standard deviations; log_sigma2 and log_lambda: log noise variance "
+        "and log shrinkage). Flat lines mean EP has settled. Right: the largest change of those means (in posterior standard "
         "deviations) and of their log variances from one round to the next, on a log axis; EP stops early when both "
         "stay below the threshold for three rounds. The dashed line marks the last round run." + shown,
     )

@@ -480,7 +480,7 @@ def _privacy_section(report: Report, model: Any, site_names: Sequence[str], tabl
     axes[1].set_xlabel("round")
     axes[1].set_ylabel("global standard deviation (log axis)")
     axes[1].set_title("spread of the sites around the global model")
-    axes[1].legend(fontsize=9, ncol=2)
+    axes[1].legend(fontsize=9, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     fig.tight_layout()
     report.figure(
         fig, "privacy",
