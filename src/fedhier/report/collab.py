@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .document import Report
-from .figures import mark_stop, pyplot, site_colour
+from .figures import mark_stop, panel_grid, pyplot, site_colour
 
 __all__ = ["write_collab_report"]
 
@@ -71,15 +71,8 @@ def _auc(y: np.ndarray, score: np.ndarray) -> float | None:
 def _score_section(report, model, scores, site_names, labels) -> None:
     report.heading("Anomaly scores per site")
     shown = list(range(min(len(scores), MAX_SITES_SHOWN)))
-    ncol = 2 if len(shown) > 1 else 1
-    nrow = int(np.ceil(len(shown) / ncol))
-    plt = pyplot()
-    fig, axes = plt.subplots(nrow, ncol, figsize=(11.3, 2.8 * nrow + 0.5), squeeze=False)
-    for i in range(nrow * ncol):
-        ax = axes.flat[i]
-        if i >= len(shown):
-            ax.axis("off")
-            continue
+    fig, axes, _ = panel_grid(len(shown), 2, 11.3, 3.0)
+    for i, ax in enumerate(axes):
         sc = scores[i]
         idx = np.arange(1, len(sc) + 1)
         ax.plot(idx, sc, lw=0.8, color=site_colour(i))

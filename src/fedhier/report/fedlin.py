@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .document import Report
-from .figures import mark_stop, pyplot, site_colour
+from .figures import mark_stop, panel_grid, pyplot, site_colour
 
 __all__ = ["write_fedlin_report", "fit_by_site", "ep_changes"]
 
@@ -111,18 +111,11 @@ def _coefficient_section(report, est, sites, site_names, features, level, hm2) -
     shown = _shown_sites(sites, MAX_SITES_SHOWN)
     ci = est.coef_interval(level) if hm2 else None
     d = len(features)
-    ncol = min(d, 3)
-    nrow = int(np.ceil(d / ncol))
     height = 0.27 * (len(shown) + (2 if population else 0)) + 1.2
-    plt = pyplot()
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol + 1.6, height * nrow), squeeze=False)
+    fig, axes, ncol = panel_grid(d, 3, 3.2 * min(d, 3) + 1.6, height)
     labels = (["population"] if population else []) + [site_names[k] for k in shown]
     ypos = np.arange(len(labels))[::-1]
-    for j in range(nrow * ncol):
-        ax = axes.flat[j]
-        if j >= d:
-            ax.axis("off")
-            continue
+    for j, ax in enumerate(axes):
         row = 0
         if population:
             m, lo, hi, _ = population[j]
@@ -161,15 +154,8 @@ def _coefficient_section(report, est, sites, site_names, features, level, hm2) -
 def _prediction_section(report, est, sites, site_names, target) -> None:
     report.heading("Predicted against observed")
     shown = _shown_sites(sites, MAX_SCATTER_SITES)
-    ncol = min(len(shown), 4)
-    nrow = int(np.ceil(len(shown) / ncol))
-    plt = pyplot()
-    fig, axes = plt.subplots(nrow, ncol, figsize=(2.7 * ncol + 0.5, 2.8 * nrow + 0.3), squeeze=False)
-    for i in range(nrow * ncol):
-        ax = axes.flat[i]
-        if i >= len(shown):
-            ax.axis("off")
-            continue
+    fig, axes, ncol = panel_grid(len(shown), 4, 2.7 * min(len(shown), 4) + 0.5, 2.9)
+    for i, ax in enumerate(axes):
         k = shown[i]
         X, y = sites[k]
         pred = est.predict(X, k)

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["pyplot", "trace_axis", "zoom_axis", "mark_stop", "site_colour", "class_colour"]
+__all__ = ["pyplot", "panel_grid", "trace_axis", "zoom_axis", "mark_stop", "site_colour", "class_colour"]
 
 #: sizes in points at 100 dpi: tick labels of 10 pt are about 14 CSS pixels on the page
 _STYLE = {
@@ -33,6 +33,20 @@ def pyplot():
 
     plt.rcParams.update(_STYLE)
     return plt
+
+
+def panel_grid(n: int, ncol: int, width: float, row_height: float) -> tuple[Any, list[Any], int]:
+    """A figure of ``n`` panels in rows of at most ``ncol`` (cells beyond ``n`` hidden), ``width`` inches wide.
+
+    Returns (figure, the n axes in reading order, the number of columns used).
+    """
+    plt = pyplot()
+    ncol = max(1, min(ncol, n))
+    nrow = int(np.ceil(n / ncol))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(width, row_height * nrow), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    return fig, list(axes.flat[:n]), ncol
 
 
 def site_colour(i: int) -> str:

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .document import Report
-from .figures import class_colour, mark_stop, pyplot, site_colour, trace_axis, zoom_axis
+from .figures import class_colour, mark_stop, panel_grid, pyplot, site_colour, trace_axis, zoom_axis
 
 __all__ = [
     "variance_explained", "top_loadings", "site_estimates", "privacy_by_round", "HeldOut", "write_mvppca_report",
@@ -355,7 +355,6 @@ def _imputation_section(report: Report, model: Any, held: HeldOut, names: Mappin
     if not hidden_views:
         return
     report.heading("Imputation of hidden views")
-    plt = pyplot()
     for view, rows in hidden_views:
         truth, mean = held.full[view][rows], imputed[view][rows]
         sd = np.sqrt(model.impute_variance(held.masked, view)[rows])
@@ -366,14 +365,8 @@ def _imputation_section(report: Report, model: Any, held: HeldOut, names: Mappin
             sd = np.abs(upper - mean)
         d = truth.shape[1]
         shown = min(d, 12)
-        ncol = min(shown, 4)
-        nrow = int(np.ceil(shown / ncol))
-        fig, axes = plt.subplots(nrow, ncol, figsize=(2.6 * ncol + 0.8, 2.8 * nrow + 0.4), squeeze=False)
-        for f in range(nrow * ncol):
-            ax = axes.flat[f]
-            if f >= shown:
-                ax.axis("off")
-                continue
+        fig, axes, ncol = panel_grid(shown, 4, 2.6 * min(shown, 4) + 0.8, 2.9)
+        for f, ax in enumerate(axes):
             ax.errorbar(truth[:, f], mean[:, f], yerr=sd[:, f], fmt="o", ms=3, alpha=0.6, elinewidth=0.6, color="C0")
             lo = float(min(truth[:, f].min(), mean[:, f].min()))
             hi = float(max(truth[:, f].max(), mean[:, f].max()))
@@ -381,7 +374,7 @@ def _imputation_section(report: Report, model: Any, held: HeldOut, names: Mappin
             ax.set_title(names[view][f], fontsize=11)
             if f % ncol == 0:
                 ax.set_ylabel("imputed")
-            if f // ncol == nrow - 1 or f + ncol >= shown:
+            if f + ncol >= shown:
                 ax.set_xlabel("real")
         fig.tight_layout()
         more = f" The first {shown} of its {d} features are shown." if shown < d else ""
@@ -413,7 +406,7 @@ def _convergence_section(report: Report, model: Any) -> None:
         mark_stop(ax, int(rounds[-1]), model.n_rounds)
     if np.isfinite(change).any():
         axes[2].semilogy(rounds, change, marker=".", lw=1)
-        if model.tol is not None:
+        if model.tol is not None and model.tol <= 1e3 * np.nanmax(change):  # a threshold far above every change is not drawn
             axes[2].axhline(model.tol, color="C3", lw=1, label=f"stopping threshold {model.tol:g}")
     axes[2].set_title("change of the global model")
     axes[2].set_xlabel("round")
