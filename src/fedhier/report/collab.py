@@ -167,13 +167,17 @@ def _consensus_section(report, model) -> None:
     disagreement = np.array([h.get("disagreement", np.nan) for h in history], dtype=float)
     retained = np.array([h.get("metrics", {}).get("n_retained", np.nan) for h in history], dtype=float)
     exchanges = [h.get("exchanges") for h in history if h.get("exchanges") is not None]
-    report.table(
-        [{"aggregation": model.aggregation, "iterations": len(history),
-          "neighbour exchanges per iteration": int(np.median(exchanges)) if exchanges else None,
-          "consensus tolerance (relative)": float(model.rel_tol),
-          "largest disagreement between sites": float(np.nanmax(disagreement)) if np.isfinite(disagreement).any() else None}],
-        caption="How the sites computed their sums without a centre",
-    )
+    if model.runtime == "star":
+        report.paragraph("This fit summed the statistics exactly through one coordinator (the star runtime, the "
+                         "centralised reference), so there is no consensus error.")
+    else:
+        report.table(
+            [{"aggregation": model.aggregation, "iterations": len(history),
+              "neighbour exchanges per iteration": int(np.median(exchanges)) if exchanges else None,
+              "consensus tolerance (relative)": None if model.aggregation == "shamir" else float(model.rel_tol),
+              "largest disagreement between sites": float(np.nanmax(disagreement)) if np.isfinite(disagreement).any() else None}],
+            caption="How the sites computed their sums without a centre",
+        )
     positive = disagreement > 0
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
@@ -198,9 +202,12 @@ def _consensus_section(report, model) -> None:
     if positive.any():
         what = (" Right: after each iteration, the largest absolute difference between two sites' copies of the summed "
                 "statistics (log axis); 0 would be exact agreement.")
+    elif model.runtime == "star":
+        what = ""
     else:
-        what = (" The sites' copies of every sum agreed exactly in every iteration (the table's last column): the "
-                "consensus runs enough exchanges to reach the relative tolerance and ends with an agreement step.")
+        what = " The sites' copies of every sum agreed exactly in every iteration (the table's last column)" + (
+            ": the consensus runs enough exchanges to reach the relative tolerance and ends with an agreement step."
+            if model.aggregation != "shamir" else ".")
     report.figure(
         fig, "consensus",
         "How many patterns the shared dictionary keeps after each iteration (rarely used patterns are pruned). The "

@@ -193,7 +193,7 @@ def _variance_section(report: Report, model: Any, scale_note: str) -> None:
     im = ax.imshow(table, cmap="Blues", vmin=0, vmax=max(float(table.max()), 1e-9), aspect="auto")
     for i in range(len(views)):
         for j in range(q):
-            ax.text(j, i, f"{table[i, j]:.1f}", ha="center", va="center", fontsize=11,
+            ax.text(j, i, f"{table[i, j]:.1f}" if table.max() >= 10 else f"{table[i, j]:.2g}", ha="center", va="center", fontsize=11,
                     color="white" if table[i, j] > 0.6 * table.max() else "black")
     ax.set_xticks(range(q), [f"factor {j + 1}" for j in range(q)])
     ax.set_yticks(range(len(views)), views)
