@@ -19,11 +19,11 @@ def test_demo_writes_a_report_with_its_figures(tmp_path, capsys):
     assert main(["demo", "--out", str(out), "--rounds", "5", "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "test MAE" in printed and "latent LDA accuracy" in printed and "mean imputation" in printed
-    for name in ("report.html", "report.md", "summary.json", "model.npz", "convergence.png", "latent.png", "imputation.png"):
+    for name in ("report.html", "report.md", "summary.json", "model.npz", "figures/convergence.png",
+                 "figures/latent_pairs.png", "figures/imputation_csf.png", "figures/sites_vs_global.png"):
         assert (out / name).is_file(), name
     md = (out / "report.md").read_text()
-    # the report opens with its figures, before the tables
-    assert md.index("![convergence.png]") < md.index("## Summary")
+    assert "![convergence](figures/convergence.png)" in md and "fedhier demo --rounds 5" in md
     summary = json.loads((out / "summary.json").read_text())
     assert summary["site_sizes"] == [74, 41, 107] or sum(summary["site_sizes"]) == 222
     assert summary["missing_views"] == [[], ["csf"], ["demographics"]]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -594,6 +596,19 @@ def _read_sites(csv_path: str, site_column: str, columns: list[str] | None, drop
     return labels, names, sites
 
 
+def _read_labels(csv_path: str, site_column: str, label_column: str, site_labels) -> list[np.ndarray]:
+    """Known anomaly labels (0/1) per site, in the order of :func:`_read_sites`."""
+    import pandas as pd
+
+    frame = pd.read_csv(csv_path)
+    if label_column not in frame.columns:
+        raise ValueError(f"{csv_path}: no label column {label_column!r}; columns are {list(frame.columns)}")
+    values = frame[label_column].to_numpy(dtype=float)
+    if not np.isin(values, (0.0, 1.0)).all():
+        raise ValueError(f"{csv_path}: label column {label_column!r} must hold 0 (normal) or 1 (anomaly)")
+    return [values[(frame[site_column] == lab).to_numpy()].astype(np.int64) for lab in site_labels]
+
+
 def cli_collab(argv: Sequence[str] | None = None) -> int:
     """``fedhier collab {fit,score}``: fit CollabDict on a CSV split by a site column, or score.
 
@@ -620,6 +635,11 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
     fit.add_argument("--site-seed", type=int, default=None,
                      help="with --runtime mpi: each site's secret seed, for reproducible tests only "
                           "(default: each site's own entropy, as a deployment needs)")
+    fit.add_argument("--label-column", default=None,
+                     help="column marking known anomalies (1) and normal samples (0); not used in the fit, only to "
+                          "evaluate it in the report")
+    fit.add_argument("--report", default=None,
+                     help="folder of the report (report.html, report.md, figures/); default: the model file's folder")
     score = sub.add_parser("score", help="score a CSV with a fitted model")
     score.add_argument("--model", required=True)
     score.add_argument("--csv", required=True)
@@ -632,8 +652,11 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
     if args.command == "fit":
         cols = args.columns.split(",") if args.columns else None
         drop = [c for c in args.drop_columns.split(",") if c]
+        if args.label_column:
+            drop.append(args.label_column)
         labels, names, sites = _read_sites(args.csv, args.site_column, cols, drop)
         check_outputs_spare_inputs([args.out], [args.csv])
+        known = _read_labels(args.csv, args.site_column, args.label_column, labels) if args.label_column else None
         model = CollabDict(n_components=args.components, rho=args.rho, weights=args.weights,
                            aggregation=args.aggregation, max_iter=args.max_iter, random_state=args.seed,
                            runtime="peer" if args.runtime == "mpi" else args.runtime)
@@ -655,6 +678,17 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
         model.save(out)
         print(f"fitted CollabDict on {len(sites)} sites ({', '.join(map(str, labels))}); variables {names}; "
               f"{int(model.active_.sum())} patterns; {model.n_iter_} rounds; wrote {out}")
+        if args.runtime != "mpi":  # under MPI each process holds only its own site's weights
+            from .report.collab import write_collab_report
+
+            intro = (f"Collaborative anomaly detection on {len(sites)} sites ({sum(len(x) for x in sites)} samples of "
+                     f"{len(names)} variables: {', '.join(names)}) from {Path(args.csv).name}. The sites learned a shared "
+                     "dictionary of patterns without a centre; each scores its own samples with its private weights.")
+            report = write_collab_report(
+                Path(args.report) if args.report else out.parent, model, sites, site_names=[f"{args.site_column} {x}" if isinstance(x, (int, float)) else str(x) for x in labels],
+                variables=names, title="CollabDict fit", intro=intro, labels=known,
+                command="fedhier collab " + shlex.join(str(a) for a in (argv if argv is not None else sys.argv[1:])))
+            print(f"report: {report}")
         return 0
 
     check_outputs_spare_inputs([args.out], [args.csv, args.model])

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -544,8 +546,8 @@ def cli_fit_linear(argv) -> int:
 
     ``argv`` is the list of arguments after ``fit linear`` (or an ``argparse.Namespace`` built with
     :func:`add_fit_linear_arguments`). Writes ``coefficients.csv`` (site, feature, estimate, and for
-    HM2 the interval and inclusion), ``phi.csv`` (HM2), ``summary.md``, ``history.json`` and
-    ``model.npz``. Returns 0, or 2 after printing ``fedhier: error: ...`` for bad input.
+    HM2 the interval and inclusion), ``phi.csv`` (HM2), ``summary.md``, ``history.json``,
+    ``model.npz`` and the report (``report.html``, ``report.md``, ``figures/``). Returns 0, or 2 after printing ``fedhier: error: ...`` for bad input.
     """
     if isinstance(argv, argparse.Namespace):
         return _fit_linear(argv)
@@ -553,13 +555,13 @@ def cli_fit_linear(argv) -> int:
     add_fit_linear_arguments(parser)
     args = parser.parse_args(list(argv))
     try:
-        return _fit_linear(args)
+        return _fit_linear(args, command="fedhier fit linear " + shlex.join(str(a) for a in argv))
     except (ValueError, FileNotFoundError) as exc:
         print(f"fedhier: error: {exc}", file=sys.stderr)
         return 2
 
 
-def _fit_linear(args: argparse.Namespace) -> int:
+def _fit_linear(args: argparse.Namespace, command: str | None = None) -> int:
     features = [c.strip() for c in args.features.split(",") if c.strip()]
     names, sites = _read_sites(Path(args.csv), args.site, args.target, features)
     outputs = ["phi.csv", "coefficients.csv", "history.json", "model.npz", "summary.md"]
@@ -591,4 +593,15 @@ def _fit_linear(args: argparse.Namespace) -> int:
     write_json(out / "history.json", est.history_)
     est.save(out / "model.npz")
     atomic_write_text(out / "summary.md", f"# fedhier fit linear ({args.model})\n\n" + markdown_table(rows))
+    from .report.fedlin import write_fedlin_report
+
+    model = "HM2 (federated expectation propagation)" if args.model == "hm2" else "HM1 (federated MAP)"
+    intro = (
+        f"Hierarchical linear regression of {args.target} on {', '.join(features)} across {len(sites)} sites "
+        f"({sum(len(y) for _, y in sites)} rows from {Path(args.csv).name}), fitted with {model}"
+        + (f" and the {args.prior} prior" if args.model == "hm2" else "") + ". Each site keeps its rows; "
+        "the sites share one population model and each gets its own coefficients."
+    )
+    write_fedlin_report(out, est, sites, site_names=[str(n) for n in names], features=features, target=args.target,
+                        title=f"FedLin fit ({args.model.upper()})", intro=intro, command=command, level=args.level)
     return 0

@@ -557,7 +557,8 @@ def submit(
     Returns
     -------
     dict : the run's ``summary.json`` (status "completed" or "failed") when the result
-    folder is readable from here, else ``{"status": "ended", "out": ...}``.
+    folder is readable from here, else ``{"status": "ended", "out": ...}``.  A completed
+    run's folder also gets the report (``report.html``, ``report.md``; its path in ``"report"``).
 
     Raises
     ------
@@ -599,7 +600,17 @@ def submit(
             raise RuntimeError(f"flwr run failed (exit code {code}): {output.strip()[-2000:]}")
     summary_path = Path(config.out) / "summary.json"
     if summary_path.is_file():
-        return json.loads(summary_path.read_text())
+        summary = json.loads(summary_path.read_text())
+        if summary.get("status") == "completed":
+            from .report.mvppca import write_result_report
+
+            summary["report"] = str(write_result_report(
+                config.out, title="Fed-mv-PPCA on Flower", site_names=summary["sites"], feature_names=config.views,
+                privacy_spent=summary.get("privacy_spent"),
+                intro=f"Fed-mv-PPCA fitted over Flower by {len(summary['sites'])} sites ({', '.join(summary['sites'])}); "
+                      "the coordinator holds the global model and the round history, not the sites' data, so this "
+                      "report shows the model and the fit only."))
+        return summary
     return {"status": "ended", "out": config.out, "note": "the result folder is on the SuperLink host"}
 
 

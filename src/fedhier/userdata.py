@@ -172,7 +172,7 @@ def read_site_table(path: str | Path, views: dict[str, list[str]], site_name: st
 def fit_from_config(
     config_path: str | Path, *, out_dir: str | Path, total_budget: tuple[float, float] | None = None, progress: bool = True
 ) -> dict[str, Any]:
-    """Fit Fed-mv-PPCA on the sites of a configuration; write model, latents and summary."""
+    """Fit Fed-mv-PPCA on the sites of a configuration; write model, latents, summary and report."""
     config = load_config(config_path)
     names = [s["name"] for s in config["sites"]]
     sites = [read_site_table(s["path"], config["views"], s["name"]) for s in config["sites"]]
@@ -207,7 +207,8 @@ def fit_from_config(
         "n_rounds": model.n_rounds,
         "rounds_run": model.n_rounds_,
         "n_init": model.n_init,
-        "final_expected_ll": model.history_[-1]["expected_ll"],
+        # sent by the sites without privacy only (it is computed from their raw data)
+        "final_expected_ll": ell if np.isfinite(ell := model.history_[-1]["expected_ll"]) else None,
         "bytes_sent": int(sum(h["bytes_sent"] for h in model.history_)),
         "model": str(out / "model.npz"),
     }
@@ -216,4 +217,20 @@ def fit_from_config(
         names = {s: site["name"] for s, site in enumerate(config["sites"])}
         write_json(out / "privacy-report.json", model.privacy_report(site_names=names))
     write_json(out / "summary.json", summary)
+    from .report.mvppca import write_mvppca_report
+
+    names = summary["sites"]
+    intro = (
+        f"Fed-mv-PPCA on {len(sites)} sites ({', '.join(f'{n}: {len(next(iter(s.values())))} subjects' for n, s in zip(names, sites))}) "
+        f"and {len(config['views'])} views ({', '.join(f'{v}: {len(c)} features' for v, c in config['views'].items())}), "
+        f"{model.n_components} latent factors, {model.n_rounds_} rounds run. Values are in the units of the sites' files."
+    )
+    write_mvppca_report(
+        out, model, title="Fed-mv-PPCA fit", intro=intro, command=f"fedhier fit --config {Path(config_path).name}",
+        summary_rows=[{"quantity": k, "value": summary[k]} for k in ("rounds_run", "final_expected_ll", "bytes_sent")],
+        tables=[("Privacy spent per site for the whole fit", [{"site": names[s], **v} for s, v in model.privacy_spent_.items()])]
+        if privacy is not None else (),
+        sites=sites, site_names=names, feature_names=config["views"],
+    )
+    summary["report"] = str(out / "report.html")
     return summary

@@ -544,6 +544,7 @@ def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, tra
         assert _max_diff(broadcast, reference.broadcast) <= 1e-10
         assert [r["sites"] for r in history] == [[0, 1, 2]] * config.n_rounds
         assert summary["lost"] == {} and set(summary["nodes"]) == set(SITES)
+        assert (out / "report.html").is_file() and (out / "report.md").is_file()
 
         # 2. hospital-c's SuperNode is killed after round 1: the fit completes from the other two
         dropout = tmp_path / "fit-dropout.toml"
