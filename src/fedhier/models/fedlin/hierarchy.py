@@ -41,7 +41,7 @@ def log_marginal(stats: SiteStats, mu: np.ndarray, tau: np.ndarray, s2: np.ndarr
     -------
     ndarray, shape (n,)
     """
-    ee = stats.yy - 2.0 * mu @ stats.xy + np.einsum("ni,ij,nj->n", mu, stats.xx, mu)
+    ee = stats.yy - 2.0 * mu @ stats.xy + ((mu @ stats.xx) * mu).sum(1)
     out = -0.5 * stats.n * (_LOG_2PI + np.log(s2)) - 0.5 * ee / s2
     if random.size:
         b = stats.xy[random] - mu @ stats.xx[:, random]
