@@ -169,7 +169,8 @@ def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.
         h_new = 1e-3 * np.maximum(1.0, np.abs(x_new))
         derivs = _derivatives(logf, x_new, h_new)
         f_new = derivs[0]
-        if not (np.isfinite(f_new) and f_new >= f0 + 1e-4 * slope):
+        settled = abs(slope) < 1e-9 and lam == 0.0  # a step within rounding of the mode: no line search
+        if not settled and not (np.isfinite(f_new) and f_new >= f0 + 1e-4 * slope):
             t = 0.5
             while t > 1e-8:
                 x_new = x + t * step
@@ -182,7 +183,7 @@ def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.
             h_new = 1e-3 * np.maximum(1.0, np.abs(x_new))
             derivs = _derivatives(logf, x_new, h_new)
         x, h = x_new, h_new
-        if abs(slope) < 1e-9 and lam == 0.0:
+        if settled:
             break
         f0, g, H = derivs
     H = derivs[2] if x is x_new else H
@@ -304,7 +305,7 @@ def tilted_moments(
     ess = float(1.0 / np.sum(weights**2))
     if method == "importance" and ess < min_ess:
         raise TiltedFailure(f"effective sample size {ess:.1f} is below {min_ess}")
-    phi = z[:, : model.p]
+    phi = np.ascontiguousarray(z[:, : model.p])
     mean, cov = moments_from_draws(phi, weights)
     if method == "importance":
         # control variate: the same draws, unweighted, estimate the known Laplace moments
