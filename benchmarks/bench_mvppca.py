@@ -111,7 +111,7 @@ def iteration_cost(n: int, dims: tuple[int, ...], q: int, repeat: int) -> None:
             v @ B[k]
             v.T @ X
 
-    k_iter = 4
+    k_iter = 8
     # one iteration = a fit of k + 1 iterations minus a fit of 1 (removes the start and the one-off passes)
     times = interleaved({
         "floor": gemms,
