@@ -89,3 +89,11 @@ def test_init_and_local_tol_are_checked_and_local_tol_stops_early():
     early = fit_local(X, 2, n_iter=200, rng=0, sigma2_prior=None, tol=1e-10)
     assert 1 < early.expected_ll.size < 200
     np.testing.assert_allclose(early.params["v"].W, full.params["v"].W, rtol=1e-6, atol=1e-8)
+
+
+def test_pca_start_with_fewer_subjects_than_components_gives_q_columns():
+    rng = np.random.default_rng(4)
+    X = {"a": rng.normal(size=(4, 8)), "b": rng.normal(size=(4, 3))}
+    fit = fit_local(X, 5, n_iter=3, rng=0)
+    assert fit.params["a"].W.shape == (8, 5) and fit.params["b"].W.shape == (3, 5)
+    assert np.all(np.isfinite(fit.params["a"].W)) and fit.params["a"].sigma2 > 0

@@ -104,6 +104,11 @@ def pca_start(
     trace = sum(scatter.values()) / n
     noise = max((trace - lam.sum()) / (d_total - q), 1e-12 * trace / d_total)
     W_joint = U[:, :q] * np.sqrt(np.maximum(lam - noise, 1e-6 * lam))
+    if W_joint.shape[1] < q:
+        # fewer subjects than components: the data span fewer directions; the rest start small
+        # and random (a zero column would stay zero under EM)
+        extra = rng.standard_normal((d_total, q - W_joint.shape[1])) * np.sqrt(1e-3 * noise / d_total)
+        W_joint = np.hstack([W_joint, extra])
 
     W, sigma2 = {}, {}
     for j, name in enumerate(names):
