@@ -50,7 +50,8 @@ def ratio_line(label: str, num: list[float], den: list[float]) -> str:
             f"   ({min(num):.3f} s vs {min(den):.3f} s, min)")
 
 
-def ppca_data(n: int, d: int, q: int, rng: np.random.Generator) -> np.ndarray:
+def ppca_sampler(d: int, q: int, rng: np.random.Generator):
+    """A function m -> (m, d) rows drawn from one PPCA model: t = W x + mu + N(0, I), x ~ N(0, I_q)."""
     W = rng.normal(size=(d, q)) * np.linspace(3.0, 0.5, q)
     mu = rng.normal(size=d)
     return lambda m: rng.normal(size=(m, q)) @ W.T + mu + rng.normal(size=(m, d))
@@ -59,7 +60,7 @@ def ppca_data(n: int, d: int, q: int, rng: np.random.Generator) -> np.ndarray:
 def versus_pca(n: int, d: int, q: int, repeat: int) -> None:
     from sklearn.decomposition import PCA
 
-    draw = ppca_data(n, d, q, np.random.default_rng(0))
+    draw = ppca_sampler(d, q, np.random.default_rng(0))
     train, test = draw(n), draw(n // 4)
     fits: dict[str, object] = {}
 
