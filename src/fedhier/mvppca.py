@@ -69,6 +69,16 @@ class FedMVPPCA:
         ``history_`` either way (``metrics["rel_change"]``); sites re-draw their start
         from the prior each round, so the spreads keep moving and the change may not
         fall below a small ``tol`` (docs/mvppca.md, "Stopping early").
+    init : {"pca", "random"}, default "pca"
+        Start of every site's round-1 EM: the PCA of the site's own views, scaled to the
+        PPCA maximum-likelihood solution of Tipping & Bishop [R] (for one view it *is* that
+        solution, so EM starts at the optimum), or the paper's W_ij ~ U(-2, 2),
+        sigma2 ~ U(0.1, 0.5) [RC], from which EM needs many iterations.
+    local_tol : float or None, default 1e-8
+        A site stops its (MAP-)EM of a round once no view's parameters change by more than
+        this (relative change of mu, W, sigma2); ``n_first_iter`` / ``n_local_iter`` are
+        then caps.  None runs every iteration, as the paper does; with ``init="random"``
+        that reproduces the paper's fit.
     ig_solver : {"newton", "fixed_point"}, default "newton"
         Inverse-gamma MLE of §5.2: Newton to convergence [R] or the reference code's
         10-step fixed point [RC].
@@ -120,6 +130,8 @@ class FedMVPPCA:
         *,
         n_init: int = 1,
         tol: float | None = None,
+        init: str = "pca",
+        local_tol: float | None = 1e-8,
         ig_solver: str = "newton",
         sigma2_prior: str | None = "weak",
         privacy: Any = None,
@@ -136,6 +148,8 @@ class FedMVPPCA:
         self.random_state = random_state
         self.n_init = n_init
         self.tol = tol
+        self.init = init
+        self.local_tol = local_tol
         self.ig_solver = ig_solver
         self.sigma2_prior = sigma2_prior
         self.privacy = privacy
@@ -155,6 +169,13 @@ class FedMVPPCA:
             isinstance(self.tol, bool) or not isinstance(self.tol, numbers.Real) or not 0.0 < float(self.tol) < np.inf
         ):
             raise ValueError(f"tol must be None or a positive number, got {self.tol!r}")
+        if self.local_tol is not None and (
+            isinstance(self.local_tol, bool) or not isinstance(self.local_tol, numbers.Real)
+            or not 0.0 < float(self.local_tol) < np.inf
+        ):
+            raise ValueError(f"local_tol must be None or a positive number, got {self.local_tol!r}")
+        if self.init not in ("pca", "random"):
+            raise ValueError(f"init must be 'pca' or 'random', got {self.init!r}")
         if self.random_state is not None and (
             isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)) or self.random_state < 0
         ):
@@ -198,6 +219,8 @@ class FedMVPPCA:
             self.n_components,
             n_local_iter=self.n_local_iter,
             n_first_iter=self.n_first_iter,
+            init=self.init,
+            local_tol=self.local_tol,
             ig_solver=self.ig_solver,
             sigma2_prior=self.sigma2_prior,
             privacy=self.privacy,
@@ -458,7 +481,7 @@ class FedMVPPCA:
         meta = {
             "format": _FORMAT,
             "params": {
-                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "tol", "ig_solver", "sigma2_prior")},
+                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "tol", "init", "local_tol", "ig_solver", "sigma2_prior")},
                 "aggregation": self.aggregation if isinstance(self.aggregation, str) else "secure",
             },
             "schema": {"names": list(self.schema_.names), "dims": list(self.schema_.dims)},

@@ -6,7 +6,7 @@ Example ``fit.toml`` (paths relative to the TOML file)::
     n_rounds = 100            # optional, default 100
     n_init = 1                # optional: random starts, the best kept (FedMVPPCA n_init)
     seed = 0                  # optional
-    # also optional: n_local_iter, n_first_iter, tol (FedMVPPCA's parameters of those names)
+    # also optional: n_local_iter, n_first_iter, tol, init, local_tol (FedMVPPCA's parameters of those names)
 
     [views]                   # view name -> list of column names
     proteins = ["ACE", "AXL", "Adiponectin"]
@@ -49,7 +49,7 @@ from .utils.untrusted import check_outputs_spare_inputs, check_site_name
 
 __all__ = ["load_config", "read_site_table", "fit_from_config"]
 
-_ALLOWED_KEYS = {"n_components", "n_rounds", "n_local_iter", "n_first_iter", "n_init", "tol", "seed", "views", "sites"}
+_ALLOWED_KEYS = {"n_components", "n_rounds", "n_local_iter", "n_first_iter", "n_init", "tol", "init", "local_tol", "seed", "views", "sites"}
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -189,6 +189,8 @@ def fit_from_config(
         random_state=config.get("seed", 0),
         n_init=config.get("n_init", 1),
         tol=config.get("tol"),
+        init=config.get("init", "pca"),
+        local_tol=None if config.get("local_tol") == "none" else config.get("local_tol", 1e-8),
         privacy=privacy,
         progress=progress,
     )

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..data.schema import ViewSchema
 from ..models.mvppca import local, master
+from ..models.mvppca._data import row_blocks
 from ..models.mvppca.mstep import weak_ig_prior
 from ..models.mvppca.params import GlobalParams, GlobalView
 from .base import RoundProtocol, SiteContext
@@ -41,6 +42,14 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+def _variance_per_entry(values: np.ndarray, rows: np.ndarray | None) -> float:
+    """mean_{n, i} (t_ni - t-bar_i)^2 over the given rows (all if None), by blocks of rows (no copy of the view)."""
+    count = values.shape[0] if rows is None else rows.size
+    mean = sum(block.sum(axis=0) for block in row_blocks(values, rows)) / count
+    scatter = sum(float(np.einsum("ij,ij->", block - mean, block - mean)) for block in row_blocks(values, rows))
+    return scatter / (count * values.shape[1])
 
 
 class DataScaleWarning(UserWarning):
@@ -142,6 +151,11 @@ class MVPPCAProtocol(RoundProtocol):
         Latent dimension q.
     n_local_iter, n_first_iter : int
         MAP iterations per round (I) and EM iterations in round 1 (I_1).
+    init : "pca" or "random"
+        Round-1 start of the local EM: the PCA of the site's views [R] or U(-2, 2) [RC].
+    local_tol : float or None
+        The local (MAP-)EM stops once the parameters change by less than this (relative);
+        None runs every iteration [RC].
     ig_solver : "newton" or "fixed_point"
         Inverse-gamma MLE of §5.2 ([R] Newton, [RC] 10-step fixed point).
     sigma2_prior : "weak" or None
@@ -165,6 +179,8 @@ class MVPPCAProtocol(RoundProtocol):
         *,
         n_local_iter: int = 15,
         n_first_iter: int = 30,
+        init: str = "pca",
+        local_tol: float | None = 1e-8,
         ig_solver: str = "newton",
         sigma2_prior: str | None = "weak",
         privacy: Any = None,
@@ -174,6 +190,8 @@ class MVPPCAProtocol(RoundProtocol):
         self.n_components = int(n_components)
         self.n_local_iter = int(n_local_iter)
         self.n_first_iter = int(n_first_iter)
+        self.init = init
+        self.local_tol = local_tol
         self.ig_solver = ig_solver
         self.sigma2_prior = sigma2_prior
         self.privacy = privacy
@@ -243,7 +261,8 @@ class MVPPCAProtocol(RoundProtocol):
         prior = global_from_message(broadcast, self.schema)
         n_iter = self.n_first_iter if prior is None else self.n_local_iter
         fit = local.fit_local(
-            ctx.data, self.n_components, prior, n_iter=n_iter, rng=ctx.rng, sigma2_prior=self.sigma2_prior
+            ctx.data, self.n_components, prior, n_iter=n_iter, rng=ctx.rng, sigma2_prior=self.sigma2_prior,
+            init=self.init, tol=self.local_tol,
         )
         for note in fit.safeguards:
             log.info("site %d, round %d: %s", ctx.site, ctx.round, note)
@@ -326,12 +345,14 @@ class MVPPCAProtocol(RoundProtocol):
         a norm, so it holds the sites' loadings the tighter the larger the data's scale.
         """
         X = np.asarray(values, dtype=float)
-        if X.ndim != 2:
+        if X.ndim != 2 or X.shape[1] == 0:
             return  # the shape is refused, with its own message, when the site's views are read
-        X = X[~np.all(np.isnan(X), axis=1)]
-        if X.size == 0 or not np.all(np.isfinite(X)):
-            return
-        variance = float(np.mean((X - X.mean(axis=0)) ** 2))
+        finite = np.isfinite(X.sum(axis=1))
+        if not finite.any() or not np.isnan(X[~finite]).all():
+            return  # no observed row, or inf / partially missing rows: refused when the views are read
+        rows = None if finite.all() else np.flatnonzero(finite)
+        variance = _variance_per_entry(X, rows)
+        size = X.shape[1] * (X.shape[0] if rows is None else rows.size)
         if variance > LARGE_VARIANCE:
             warnings.warn(DataScaleWarning(
                 f"site {site}, view {view!r}: its entries have variance {variance:.3g}, far above unit scale. The [RC] "
@@ -344,11 +365,11 @@ class MVPPCAProtocol(RoundProtocol):
             alpha, beta = weak_ig_prior()
         else:
             return
-        implied = 2.0 * beta / (X.size + 2.0 * (alpha + 1.0))
+        implied = 2.0 * beta / (size + 2.0 * (alpha + 1.0))
         if variance < implied:
             warnings.warn(DataScaleWarning(
                 f"site {site}, view {view!r}: the round-1 IG({alpha:g}, {beta:g}) prior on sigma2 keeps this view's "
-                f"noise variance at {implied:.3g} or more for its {X.size} entries, above their variance "
+                f"noise variance at {implied:.3g} or more for its {size} entries, above their variance "
                 f"({variance:.3g}): the prior, not the data, sets the noise, and the fit may explain the view as "
                 f"noise. The defaults assume data on a unit scale: scale the data first (e.g. "
                 f"fedhier.data.MinMaxScaling, as the experiments do) or pass sigma2_prior=None."), stacklevel=3)

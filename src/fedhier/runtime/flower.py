@@ -111,7 +111,8 @@ _SECURE = "fedhier-secure"
 SECURE_STEPS = ("advertise_keys", "share_keys", "masked_input", "unmask")
 
 _ALLOWED_KEYS = {
-    "n_components", "n_rounds", "n_local_iter", "n_first_iter", "tol", "seed", "ig_solver", "sigma2_prior", "views", "flower",
+    "n_components", "n_rounds", "n_local_iter", "n_first_iter", "tol", "init", "local_tol", "seed", "ig_solver", "sigma2_prior",
+    "views", "flower",
     "epsilon", "delta", "aggregation", "secure",
 }
 _FLOWER_KEYS = {"sites", "min_sites", "round_timeout", "connect_timeout", "poll_interval", "out"}
@@ -132,7 +133,7 @@ class FlowerFitConfig:
     sites : tuple of str
         Site names in site-index order; each SuperNode declares its name in its
         ``node_config`` (``site="..."``).
-    n_components, n_rounds, n_local_iter, n_first_iter, tol, ig_solver, sigma2_prior
+    n_components, n_rounds, n_local_iter, n_first_iter, tol, init, local_tol, ig_solver, sigma2_prior
         As :class:`fedhier.mvppca.FedMVPPCA` (``tol``: stop after the first round in
         which theta~ changed by less, spec §6 [R]).
     seed : int or None
@@ -168,6 +169,8 @@ class FlowerFitConfig:
     n_local_iter: int = 15
     n_first_iter: int = 30
     tol: float | None = None
+    init: str = "pca"
+    local_tol: float | None = 1e-8
     seed: int | None = None
     ig_solver: str = "newton"
     sigma2_prior: str | None = "weak"
@@ -219,6 +222,12 @@ class FlowerFitConfig:
             isinstance(self.tol, bool) or not isinstance(self.tol, (int, float)) or not 0 < self.tol < math.inf
         ):
             raise ValueError(f"fit configuration: tol must be a positive number, got {self.tol!r}")
+        if self.local_tol is not None and (
+            isinstance(self.local_tol, bool) or not isinstance(self.local_tol, (int, float)) or not 0 < self.local_tol < math.inf
+        ):
+            raise ValueError(f"fit configuration: local_tol must be a positive number, got {self.local_tol!r}")
+        if self.init not in ("pca", "random"):
+            raise ValueError(f"fit configuration: init must be 'pca' or 'random', got {self.init!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"fit configuration: seed must be a non-negative integer, got {self.seed!r}")
         if self.ig_solver not in ("newton", "fixed_point"):
@@ -276,8 +285,9 @@ class FlowerFitConfig:
             raise ValueError(f"{source}: unknown key(s) {unknown} in [secure]; allowed: {sorted(_SECURE_KEYS)}")
         if secure and raw.get("aggregation") != "secure":
             raise ValueError(f"{source}: a [secure] table needs aggregation = \"secure\"")
-        if raw.get("sigma2_prior") == "none":
-            raw["sigma2_prior"] = None
+        for key in ("sigma2_prior", "local_tol"):  # TOML has no null
+            if raw.get(key) == "none":
+                raw[key] = None
         try:
             return cls(views=views, **raw, **flower, **secure)
         except ValueError as exc:
@@ -327,6 +337,8 @@ class FlowerFitConfig:
             self.n_components,
             n_local_iter=self.n_local_iter,
             n_first_iter=self.n_first_iter,
+            init=self.init,
+            local_tol=self.local_tol,
             ig_solver=self.ig_solver,
             sigma2_prior=self.sigma2_prior,
             privacy=self.privacy(),
@@ -989,6 +1001,8 @@ def write_result(out: str | Path, config: FlowerFitConfig, result: FlowerFitResu
         n_local_iter=config.n_local_iter,
         n_first_iter=config.n_first_iter,
         tol=config.tol,
+        init=config.init,
+        local_tol=config.local_tol,
         random_state=result.seed,
         ig_solver=config.ig_solver,
         sigma2_prior=config.sigma2_prior,
