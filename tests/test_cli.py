@@ -144,3 +144,23 @@ def test_the_fit_toml_of_docs_cli_runs_as_written(tmp_path, capsys):
         (tmp_path / site["path"]).write_text("\n".join(lines) + "\n")
     assert main(["fit", "--config", str(tmp_path / "fit.toml"), "--out", str(tmp_path / "out"), "--quiet"]) == 0
     assert (tmp_path / "out" / "model.npz").exists()
+
+
+@pytest.mark.parametrize("package, argv, extra", [
+    ("pandas", ["collab", "fit", "--csv", "x.csv", "--site-column", "s", "--out", "m.npz"], "stats"),
+    ("statsmodels", ["experiment", "fedlin-radon", "--quick"], "stats"),
+])
+def test_a_missing_optional_package_gives_one_line_naming_the_extra(monkeypatch, capsys, tmp_path, package, argv, extra):
+    import sys
+
+    from fedhier.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.csv").write_text("s,a\n0,1\n")
+    for name in list(sys.modules):
+        if name == package or name.startswith(package + "."):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, package, None)  # as if not installed
+    assert main(argv + (["--out", str(tmp_path / "exp")] if argv[0] == "experiment" else [])) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f'fedhier: error: this command needs the optional package {package}: pip install "fedhier[{extra}]"']
