@@ -28,4 +28,5 @@ test: $(VENV)/.installed-test
 
 ## make bench: the benchmarks quoted in the README
 bench: $(VENV)/.installed-test
-	$(BIN)/python benchmarks/bench_mvppca.py
+	OPENBLAS_NUM_THREADS=1 $(BIN)/python benchmarks/bench_mvppca.py
+	OPENBLAS_NUM_THREADS=1 $(BIN)/python benchmarks/bench_fedlin.py

@@ -150,8 +150,24 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: optional packages -> the extra that installs them (pyproject.toml)
+_EXTRAS = {"pandas": "stats", "statsmodels": "stats", "flwr": "flower", "mpi4py": "mpi", "torch": "torch"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(argv)
+    except ModuleNotFoundError as exc:  # an optional dependency that this installation lacks: one line, no traceback
+        package = (exc.name or "").split(".")[0]
+        if package not in _EXTRAS:
+            raise
+        print(f'fedhier: error: this command needs the optional package {package}: pip install "fedhier[{_EXTRAS[package]}]"',
+              file=sys.stderr)
+        return 2
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv[:2] == ["fit", "linear"]:
         from .fedlin import cli_fit_linear
 
@@ -163,7 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["collab"]:
         from .collab import cli_collab
 
-        return int(cli_collab(argv[1:]) or 0)
+        try:
+            return int(cli_collab(argv[1:]) or 0)
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"fedhier: error: {exc}", file=sys.stderr)
+            return 2
     args = _build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

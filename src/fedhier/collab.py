@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -27,6 +28,7 @@ from .models.collabdict.rdp import (dp_event, epsilon_dp, optimal_order, paper_e
                                     release_pattern_means, tight_epsilon)
 from .models.collabdict.scores import score_expected, score_logloss, variable_scores
 from .utils.io import atomic_write_bytes, json_text, write_csv
+from .utils.untrusted import check_finite, check_outputs_spare_inputs, read_meta_json, read_npz
 
 __all__ = ["CollabDict", "CollabVAE", "cli_collab"]
 
@@ -54,12 +56,14 @@ def _read_model(path: str | Path, kind: str, required: Sequence[str]) -> tuple[d
                                                                               np.ndarray | None]:
     """Arrays, meta and peer graph (or None) of a file written by :func:`_write_model`; refuses another kind
     or missing arrays."""
-    with np.load(path, allow_pickle=False) as data:
-        if "meta" not in data.files:
-            raise ValueError(f"{path}: not a fedhier model file (no meta entry)")
-        meta = json.loads(bytes(data["meta"]).decode())
-        arrays = {name: data[name] for name in data.files if name not in ("meta", "graph")}
-        graph = data["graph"] if "graph" in data.files else None
+    arrays = read_npz(path)
+    if "meta" not in arrays:
+        raise ValueError(f"{path}: not a fedhier model file (no meta entry)")
+    meta = read_meta_json(arrays, "meta", str(path))
+    del arrays["meta"]
+    graph = arrays.pop("graph", None)
+    check_finite({**arrays, **({} if graph is None else {"graph": graph})}, str(path),
+                 nan_means_unknown=("weights_", "thresholds_"))
     found = meta.get("kind", "CollabDict")  # files written before the kind was recorded hold a CollabDict
     if found != kind:
         raise ValueError(f"{path} holds a {found}, not a {kind}; use {found}.load")
@@ -100,9 +104,6 @@ class CollabDict:
         Consensus step (O1).
     rel_tol : float
         Consensus tolerance (sets the fixed step count ``T``, §3.4).
-    private_masks : bool
-        Chunk masks from OS entropy rather than the run's seed (use in deployments; see
-        :class:`fedhier.runtime.peer.PeerAggregation`).
     runtime : {"peer", "star"}
         ``"peer"``: serverless in-process simulator (``S > 2``); ``"star"``: exact sums
         through :func:`fedhier.runtime.simulate.simulate` (the centralised reference; also
@@ -143,7 +144,7 @@ class CollabDict:
     def __init__(self, n_components: int = 7, *, rho: float = 0.8, lambda0: float = 1.0, n_min: float | None = None,
                  weights: str = "local", l0_penalty: float | None = None, score: str = "expected",
                  aggregation: str = "consensus", graph: np.ndarray | None = None, step: str | float = "max-degree",
-                 rel_tol: float = 1e-12, n_chunks: int = 3, private_masks: bool = False, runtime: str = "peer",
+                 rel_tol: float = 1e-12, n_chunks: int = 3, runtime: str = "peer",
                  max_iter: int = 100,
                  tol: float = 1e-4, glasso_tol: float = 1e-4, ell0: float = 10.0, diversity_rule: str = "min",
                  mitigate: bool = True,
@@ -161,7 +162,6 @@ class CollabDict:
         self.step = step
         self.rel_tol = rel_tol
         self.n_chunks = n_chunks
-        self.private_masks = private_masks
         self.runtime = runtime
         self.max_iter = max_iter
         self.tol = tol
@@ -177,7 +177,7 @@ class CollabDict:
     # ------------------------------------------------------------------ helpers
     def _params(self) -> dict[str, Any]:
         keys = ("n_components", "rho", "lambda0", "n_min", "weights", "l0_penalty", "score", "aggregation", "step",
-                "rel_tol", "n_chunks", "private_masks", "runtime", "max_iter", "tol", "glasso_tol", "ell0",
+                "rel_tol", "n_chunks", "runtime", "max_iter", "tol", "glasso_tol", "ell0",
                 "diversity_rule", "mitigate", "clip_norm", "delta", "contamination", "random_state")
         return {k: getattr(self, k) for k in keys}
 
@@ -195,8 +195,7 @@ class CollabDict:
     def _aggregation(self):
         from .runtime.peer import PeerAggregation
 
-        return PeerAggregation(method=self.aggregation, step=self.step, rel_tol=self.rel_tol, n_chunks=self.n_chunks,
-                               private_masks=self.private_masks)
+        return PeerAggregation(method=self.aggregation, step=self.step, rel_tol=self.rel_tol, n_chunks=self.n_chunks)
 
     def _ggm_protocol(self, n_features: int, moments: dict[str, np.ndarray]) -> GGMMixtureProtocol:
         n_total = float(moments["n_total"])
@@ -256,9 +255,12 @@ class CollabDict:
         self._finish(protocol, moments, model, states, history, train, n_sites=len(sites))
         return self
 
-    def fit_mpi(self, X: np.ndarray, comm=None) -> "CollabDict":
+    def fit_mpi(self, X: np.ndarray, comm=None, site_seed: int | None = None) -> "CollabDict":
         """Fit with this MPI process as site ``rank`` (collective; run under ``mpiexec -n S``).
 
+        ``random_state`` is the run's public seed (every rank knows it); this site's secrets
+        (chunk masks, its step's draws) come from the operating system's entropy, or from
+        ``site_seed`` for a reproducible test (:func:`fedhier.runtime.mpi.run_mpi`).
         Only this site's weights, threshold and l-diversity log are known afterwards;
         the other sites' rows of ``weights_``/``thresholds_`` are NaN.
         """
@@ -271,10 +273,10 @@ class CollabDict:
         agg = self._aggregation()
         seed = int(self.random_state)
         moments = run_mpi(MomentsProtocol(X.shape[1]), X, n_rounds=1, graph=self.graph, aggregation=agg,
-                          random_state=seed, comm=comm).broadcast
+                          random_state=seed, site_seed=site_seed, comm=comm).broadcast
         protocol = self._ggm_protocol(X.shape[1], moments)
         res = run_mpi(protocol, X, n_rounds=int(self.max_iter), graph=self.graph, aggregation=agg, random_state=seed,
-                      stop=protocol.converged, comm=comm)
+                      site_seed=site_seed, stop=protocol.converged, comm=comm)
         from mpi4py import MPI
 
         local_norm = np.array([np.linalg.norm(protocol.transform(X), axis=1).max()])
@@ -566,6 +568,21 @@ class CollabVAE:
 
 
 # ---------------------------------------------------------------------------- command line
+def _numeric(frame, columns: list[str], csv_path: str) -> np.ndarray:
+    """``frame[columns]`` as floats; a non-numeric cell is named by its column and data row, never quoted."""
+    import pandas as pd
+
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{csv_path}: unknown column(s) {missing}")
+    for column in columns:
+        numeric = pd.to_numeric(frame[column], errors="coerce")
+        bad = np.flatnonzero(numeric.isna().to_numpy() & frame[column].notna().to_numpy())
+        if bad.size:
+            raise ValueError(f"{csv_path}: non-numeric value in column {column!r}, row {int(bad[0]) + 1}")
+    return frame[columns].apply(pd.to_numeric).to_numpy(dtype=float)
+
+
 def _read_sites(csv_path: str, site_column: str, columns: list[str] | None, drop: list[str]):
     import pandas as pd
 
@@ -573,12 +590,23 @@ def _read_sites(csv_path: str, site_column: str, columns: list[str] | None, drop
     if site_column not in frame.columns:
         raise ValueError(f"{csv_path}: no site column {site_column!r}; columns are {list(frame.columns)}")
     names = columns or [c for c in frame.columns if c != site_column and c not in drop]
-    missing = [c for c in names if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{csv_path}: unknown column(s) {missing}")
+    values = _numeric(frame, names, csv_path)
     labels = sorted(frame[site_column].unique().tolist())
-    sites = [frame.loc[frame[site_column] == lab, names].to_numpy(dtype=float) for lab in labels]
+    sites = [values[(frame[site_column] == lab).to_numpy()] for lab in labels]
     return labels, names, sites
+
+
+def _read_labels(csv_path: str, site_column: str, label_column: str, site_labels) -> list[np.ndarray]:
+    """Known anomaly labels (0/1) per site, in the order of :func:`_read_sites`."""
+    import pandas as pd
+
+    frame = pd.read_csv(csv_path)
+    if label_column not in frame.columns:
+        raise ValueError(f"{csv_path}: no label column {label_column!r}; columns are {list(frame.columns)}")
+    values = frame[label_column].to_numpy(dtype=float)
+    if not np.isin(values, (0.0, 1.0)).all():
+        raise ValueError(f"{csv_path}: label column {label_column!r} must hold 0 (normal) or 1 (anomaly)")
+    return [values[(frame[site_column] == lab).to_numpy()].astype(np.int64) for lab in site_labels]
 
 
 def cli_collab(argv: Sequence[str] | None = None) -> int:
@@ -598,13 +626,20 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
     fit.add_argument("--out", required=True, help="model .npz path")
     fit.add_argument("--runtime", choices=["peer", "star", "mpi"], default="peer")
     fit.add_argument("--aggregation", choices=["consensus", "chunked", "shamir"], default="consensus")
-    fit.add_argument("--private-masks", action="store_true",
-                     help="chunk masks from OS entropy (deployments; differs from a seeded run by rounding only)")
     fit.add_argument("--components", type=int, default=7)
     fit.add_argument("--rho", type=float, default=0.8)
     fit.add_argument("--weights", choices=["local", "shared"], default="local")
     fit.add_argument("--max-iter", type=int, default=100)
-    fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--seed", type=int, default=0,
+                     help="the run's seed (with --runtime mpi: public, every site knows it)")
+    fit.add_argument("--site-seed", type=int, default=None,
+                     help="with --runtime mpi: each site's secret seed, for reproducible tests only "
+                          "(default: each site's own entropy, as a deployment needs)")
+    fit.add_argument("--label-column", default=None,
+                     help="column marking known anomalies (1) and normal samples (0); not used in the fit, only to "
+                          "evaluate it in the report")
+    fit.add_argument("--report", default=None,
+                     help="folder of the report (report.html, report.md, figures/); default: the model file's folder")
     score = sub.add_parser("score", help="score a CSV with a fitted model")
     score.add_argument("--model", required=True)
     score.add_argument("--csv", required=True)
@@ -617,10 +652,13 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
     if args.command == "fit":
         cols = args.columns.split(",") if args.columns else None
         drop = [c for c in args.drop_columns.split(",") if c]
+        if args.label_column:
+            drop.append(args.label_column)
         labels, names, sites = _read_sites(args.csv, args.site_column, cols, drop)
+        check_outputs_spare_inputs([args.out], [args.csv])
+        known = _read_labels(args.csv, args.site_column, args.label_column, labels) if args.label_column else None
         model = CollabDict(n_components=args.components, rho=args.rho, weights=args.weights,
                            aggregation=args.aggregation, max_iter=args.max_iter, random_state=args.seed,
-                           private_masks=args.private_masks,
                            runtime="peer" if args.runtime == "mpi" else args.runtime)
         if args.runtime == "mpi":
             from .runtime.mpi import world
@@ -629,23 +667,36 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
             if comm.Get_size() != len(sites):
                 raise ValueError(f"{len(sites)} sites in {args.csv} but {comm.Get_size()} MPI processes")
             rank = comm.Get_rank()
-            model.fit_mpi(sites[rank], comm)
+            model.fit_mpi(sites[rank], comm, site_seed=args.site_seed)
             out = Path(args.out)
             out = Path(str(out).format(site=rank)) if "{site}" in str(out) else out.with_name(
                 f"{out.stem}.site{rank}{out.suffix}")
         else:
             model.fit(sites)
             out = Path(args.out)
+        check_outputs_spare_inputs([out], [args.csv])
         model.save(out)
         print(f"fitted CollabDict on {len(sites)} sites ({', '.join(map(str, labels))}); variables {names}; "
               f"{int(model.active_.sum())} patterns; {model.n_iter_} rounds; wrote {out}")
+        if args.runtime != "mpi":  # under MPI each process holds only its own site's weights
+            from .report.collab import write_collab_report
+
+            intro = (f"Collaborative anomaly detection on {len(sites)} sites ({sum(len(x) for x in sites)} samples of "
+                     f"{len(names)} variables: {', '.join(names)}) from {Path(args.csv).name}. The sites learned a shared "
+                     "dictionary of patterns without a centre; each scores its own samples with its private weights.")
+            report = write_collab_report(
+                Path(args.report) if args.report else out.parent, model, sites, site_names=[f"{args.site_column} {x}" if isinstance(x, (int, float)) else str(x) for x in labels],
+                variables=names, title="CollabDict fit", intro=intro, labels=known,
+                command="fedhier collab " + shlex.join(str(a) for a in (argv if argv is not None else sys.argv[1:])))
+            print(f"report: {report}")
         return 0
 
+    check_outputs_spare_inputs([args.out], [args.csv, args.model])
     model = CollabDict.load(args.model)
     import pandas as pd
 
     frame = pd.read_csv(args.csv)
-    X = frame[args.columns.split(",")].to_numpy(dtype=float)
+    X = _numeric(frame, args.columns.split(","), args.csv)
     rows = [{"row": i, "score": float(v)} for i, v in enumerate(model.score_samples(X, site=args.site))]
     if args.variable:
         for row, vs in zip(rows, model.variable_scores(X, site=args.site)):

@@ -16,7 +16,6 @@ Pipeline (spec fed-mv-ppca §§11-12):
 
 from __future__ import annotations
 
-import base64
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +30,8 @@ from .data import (
 from .models.mvppca.dp import DPConfig
 from .metrics import imputation_mae, latent_accuracy, observed_rows, reconstruction_mae
 from .mvppca import FedMVPPCA
-from .plots import plot_convergence, plot_global_sd, plot_imputation, plot_latent
-from .utils.io import atomic_write_text, markdown_table, write_json
+from .report.mvppca import privacy_by_round
+from .utils.io import write_json
 
 __all__ = ["run_demo", "DemoData", "demo_data"]
 
@@ -156,79 +155,67 @@ def run_demo(
         "bytes_sent": bytes_sent,
         "seconds": seconds,
     }
+    summary["command"] = _command(summary, total_budget, per_release)
+    report_tables = [("Imputation of the hidden test views: mean absolute error on min–max-scaled data", imputation_rows)]
+    privacy_rows = None
     if privacy is not None:
         summary["privacy_spent"] = model.privacy_spent_
-        delta = model.privacy_spent_[0]["delta"]
-        checkpoints = sorted({1, *range(10, model.n_rounds_ + 1, 10), model.n_rounds_})
-        summary["privacy_by_round"] = [
-            {"round": r, **{f"epsilon site {s}": model.privacy_ledger_.epsilon(s, delta, up_to_round=r) for s in range(n_sites)}}
-            for r in checkpoints
-        ]
-
-    # report
-    figures = {
-        "convergence.png": plot_convergence(model.history_, out / "convergence.png", "Fed-mv-PPCA convergence"),
-        "latent.png": plot_latent(
-            z_test, y_test, data.label_names, out / "latent.png", title="Test subjects in the latent space (LDA-ready)"
-        ),
-    }
-    if privacy is not None:
-        figures["global_sd.png"] = plot_global_sd(
-            model.history_, out / "global_sd.png", "Global standard deviations per round (spec §8.5, paper Fig. 7)"
-        )
-    if imputation_rows:
-        view = imputation_rows[0]["view"]
-        hidden = observed_rows(test_full[view]) & ~observed_rows(test_masked[view])
-        variance = model.impute_variance(test_masked, view)
-        figures["imputation.png"] = plot_imputation(
-            test_full[view][hidden],
-            imputed[view][hidden],
-            variance[hidden],
-            data.feature_names[view],
-            out / "imputation.png",
-            title=f"Hidden view '{view}': real values vs predictive distribution",
+        write_json(out / "privacy-report.json", model.privacy_report())
+        summary["privacy_by_round"] = privacy_rows = privacy_by_round(model)
+        report_tables.append(
+            ("Privacy spent per site for the whole fit", [{"site": f"site {s + 1}", **v} for s, v in model.privacy_spent_.items()])
         )
     model.save(out / "model.npz")
     write_json(out / "summary.json", summary)
-    _write_report(out, summary, figures)
+    _write_report(out, summary, model, prepared, report_tables, privacy_rows)
     return summary
 
 
 def _metrics_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return [
-        {"metric": "test MAE (observed views)", "value": summary["test_mae"]},
-        {"metric": "train MAE (mean over sites)", "value": summary["train_mae_mean"]},
-        {"metric": "latent-space LDA accuracy", "value": summary["latent_lda_accuracy"]},
+        {"metric": "test MAE (observed views, min–max-scaled data)", "value": summary["test_mae"]},
+        {"metric": "train MAE (mean over sites, min–max-scaled data)", "value": summary["train_mae_mean"]},
+        {"metric": "latent-space LDA accuracy (test subjects)", "value": summary["latent_lda_accuracy"]},
         {"metric": "bytes sent by all sites", "value": summary["bytes_sent"]},
-        {"metric": "wall time (s)", "value": summary["seconds"]},
+        {"metric": "wall time of the fit and its metrics (s)", "value": summary["seconds"]},
     ]
 
 
-def _write_report(out: Path, summary: dict[str, Any], figures: dict[str, Path]) -> None:
+def _command(summary: dict[str, Any], total_budget, per_release) -> str:
+    """The ``fedhier demo`` command line of this run (the library call's equivalent)."""
+    parts = ["fedhier demo"]
+    if summary["seed"] != 0:
+        parts.append(f"--seed {summary['seed']}")
+    if summary["n_rounds"] != 100:
+        parts.append(f"--rounds {summary['n_rounds']}")
+    if summary["n_components"] != 5:
+        parts.append(f"--components {summary['n_components']}")
+    if total_budget is not None:
+        parts.append("--dp" if tuple(total_budget) == (1.0, 1e-5) else f"--epsilon {total_budget[0]:g} --delta {total_budget[1]:g}")
+    if per_release is not None:
+        parts.append("--paper-dp" if tuple(per_release) == (10.0, 0.01) else f"(per-release budget ε = {per_release[0]:g}, δ = {per_release[1]:g})")
+    return " ".join(parts)
+
+
+def _write_report(out: Path, summary: dict[str, Any], model: FedMVPPCA, prepared: DemoData, tables, privacy_rows) -> None:
+    absent = "; ".join(
+        f"site {c + 1} lacks {', '.join(m)}" for c, m in enumerate(summary["missing_views"]) if m
+    )
     intro = (
-        f"# Fed-mv-PPCA demo\n\nCommand: `fedhier demo` (seed {summary['seed']}). {summary['data']}, "
-        f"{summary['n_sites']} sites in scenario {summary['scenario']} (sizes {summary['site_sizes']}, "
-        f"absent views {summary['missing_views']}), q = {summary['n_components']}, {summary['rounds_run']} rounds "
-        f"(at most {summary['n_rounds']}; the fit stops once the global model changes by less than {summary['tol']:g} per round).\n\n"
+        f"{summary['data']}: {sum(summary['site_sizes'])} training subjects split over {summary['n_sites']} sites "
+        f"(sizes {', '.join(map(str, summary['site_sizes']))}; {absent or 'every site has every view'}), and "
+        f"{len(prepared.y_test)} held-out test subjects, of whom a random third lack one view each. Federated "
+        f"Fed-mv-PPCA with {summary['n_components']} latent factors, {summary['rounds_run']} rounds (at most "
+        f"{summary['n_rounds']}: the fit stops once the global model changes by less than {summary['tol']:g} per round). All data are "
+        "min–max scaled to [0, 1] with the training sites' ranges; errors are on that scale."
     )
-    tables = "## Summary\n\n" + markdown_table(_metrics_rows(summary))
-    if summary["imputation"]:
-        tables += "\n## Imputation of hidden test views\n\n" + markdown_table(summary["imputation"])
-    if "privacy_spent" in summary:
-        spent = [{"site": s, **v} for s, v in summary["privacy_spent"].items()]
-        tables += "\n## Privacy spent per site (client-level DP, PLD accountant)\n\n" + markdown_table(spent)
-        tables += "\n## Cumulative epsilon by round\n\n" + markdown_table(summary["privacy_by_round"])
-    md = intro + "".join(f"![{name}]({name})\n\n" for name in figures) + tables
-    atomic_write_text(out / "report.md", md)
-    imgs = "".join(
-        f'<figure><img src="data:image/png;base64,{base64.b64encode(Path(p).read_bytes()).decode()}" alt="{n}"></figure>'
-        for n, p in figures.items()
+    from .report.mvppca import HeldOut, write_mvppca_report
+
+    write_mvppca_report(
+        out, model, title="Fed-mv-PPCA demo", intro=intro, command=summary["command"],
+        summary_rows=_metrics_rows(summary), tables=tables, sites=prepared.sites,
+        site_classes=[prepared.y_train[i] for i in prepared.part.indices], class_names=prepared.data.label_names,
+        feature_names=prepared.data.feature_names,
+        held_out=HeldOut(prepared.test_full, prepared.test_masked, prepared.scaling, units="the data's original units"),
+        scale_note="min–max scaled to [0, 1]", privacy=privacy_rows,
     )
-    html_tables = "<pre>" + tables.replace("<", "&lt;") + "</pre>"
-    html = (
-        "<!doctype html><html><head><meta charset='utf-8'><title>fedhier demo</title>"
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}figure{display:inline-block;margin:6px}"
-        "img{max-width:520px}</style></head><body>"
-        f"<h1>Fed-mv-PPCA demo</h1><p>{intro.splitlines()[2]}</p>{imgs}{html_tables}</body></html>"
-    )
-    atomic_write_text(out / "report.html", html)

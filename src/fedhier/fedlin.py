@@ -15,6 +15,7 @@ import argparse
 import csv
 import io
 import json
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -34,6 +35,7 @@ from .models.fedlin.tilted import TiltedFailure, device_posterior, tilted_moment
 from .protocol.fedlin import EPProtocol, HM1Protocol, sample_fraction, settle_site_factor
 from .runtime.simulate import simulate, site_rng
 from .utils.io import atomic_write_bytes, atomic_write_text, json_text, markdown_table, write_csv, write_json
+from .utils.untrusted import check_finite, check_outputs_spare_inputs, read_meta_json, read_npz
 
 __all__ = ["FedHM1Regressor", "FedHM2Regressor", "FedLinWarning", "load", "cli_fit_linear", "add_fit_linear_arguments"]
 
@@ -61,11 +63,14 @@ def _save_npz(path, arrays: dict[str, np.ndarray], params: dict[str, Any]) -> Pa
 
 
 def _read_npz(path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    with np.load(path, allow_pickle=False) as data:
-        meta = json.loads(str(data["__meta__"]))
-        arrays = {k: data[k] for k in data.files if k != "__meta__"}
+    """(meta, arrays) of a saved FedLin model; the file is untrusted input (sizes checked before
+    reading, NaN/inf parameters refused naming the array)."""
+    arrays = read_npz(path)
+    meta = read_meta_json(arrays, "__meta__", str(path))
+    del arrays["__meta__"]
     if meta.get("format") != _FORMAT:
         raise ValueError(f"{path}: not a saved FedLin model (format {meta.get('format')!r})")
+    check_finite(arrays, str(path))
     return meta, arrays
 
 
@@ -455,19 +460,33 @@ class FedHM2Regressor:
         return _save_npz(path, arrays, meta)
 
 
+def _check_shapes(path, arrays: dict[str, np.ndarray], ndims: dict[str, int]) -> None:
+    for name, ndim in ndims.items():
+        if name not in arrays or arrays[name].ndim != ndim or arrays[name].dtype.kind != "f":
+            raise ValueError(f"{path}: array {name!r} is missing or not a {ndim}-D float array; the file is damaged")
+
+
 def load(path) -> FedHM1Regressor | FedHM2Regressor:
     """Load a model written by ``save`` (no pickle; refuses other files with a ValueError)."""
     meta, arrays = _read_npz(path)
     params = meta["params"]
     if meta["kind"] == "hm1":
         est = FedHM1Regressor(**params)
+        _check_shapes(path, arrays, {"coef_": 2, "omega_": 2})
         est.coef_, est.omega_, est.history_ = arrays["coef_"], arrays["omega_"], meta["history"]
         est.n_sites_, est.n_features_ = est.coef_.shape
+        if est.omega_.shape != (est.n_sites_, est.n_sites_):
+            raise ValueError(f"{path}: array 'omega_' has shape {est.omega_.shape}, expected {(est.n_sites_,) * 2}")
         est.theta_path_ = None
         return est
     if meta["kind"] != "hm2":
         raise ValueError(f"{path}: unknown model kind {meta['kind']!r}")
     est = FedHM2Regressor(**params)
+    _check_shapes(path, arrays, {"r_": 1, "Q_": 2, "coef_draws_": 3, "x_mean_": 2, "x_scale_": 2, "y_mean_": 1})
+    K, _, d = arrays["coef_draws_"].shape
+    for name, shape in (("x_mean_", (K, d)), ("x_scale_", (K, d)), ("y_mean_", (K,))):
+        if arrays[name].shape != shape:
+            raise ValueError(f"{path}: array {name!r} has shape {arrays[name].shape}, expected {shape}")
     est.n_features_ = arrays["coef_draws_"].shape[2]
     est.model_ = est._make_model(est.n_features_)
     est.r_, est.Q_ = arrays["r_"], arrays["Q_"]
@@ -510,13 +529,15 @@ def _read_sites(path: Path, site_col: str, target: str, features: list[str]):
     names = list(dict.fromkeys(r[site_col] for r in rows))
     sites = []
     for name in names:
-        part = [r for r in rows if r[site_col] == name]
-        try:
-            X = np.array([[float(r[c]) for c in features] for r in part])
-            y = np.array([float(r[target]) for r in part])
-        except ValueError as exc:
-            raise ValueError(f"{path}: site {name!r}: non-numeric value ({exc})") from exc
-        sites.append((X, y))
+        part = [(i, r) for i, r in enumerate(rows, start=1) if r[site_col] == name]
+        values = np.empty((len(part), len(features) + 1))
+        for k, (i, r) in enumerate(part):
+            for j, c in enumerate([*features, target]):
+                try:
+                    values[k, j] = float(r[c])
+                except (TypeError, ValueError):  # the cell's text is not quoted: error text may be shared
+                    raise ValueError(f"{path}: site {name!r}: non-numeric value in column {c!r}, row {i}") from None
+        sites.append((values[:, :-1], values[:, -1]))
     return names, sites
 
 
@@ -525,8 +546,8 @@ def cli_fit_linear(argv) -> int:
 
     ``argv`` is the list of arguments after ``fit linear`` (or an ``argparse.Namespace`` built with
     :func:`add_fit_linear_arguments`). Writes ``coefficients.csv`` (site, feature, estimate, and for
-    HM2 the interval and inclusion), ``phi.csv`` (HM2), ``summary.md``, ``history.json`` and
-    ``model.npz``. Returns 0, or 2 after printing ``fedhier: error: ...`` for bad input.
+    HM2 the interval and inclusion), ``phi.csv`` (HM2), ``summary.md``, ``history.json``,
+    ``model.npz`` and the report (``report.html``, ``report.md``, ``figures/``). Returns 0, or 2 after printing ``fedhier: error: ...`` for bad input.
     """
     if isinstance(argv, argparse.Namespace):
         return _fit_linear(argv)
@@ -534,15 +555,17 @@ def cli_fit_linear(argv) -> int:
     add_fit_linear_arguments(parser)
     args = parser.parse_args(list(argv))
     try:
-        return _fit_linear(args)
+        return _fit_linear(args, command="fedhier fit linear " + shlex.join(str(a) for a in argv))
     except (ValueError, FileNotFoundError) as exc:
         print(f"fedhier: error: {exc}", file=sys.stderr)
         return 2
 
 
-def _fit_linear(args: argparse.Namespace) -> int:
+def _fit_linear(args: argparse.Namespace, command: str | None = None) -> int:
     features = [c.strip() for c in args.features.split(",") if c.strip()]
     names, sites = _read_sites(Path(args.csv), args.site, args.target, features)
+    outputs = ["phi.csv", "coefficients.csv", "history.json", "model.npz", "summary.md"]
+    check_outputs_spare_inputs([Path(args.out) / name for name in outputs], [args.csv])
     if args.intercept:
         features = ["(intercept)", *features]
         sites = [(np.column_stack([np.ones(len(y)), X]), y) for X, y in sites]
@@ -570,4 +593,15 @@ def _fit_linear(args: argparse.Namespace) -> int:
     write_json(out / "history.json", est.history_)
     est.save(out / "model.npz")
     atomic_write_text(out / "summary.md", f"# fedhier fit linear ({args.model})\n\n" + markdown_table(rows))
+    from .report.fedlin import write_fedlin_report
+
+    model = "HM2 (federated expectation propagation)" if args.model == "hm2" else "HM1 (federated MAP)"
+    intro = (
+        f"Hierarchical linear regression of {args.target} on {', '.join(features)} across {len(sites)} sites "
+        f"({sum(len(y) for _, y in sites)} rows from {Path(args.csv).name}), fitted with {model}"
+        + (f" and the {args.prior} prior" if args.model == "hm2" else "") + ". Each site keeps its rows; "
+        "the sites share one population model and each gets its own coefficients."
+    )
+    write_fedlin_report(out, est, sites, site_names=[str(n) for n in names], features=features, target=args.target,
+                        title=f"FedLin fit ({args.model.upper()})", intro=intro, command=command, level=args.level)
     return 0

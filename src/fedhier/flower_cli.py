@@ -39,6 +39,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .utils.untrusted import check_outputs_spare_inputs, check_site_name
+
 __all__ = [
     "cli_flower",
     "superlink_command",
@@ -120,6 +122,7 @@ def supernode_command(
     port: int = 9094,
     auth_key: str | Path | None = None,
     max_wait_time: float | None = None,
+    seed: int | None = None,
 ) -> list[str]:
     """``flower-supernode`` command line of one site.
 
@@ -133,7 +136,10 @@ def supernode_command(
     port : local port of the SuperNode's own runtime API (distinct per SuperNode on a host).
     auth_key : the site's private key for node authentication (ECDSA, OpenSSH format).
     max_wait_time : give up after this many seconds without the SuperLink.
+    seed : the site's own secret seed (its DP noise, random start), for reproducible tests only;
+        None (a deployment): the site's operating system's entropy.  The coordinator never sends one.
     """
+    check_site_name(site, "--site")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", site):
         raise ValueError(f"site name {site!r}: use letters, digits, '.', '_' or '-' only")
     path = Path(data).resolve()
@@ -154,7 +160,12 @@ def supernode_command(
         cmd += ["--auth-supernode-private-key", str(Path(auth_key).resolve())]
     if max_wait_time is not None:
         cmd += ["--max-wait-time", str(float(max_wait_time))]
-    cmd += ["--node-config", f'site="{site}" data="{path}"']
+    node_config = f'site="{site}" data="{path}"'
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"site {site!r}: the seed must be a non-negative integer")
+        node_config += f' seed="{seed}"'
+    cmd += ["--node-config", node_config]
     return cmd
 
 
@@ -363,11 +374,16 @@ class LoopbackFederation:
     tls : serve TLS with certificates made by :func:`make_certificates` in ``root/certs``.
     node_auth : the SuperLink accepts only registered SuperNodes; a key pair per site is
         made in ``root/keys`` (:func:`make_site_key`) and registered before the SuperNode starts.
+    site_seed : every SuperNode's secret seed (:func:`supernode_command`), so that a fit equals
+        :func:`fedhier.runtime.simulate` with ``random_state=site_seed``; None: each site's own entropy.
     """
 
     def __init__(
-        self, root: str | Path, sites: dict[str, str | Path], *, tls: bool = False, node_auth: bool = False, startup_timeout: float = 60.0
+        self, root: str | Path, sites: dict[str, str | Path], *, tls: bool = False, node_auth: bool = False,
+        startup_timeout: float = 60.0, site_seed: int | None = None,
     ):
+        for name in sites:  # each names files under root (log, Flower home, keys)
+            check_site_name(name, "FlowerCluster")
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.tls = tls
@@ -385,7 +401,8 @@ class LoopbackFederation:
                     key, public = make_site_key(self.root / "keys" / name)
                     register_site_key(public, superlink=self.address, name=name, root_certificates=self.tls_options().get("root_certificates"))
                 self._start(name, supernode_command(
-                    superlink=self.address, site=name, data=data, port=port, auth_key=key, max_wait_time=startup_timeout, **self.tls_options()
+                    superlink=self.address, site=name, data=data, port=port, auth_key=key, max_wait_time=startup_timeout,
+                    seed=site_seed, **self.tls_options()
                 ))
         except BaseException:
             self.stop()
@@ -540,7 +557,8 @@ def submit(
     Returns
     -------
     dict : the run's ``summary.json`` (status "completed" or "failed") when the result
-    folder is readable from here, else ``{"status": "ended", "out": ...}``.
+    folder is readable from here, else ``{"status": "ended", "out": ...}``.  A completed
+    run's folder also gets the report (``report.html``, ``report.md``; its path in ``"report"``).
 
     Raises
     ------
@@ -552,6 +570,8 @@ def submit(
     config = FlowerFitConfig.read(config_path)
     if out is not None:
         config = config.replace(out=str(Path(out).resolve()))
+    results = ("summary.json", "history.json", "model.npz", "broadcast.fhm")
+    check_outputs_spare_inputs([Path(config.out) / name for name in results], [config_path])
     if (superlink is None) == (federation is None):
         raise ValueError("give exactly one of --superlink HOST:PORT or --federation NAME")
     if federation is not None and (insecure or root_certificates is not None):
@@ -580,7 +600,17 @@ def submit(
             raise RuntimeError(f"flwr run failed (exit code {code}): {output.strip()[-2000:]}")
     summary_path = Path(config.out) / "summary.json"
     if summary_path.is_file():
-        return json.loads(summary_path.read_text())
+        summary = json.loads(summary_path.read_text())
+        if summary.get("status") == "completed":
+            from .report.mvppca import write_result_report
+
+            summary["report"] = str(write_result_report(
+                config.out, title="Fed-mv-PPCA on Flower", site_names=summary["sites"], feature_names=config.views,
+                privacy_spent=summary.get("privacy_spent"),
+                intro=f"Fed-mv-PPCA fitted over Flower by {len(summary['sites'])} sites ({', '.join(summary['sites'])}); "
+                      "the coordinator holds the global model and the round history, not the sites' data, so this "
+                      "report shows the model and the fit only."))
+        return summary
     return {"status": "ended", "out": config.out, "note": "the result folder is on the SuperLink host"}
 
 
@@ -622,6 +652,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=9094, help="local port of the SuperNode's runtime API")
     p.add_argument("--auth-key", help="this site's private key for node authentication")
     p.add_argument("--config", help="check the data file against this fit.toml before starting")
+    p.add_argument("--seed", type=int, default=None,
+                   help="this site's own secret seed, for reproducible tests only (default: the machine's entropy)")
     p.add_argument("--print-command", action="store_true", help="print the flower-supernode command instead of running it")
 
     p = sub.add_parser("run", help="submit a fit to the SuperLink and wait for it")
@@ -677,7 +709,7 @@ def cli_flower(argv: Sequence[str] | None = None) -> int:
                 print(f"site {args.site!r}: " + ", ".join(f"{v} {X.shape[0]}x{X.shape[1]}" for v, X in data.items()))
             cmd = supernode_command(
                 superlink=args.superlink, site=args.site, data=args.data, root_certificates=args.root_certificates,
-                insecure=args.insecure, port=args.port, auth_key=args.auth_key,
+                insecure=args.insecure, port=args.port, auth_key=args.auth_key, seed=args.seed,
             )
             return _run(cmd, args.print_command)
         if args.command == "run":

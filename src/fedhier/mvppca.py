@@ -9,7 +9,6 @@ runtime (:func:`fedhier.runtime.simulate`).  Prediction uses the global point mo
 from __future__ import annotations
 
 import io
-import json
 import logging
 import numbers
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from .protocol.mvppca import GLOBAL_FIELDS, BroadcastMetrics, DataScaleWarning, 
 from .runtime.checkpoint import read_checkpoint
 from .runtime.simulate import RoundRecord, simulate
 from .utils.io import atomic_write_bytes, json_text
+from .utils.untrusted import check_finite, read_meta_json, read_npz
 
 __all__ = ["FedMVPPCA", "ComponentScores", "NotFittedError", "DataScaleWarning"]
 
@@ -96,6 +96,16 @@ class FedMVPPCA:
         floor; the spec's 1e-6 is never reached).  None runs all ``n_rounds`` rounds, as
         the paper does.  Every round's change is in ``history_`` either way
         (``metrics["rel_change"]``); docs/mvppca.md, "Stopping early".
+    init : {"pca", "random"}, default "pca"
+        Start of every site's round-1 EM: the PCA of the site's own views, scaled to the
+        PPCA maximum-likelihood solution of Tipping & Bishop [R] (for one view it *is* that
+        solution, so EM starts at the optimum), or the paper's W_ij ~ U(-2, 2),
+        sigma2 ~ U(0.1, 0.5) [RC], from which EM needs many iterations.
+    local_tol : float or None, default 1e-8
+        A site stops its (MAP-)EM of a round once no view's parameters change by more than
+        this (relative change of mu, W, sigma2); ``n_first_iter`` / ``n_local_iter`` are
+        then caps.  None runs every iteration, as the paper does; with ``init="random"``
+        that reproduces the paper's fit.
     ig_solver : {"newton", "fixed_point"}, default "newton"
         Inverse-gamma MLE of §5.2: Newton to convergence [R] or the reference code's
         10-step fixed point [RC].
@@ -154,6 +164,8 @@ class FedMVPPCA:
         *,
         n_init: int = 1,
         tol: float | None = 5e-3,
+        init: str = "pca",
+        local_tol: float | None = 1e-8,
         ig_solver: str = "newton",
         sigma2_prior: str | None = "weak",
         prior_update: str = "em",
@@ -171,6 +183,8 @@ class FedMVPPCA:
         self.random_state = random_state
         self.n_init = n_init
         self.tol = tol
+        self.init = init
+        self.local_tol = local_tol
         self.ig_solver = ig_solver
         self.sigma2_prior = sigma2_prior
         self.prior_update = prior_update
@@ -191,6 +205,13 @@ class FedMVPPCA:
             isinstance(self.tol, bool) or not isinstance(self.tol, numbers.Real) or not 0.0 < float(self.tol) < np.inf
         ):
             raise ValueError(f"tol must be None or a positive number, got {self.tol!r}")
+        if self.local_tol is not None and (
+            isinstance(self.local_tol, bool) or not isinstance(self.local_tol, numbers.Real)
+            or not 0.0 < float(self.local_tol) < np.inf
+        ):
+            raise ValueError(f"local_tol must be None or a positive number, got {self.local_tol!r}")
+        if self.init not in ("pca", "random"):
+            raise ValueError(f"init must be 'pca' or 'random', got {self.init!r}")
         if self.random_state is not None and (
             isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)) or self.random_state < 0
         ):
@@ -237,6 +258,8 @@ class FedMVPPCA:
             self.n_components,
             n_local_iter=self.n_local_iter,
             n_first_iter=self.n_first_iter,
+            init=self.init,
+            local_tol=self.local_tol,
             ig_solver=self.ig_solver,
             sigma2_prior=self.sigma2_prior,
             privacy=self.privacy,
@@ -279,7 +302,7 @@ class FedMVPPCA:
         if self.privacy is not None:
             self._check_privacy(sites)
         # a resumed fit measures its first change of theta~ from the checkpointed broadcast
-        saved = read_checkpoint(checkpoint) if checkpoint is not None and Path(checkpoint).exists() else None
+        saved = read_checkpoint(checkpoint, n_sites=len(sites)) if checkpoint is not None and Path(checkpoint).exists() else None
         stop = None if self.tol is None else theta_settled(float(self.tol))
         callbacks = list(callbacks)
         bar = None
@@ -315,7 +338,8 @@ class FedMVPPCA:
         finally:
             if bar is not None:
                 bar.close()
-        scores = np.array([r.history[-1].metrics["expected_ll"] for r in results])
+        # expected log-likelihoods pick the best start (without privacy, the only case with n_init > 1)
+        scores = np.array([r.history[-1].metrics.get("expected_ll", np.nan) for r in results])
         result = results[int(np.argmax(scores))]
         self._adopt(result.broadcast, schema, result.history, seed=result.seed, n_sites=len(sites))
         self.feature_names_in_ = names
@@ -340,6 +364,19 @@ class FedMVPPCA:
         if self.privacy is None:
             raise ValueError("this model was fitted without privacy")
         return self.privacy_ledger_.round_table(self._privacy_delta() if delta is None else delta)
+
+    def privacy_report(self, delta: float | None = None, site_names=None) -> dict[str, Any]:
+        """Machine-readable report of every release of the fit (:func:`fedhier.privacy.report.fit_report`).
+
+        ``delta`` defaults to the total budget's delta, else 1e-5; ``site_names`` maps site index -> name.
+        """
+        self._check_fitted()
+        if self.privacy is None:
+            raise ValueError("this model was fitted without privacy")
+        from .privacy.report import fit_report
+
+        return fit_report(self.privacy_ledger_, self._privacy_delta() if delta is None else delta, unit="site",
+                          site_names=site_names)
 
     def _privacy_delta(self) -> float:
         """delta at which the spent epsilon is reported: the total budget's, else 1e-5."""
@@ -578,7 +615,7 @@ class FedMVPPCA:
         meta = {
             "format": _FORMAT,
             "params": {
-                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "tol", "ig_solver", "sigma2_prior", "prior_update")},
+                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "tol", "init", "local_tol", "ig_solver", "sigma2_prior", "prior_update")},
                 "aggregation": self.aggregation if isinstance(self.aggregation, str) else "secure",
             },
             "schema": {"names": list(self.schema_.names), "dims": list(self.schema_.dims)},
@@ -593,22 +630,35 @@ class FedMVPPCA:
 
     @classmethod
     def load(cls, path: str | Path) -> "FedMVPPCA":
-        """Load a model written by :meth:`save` (``allow_pickle=False``)."""
-        with np.load(Path(path), allow_pickle=False) as data:
-            if "__meta__" not in data:
-                raise ValueError(f"{path}: not a fedhier FedMVPPCA file")
-            meta = json.loads(data["__meta__"].tobytes().decode())
-            if meta.get("format") != _FORMAT:
-                raise ValueError(f"{path}: unsupported format {meta.get('format')!r}")
+        """Load a model written by :meth:`save`; the file is untrusted input.
+
+        No pickle; every array's declared size is checked against the file before it is
+        read (:func:`fedhier.utils.untrusted.read_npz`), shapes against the saved schema,
+        and NaN or infinite parameters are refused, naming the array.
+        """
+        arrays = read_npz(path)
+        meta = read_meta_json(arrays, "__meta__", str(path))
+        if meta.get("format") != _FORMAT:
+            raise ValueError(f"{path}: unsupported format {meta.get('format')!r}")
+        try:
             model = cls(**{"prior_update": "paper", **meta["params"]})  # files from before the EM update
-            schema = ViewSchema(tuple(meta["schema"]["names"]), tuple(meta["schema"]["dims"]))
-            glob: GlobalParams = {}
-            for view in schema.names:
-                if f"{view}/mu" in data:
-                    v = {name: data[f"{view}/{name}"] for name in GLOBAL_FIELDS}
-                    glob[view] = GlobalView(
-                        mu=v["mu"], W=v["W"], **{n: float(v[n]) for n in GLOBAL_FIELDS if n not in ("mu", "W")}
-                    )
+            schema = ViewSchema(tuple(meta["schema"]["names"]), tuple(int(d) for d in meta["schema"]["dims"]))
+            q = int(model.n_components)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: damaged model metadata ({type(exc).__name__}: {exc})") from None
+        glob: GlobalParams = {}
+        for view, dim in zip(schema.names, schema.dims):
+            if f"{view}/mu" not in arrays:
+                continue
+            v = {}
+            for name in GLOBAL_FIELDS:
+                key = f"{view}/{name}"
+                expected = {"mu": (dim,), "W": (dim, q)}.get(name, ())
+                if key not in arrays or arrays[key].shape != expected or arrays[key].dtype.kind != "f":
+                    raise ValueError(f"{path}: array {key!r} is missing or not a float array of shape {expected}")
+                v[name] = arrays[key]
+            check_finite({f"{view}/{name}": value for name, value in v.items()}, str(path))
+            glob[view] = GlobalView(mu=v["mu"], W=v["W"], **{n: float(v[n]) for n in GLOBAL_FIELDS if n not in ("mu", "W")})
         model._global = glob
         model.schema_ = schema
         model.n_sites_ = meta["n_sites"]

@@ -1,4 +1,6 @@
-"""Figures of the Fed-mv-PPCA reports (matplotlib, Agg backend; files written atomically)."""
+"""Figures of the Fed-mv-PPCA experiments (matplotlib, Agg backend; files written atomically).
+
+The reports of the commands are in :mod:`fedhier.report`."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np  # noqa: E402
 
 from .utils.io import atomic_write_bytes  # noqa: E402
 
-__all__ = ["save_figure", "plot_convergence", "plot_latent", "plot_imputation", "plot_global_sd"]
+__all__ = ["save_figure", "plot_convergence", "plot_latent", "plot_imputation"]
 
 
 def save_figure(fig, path: str | Path) -> Path:
@@ -100,23 +102,5 @@ def plot_imputation(
         ax.set_title(feature_names[j], fontsize=9)
         if j == 0:
             ax.legend(fontsize=7)
-    fig.suptitle(title)
-    return save_figure(fig, path)
-
-
-def plot_global_sd(history: Sequence[Mapping], path: str | Path, title: str = "Global standard deviations") -> Path:
-    """sqrt(sigma2_mu~), sqrt(sigma2_W~) and sqrt(v_sigma) of every view per round (paper Fig. 7)."""
-    rounds = [h["round"] for h in history]
-    keys = sorted({k for h in history for k in h["metrics"] if "/sd_" in k})
-    blocks = ("sd_mu", "sd_W", "sd_sigma2")
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4), squeeze=False)
-    for ax, block in zip(axes[0], blocks):
-        for key in (k for k in keys if k.endswith("/" + block)):
-            values = [h["metrics"].get(key, np.nan) for h in history]
-            ax.semilogy(rounds, values, lw=1.2, label=key.split("/")[0])
-        ax.set_title(block.replace("sd_", "sd of "))
-        ax.set_xlabel("round")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
     fig.suptitle(title)
     return save_figure(fig, path)

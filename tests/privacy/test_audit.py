@@ -21,37 +21,14 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
+from audit_bounds import empirical_epsilon_lower_bound
 
 from fedhier.privacy.calibration import gaussian_noise_multiplier
 from fedhier.privacy.clipping import clip_difference
 from fedhier.privacy.mechanisms import release_gaussian, release_laplace
 
-ALPHA = 1e-3
 N_GAUSSIAN = 1_000_000  # draws per dataset: the Gaussian tail needs them for power
 N_LAPLACE = 200_000
-
-
-def _cp_lower(k, n, level):
-    return 0.0 if k == 0 else stats.beta.ppf(level, k, n - k + 1)
-
-
-def _cp_upper(k, n, level):
-    return 1.0 if k == n else stats.beta.ppf(1 - level, k + 1, n - k)
-
-
-def _epsilon_bound(positives, negatives, threshold, delta):
-    n = positives.size
-    tpr = _cp_lower(int(np.sum(positives > threshold)), n, ALPHA / 2)
-    fpr = _cp_upper(int(np.sum(negatives > threshold)), negatives.size, ALPHA / 2)
-    return math.log((tpr - delta) / fpr) if tpr > delta else -math.inf
-
-
-def empirical_epsilon_lower_bound(scores_d, scores_d_prime, delta, thresholds):
-    """Threshold chosen on the first half, bound evaluated on the second half."""
-    half = scores_d.size // 2
-    best = max(thresholds, key=lambda t: _epsilon_bound(scores_d[:half], scores_d_prime[:half], t, delta))
-    return _epsilon_bound(scores_d[half:], scores_d_prime[half:], best, delta)
 
 
 def _gaussian_scores(epsilon, delta, sensitivity_factor, rng):

@@ -94,6 +94,8 @@ class LocalGrid:
         self.sent: list[tuple[int, str]] = []
         self.received: list[tuple[str, object]] = []
         self._ids = itertools.count()
+        # each site's own secret seed, set to the simulation's so that the fits can be compared bit for bit
+        self.node_seed = {"seed": str(config.seed)}
 
     def get_node_ids(self):
         return list(self.nodes)
@@ -127,7 +129,7 @@ class LocalGrid:
                 continue
             site, path = self.nodes[node]
             context = Context(
-                run_id=1, node_id=node, node_config={"site": site, "data": str(path)}, state=self.states[node],
+                run_id=1, node_id=node, node_config={"site": site, "data": str(path), **self.node_seed}, state=self.states[node],
                 run_config={RUN_CONFIG_KEY: self.config.to_json()},
             )
             reply = client_app(msg, context)
@@ -233,7 +235,8 @@ def test_site_whose_step_fails_is_dropped_per_round(demo, tmp_path):
     result = _run(grid, config)
     for record in result.history:
         assert record.sites == [0, 1]
-        assert "non-numeric value 'not-a-number'" in record.failed[2]
+        assert "non-numeric value in column" in record.failed[2] and ", row 1" in record.failed[2]
+        assert "not-a-number" not in record.failed[2]  # the coordinator learns where, never what
     assert result.lost == {}
     assert sum(1 for node, _ in grid.sent if node == nodes[2]) == config.n_rounds  # asked every round
     reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed,
@@ -412,7 +415,7 @@ def test_a_site_answers_each_secure_step_of_a_round_once(demo):
     fields, kept = secure_site_step(config, "hospital-a", "advertise_keys", {"round": 2}, kept)
     assert fields["error"] == "SecAggProtocolError: site 'hospital-a' already advertised its keys for round 2" and kept is None
     fields, kept = secure_site_step(config, "hospital-a", "share_keys", {"round": 3, "payload": b""}, {"round": 2, "reply": b""})
-    assert fields["error"] == "ValueError: site 'hospital-a' holds no reply for round 3" and kept is None
+    assert fields["error"] == "SecAggProtocolError: site 'hospital-a' holds no reply for round 3" and kept is None
 
 
 def test_secure_configuration(tmp_path):
@@ -530,7 +533,8 @@ def _flower_fit(cluster: LoopbackFederation, config_path: Path, out: Path) -> in
 def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, transport):
     folder, config, sites = demo
     secure = transport == "tls+node-auth"
-    cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES}, tls=secure, node_auth=secure)
+    cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES}, tls=secure, node_auth=secure,
+                                 site_seed=config.seed)
     try:
         # 1. all three sites: the same global parameters as simulate()
         out = tmp_path / "fit-all"
@@ -540,6 +544,7 @@ def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, tra
         assert _max_diff(broadcast, reference.broadcast) <= 1e-10
         assert [r["sites"] for r in history] == [[0, 1, 2]] * config.n_rounds
         assert summary["lost"] == {} and set(summary["nodes"]) == set(SITES)
+        assert (out / "report.html").is_file() and (out / "report.md").is_file()
 
         # 2. hospital-c's SuperNode is killed after round 1: the fit completes from the other two
         dropout = tmp_path / "fit-dropout.toml"
@@ -578,7 +583,7 @@ def test_secure_flower_fit_equals_simulate(tmp_path, demo):
     folder, config, sites = demo
     path = tmp_path / "fit-secure.toml"
     path.write_text('aggregation = "secure"\n' + (folder / "fit.toml").read_text().replace("n_rounds = 3", "n_rounds = 2"))
-    cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES})
+    cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES}, site_seed=config.seed)
     try:
         out = tmp_path / "fit-secure"
         assert _flower_fit(cluster, path, out) == 0, cluster.logs()

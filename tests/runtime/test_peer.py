@@ -160,9 +160,10 @@ def test_exposure_probability_matches_monte_carlo():
     assert hits / trials == pytest.approx(exposure_probability(S, d, q, C), abs=0.01)
 
 
-def test_private_masks_change_only_rounding():
+def test_chunk_masks_from_site_entropy_change_only_rounding():
+    """Without random_state the masks are the sites' own draws: the sum is unchanged up to rounding."""
     sites = _data(11)
-    res = simulate_peers(SumProtocol(4), sites, n_rounds=1, graph=inverse_chord_graph(11), random_state=4,
-                         aggregation=PeerAggregation(method="chunked", private_masks=True))
+    res = simulate_peers(SumProtocol(4), sites, n_rounds=1, graph=inverse_chord_graph(11), random_state=None,
+                         aggregation=PeerAggregation(method="chunked"))
     exact = np.sum(sites, axis=0)
     assert np.allclose(res.broadcast["total"], exact, rtol=0, atol=1e-8 * np.abs(exact).max())

@@ -60,7 +60,8 @@ def check_sites(
     Returns
     -------
     sites : list of dict ``view name -> float64 ndarray (n_c, d_view)``
-        Fresh C-contiguous copies, views in schema order.
+        C-contiguous float64 arrays, views in schema order: the caller's own array when it
+        already is one (it is never written to), else a converted copy.
     schema : ViewSchema
 
     Raises
@@ -139,7 +140,7 @@ def check_views(
 
 
 def _check_one(site: Any, where: str, *, schema: ViewSchema | None) -> dict[str, np.ndarray]:
-    """Validate one site (or one prediction input) and return float64 copies of its views."""
+    """Validate one site (or one prediction input) and return its views as C-contiguous float64 arrays."""
     pairs = _view_pairs(site, where)
     views: dict[str, np.ndarray] = {}
     n_rows: dict[str, int] = {}
@@ -224,15 +225,15 @@ def _view_pairs(site: Any, where: str) -> list[tuple[Any, Any]]:
 
 
 def _as_float_matrix(raw: Any, where: str) -> np.ndarray:
-    """Convert one view to a fresh float64 (n, d) array, refusing non-numeric content."""
+    """One view as a C-contiguous float64 (n, d) array (no copy if it is one), refusing non-numeric content."""
     if _is_frame(raw):
         bad = [str(col) for col, dt in zip(raw.columns, raw.dtypes) if getattr(dt, "kind", "O") not in "biuf"]
         if bad:
             raise ValueError(f"{where}: non-numeric DataFrame column(s) {bad}; convert or drop them first")
         try:
             arr = raw.to_numpy(dtype=np.float64, na_value=np.nan)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{where}: cannot convert the DataFrame to float64 ({err})") from None
+        except (TypeError, ValueError):  # pandas' own text may quote a cell: not repeated
+            raise ValueError(f"{where}: cannot convert the DataFrame to float64") from None
     elif hasattr(raw, "dtype") and hasattr(raw, "to_numpy") and not isinstance(raw, np.ndarray):
         raise ValueError(f"{where}: a 1-D pandas Series was given; a view must be 2-D (n, d), e.g. series.to_frame()")
     else:
@@ -241,8 +242,9 @@ def _as_float_matrix(raw: Any, where: str) -> np.ndarray:
             flat = arr.ravel()
             bad = next((i for i, v in enumerate(flat) if not _is_real_number(v)), None)
             if bad is not None:
-                raise ValueError(
-                    f"{where}: non-numeric value {flat[bad]!r} at flat position {bad}; views must hold numbers"
+                at = f"row {bad // arr.shape[1]}, column {bad % arr.shape[1]}" if arr.ndim == 2 else f"flat position {bad}"
+                raise ValueError(  # the value itself is not quoted: error text may cross a site boundary
+                    f"{where}: non-numeric value (of type {type(flat[bad]).__name__}) at {at}; views must hold numbers"
                 )
         elif arr.dtype.kind not in "biuf":
             raise ValueError(f"{where}: non-numeric array of dtype {arr.dtype}; views must hold real numbers")
@@ -250,7 +252,7 @@ def _as_float_matrix(raw: Any, where: str) -> np.ndarray:
         raise ValueError(f"{where}: expected a 2-D array (n, d), got shape {arr.shape}")
     if arr.shape[1] == 0:
         raise ValueError(f"{where}: the view has no column")
-    return np.array(arr, dtype=np.float64, order="C", copy=True)
+    return np.ascontiguousarray(arr, dtype=np.float64)
 
 
 def _is_real_number(v: Any) -> bool:
@@ -258,26 +260,34 @@ def _is_real_number(v: Any) -> bool:
 
 
 def _check_values(X: np.ndarray, where: str) -> None:
-    """Refuse inf, partially-NaN rows and a view with no observed row."""
-    inf = np.isinf(X)
+    """Refuse inf, partially-NaN rows and a view with no observed row.
+
+    A row with a finite sum holds neither NaN nor inf, so only the other rows are inspected
+    (one pass over the data, no data-sized temporary).
+    """
+    suspect = np.flatnonzero(~np.isfinite(X.sum(axis=1)))
+    block = X[suspect]
+    inf = np.isinf(block)
     if inf.any():
         r, c = np.argwhere(inf)[0]
-        raise ValueError(f"{where}: {int(inf.sum())} infinite value(s), first at row {r}, column {c}")
-    nan = np.isnan(X)
+        raise ValueError(f"{where}: {int(inf.sum())} infinite value(s), first at row {suspect[r]}, column {c}")
+    nan = np.isnan(block)
     partial = nan.any(axis=1) & ~nan.all(axis=1)
     if partial.any():
-        rows = np.flatnonzero(partial)
+        rows = suspect[partial]
         raise ValueError(
             f"{where}: {rows.size} row(s) partially NaN, first at row {rows[0]}; a subject either has all "
             f"features of a view or none (mark the whole row NaN)"
         )
-    if X.shape[0] > 0 and nan.all():
+    if X.shape[0] > 0 and suspect.size == X.shape[0] and nan.all():
         raise ValueError(f"{where}: every row is NaN; leave the view out of the site's mapping instead")
 
 
 def _missing_rows(X: np.ndarray) -> np.ndarray:
     """Boolean (n,) mask of subjects lacking the view (entirely-NaN rows)."""
-    return np.isnan(X).all(axis=1)
+    missing = np.isnan(X[:, 0])
+    missing[missing] = np.isnan(X[missing]).all(axis=1)
+    return missing
 
 
 def _check_n_components(n_components: Any, schema: ViewSchema) -> None:

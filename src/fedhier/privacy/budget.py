@@ -45,6 +45,9 @@ class PrivacyBudgetExhausted(RuntimeError):
     target : tuple (epsilon, delta)
     """
 
+    #: its text (site, round, epsilons of the configuration) may cross the site boundary
+    public_message = True
+
     def __init__(self, site, round: int, epsilon_after: float, target: tuple[float, float]) -> None:
         self.site, self.round, self.epsilon_after, self.target = site, round, epsilon_after, target
         super().__init__(

@@ -117,9 +117,10 @@ class FixedPoint:
             raise ValueError(f"cannot encode non-finite values ({int(np.sum(~np.isfinite(x)))} NaN/inf entries)")
         too_big = np.abs(x) > self.max_abs
         if np.any(too_big):
-            raise OverflowError(
-                f"{int(too_big.sum())} value(s) exceed max_abs = {self.max_abs:.6g} "
-                f"(largest |x| = {float(np.abs(x).max()):.6g}); raise max_abs or clip the input"
+            raise OverflowError(  # the values themselves are not quoted: this text may reach the coordinator
+                f"{int(too_big.sum())} of {x.size} value(s) exceed the fixed-point bound max_abs = {self.max_abs:.6g}; "
+                "rescale the data (e.g. standardise each column), or use fewer fractional bits (frac_bits), "
+                "which raises the bound"
             )
         return np.mod(np.rint(x * self.scale).astype(np.int64), self.modulus)
 

@@ -89,6 +89,9 @@ class InsufficientSitesError(RuntimeError):
     threshold : int
     """
 
+    #: its text (step, sites, threshold) may cross the site boundary
+    public_message = True
+
     def __init__(self, step: str, remaining, threshold: int) -> None:
         self.step = step
         self.remaining = tuple(int(v) for v in remaining)
@@ -101,6 +104,9 @@ class InsufficientSitesError(RuntimeError):
 
 class SecAggProtocolError(ValueError):
     """A message breaks the protocol (malformed, out of order, or revealing what it must not)."""
+
+    #: its text names steps and sites, never a value: it may cross the site boundary
+    public_message = True
 
 
 def _require(step: str, remaining, threshold: int) -> None:

@@ -11,6 +11,7 @@ names the field and the problem.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
@@ -24,10 +25,15 @@ Message = dict[str, np.ndarray]
 #: dtypes allowed on the wire (fixed-size, no objects).
 WIRE_DTYPES = frozenset({"float64", "int64", "uint64", "bool"})
 _MAGIC = b"FHM1"
+#: what a reply field may reveal (see :class:`Field`)
+DISCLOSURES = ("raw", "public", "release")
 
 
 class MessageError(ValueError):
-    """A message does not match its declared specification."""
+    """A message does not match its declared specification (its text names fields, shapes and dtypes, never values)."""
+
+    #: safe to send across a site boundary (see :class:`fedhier.protocol.base.SiteError`)
+    public_message = True
 
 
 @dataclass(frozen=True)
@@ -42,15 +48,25 @@ class Field:
         One of ``float64``, ``int64``, ``uint64``, ``bool``.
     optional : bool
         The field may be absent (e.g. a view the site does not measure).
+    disclosure : {"raw", "public", "release"}
+        What the field reveals when it leaves a site (reply fields; docs/privacy.md):
+        ``"raw"`` -- computed from the site's data (the default: assume the worst);
+        ``"public"`` -- public by declaration (which views a site has, participation);
+        ``"release"`` -- computed only from the differentially private releases the site
+        made in the same step (post-processing) and public values.  A private protocol may
+        send only public and release fields (:func:`fedhier.protocol.base.check_disclosure`).
     """
 
     shape: tuple[int, ...] = ()
     dtype: str = "float64"
     optional: bool = False
+    disclosure: str = field(default="raw", compare=False)  # not part of the wire format
 
     def __post_init__(self) -> None:
         if self.dtype not in WIRE_DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not a wire dtype {sorted(WIRE_DTYPES)}")
+        if self.disclosure not in DISCLOSURES:
+            raise ValueError(f"disclosure {self.disclosure!r} is not one of {list(DISCLOSURES)}")
         if any(int(s) < 0 for s in self.shape):
             raise ValueError(f"negative dimension in shape {self.shape}")
 
@@ -148,19 +164,40 @@ def encode(spec: MessageSpec, message: Mapping[str, np.ndarray]) -> bytes:
     return _MAGIC + struct.pack("<I", len(head)) + head + body
 
 
+#: largest JSON header of an encoded message; a header declares names, dtypes and shapes only
+MAX_HEADER_BYTES = 2**20
+
+
 def _header(data: bytes, what: str) -> tuple[dict, int]:
+    """Parsed header of an encoded message; every declared size is checked against ``len(data)``.
+
+    The bytes are untrusted: the header length, each field's dtype and shape (no negative
+    dimension, sizes computed exactly) and the total payload must fit the bytes received
+    before any array is built.
+    """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise MessageError(f"{what}: expected bytes, got {type(data).__name__}")
     data = bytes(data)
     if data[:4] != _MAGIC or len(data) < 8:
         raise MessageError(f"{what}: not a fedhier message")
     (hlen,) = struct.unpack("<I", data[4:8])
+    if hlen > min(MAX_HEADER_BYTES, len(data) - 8):
+        raise MessageError(f"{what}: header of {hlen} bytes declared, the message has {len(data) - 8} (limit {MAX_HEADER_BYTES})")
     try:
         header = json.loads(data[8 : 8 + hlen])
         fields_ = [(str(k), str(d), tuple(int(n) for n in s)) for k, d, s in header["fields"]]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise MessageError(f"{what}: corrupt header") from exc
-    return {"spec": header.get("spec"), "fields": fields_}, 8 + hlen
+    payload = 0
+    for key, dtype, shape in fields_:
+        if dtype not in WIRE_DTYPES:
+            raise MessageError(f"{what}: field {key!r} has non-wire dtype {dtype!r}")
+        if any(n < 0 for n in shape):
+            raise MessageError(f"{what}: field {key!r} declares a negative dimension")
+        payload += math.prod(shape) * np.dtype(dtype).itemsize
+        if 8 + hlen + payload > len(data):
+            raise MessageError(f"{what}: truncated message at field {key!r} (declared sizes exceed the {len(data)} bytes received)")
+    return {"spec": header.get("spec") if isinstance(header, dict) else None, "fields": fields_}, 8 + hlen
 
 
 def header_fields(data: bytes) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -175,13 +212,9 @@ def decode(spec: MessageSpec, data: bytes) -> Message:
     if header["spec"] != spec.name:
         raise MessageError(f"expected a {spec.name!r} message, got {header['spec']!r}")
     msg: Message = {}
-    for key, dtype, shape in header["fields"]:
-        if dtype not in WIRE_DTYPES:
-            raise MessageError(f"{spec.name}: field {key!r} has non-wire dtype {dtype!r}")
+    for key, dtype, shape in header["fields"]:  # sizes already checked against len(data) by _header
         dt = np.dtype(dtype).newbyteorder("<")
-        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        if pos + n > len(data):
-            raise MessageError(f"{spec.name}: truncated message at field {key!r}")
+        n = math.prod(shape) * dt.itemsize
         msg[key] = np.frombuffer(data[pos : pos + n], dtype=dt).reshape(shape).astype(dtype)
         pos += n
     if pos != len(data):

@@ -12,9 +12,13 @@ Messages (flat, declared; ``<view>/<field>``):
 * reply: for every view of the schema, optional (absent when the site does not measure
   it): ``count, sum_mu, sum_sq_mu, sum_W, sum_sq_W, sum_inv_sigma2, sum_log_sigma2,
   sum_sigma2, sum_sq_sigma2``, and with ``prior_update="em"`` also ``sum_post_var_mu,
-  sum_post_var_W`` (the site's posterior spread, :mod:`fedhier.models.mvppca.spread`;
-  released by the DP mechanism with ``privacy``); plus ``expected_ll`` (the site's final
-  Q_c, §4.2) and ``safeguards`` (how many [RC] safeguards triggered locally).
+  sum_post_var_W`` (the site's posterior spread, :mod:`fedhier.models.mvppca.spread`);
+  plus, in a fit without privacy only, ``expected_ll`` (the site's final Q_c, §4.2) and
+  ``safeguards`` (how many [RC] safeguards triggered locally).  With privacy the
+  statistics are computed from the site's DP releases alone (declared ``"release"``; the
+  spread through :func:`fedhier.models.mvppca.dp.privatize_spread`), ``count`` (1 per view
+  the site measures) is public, and the two diagnostics, computed from the raw data, are
+  never sent (``docs/privacy.md``).
 * broadcast: ``has_prior`` (0 before round 1's global step) and, per view,
   ``mu, W, sigma2_mu, sigma2_W, alpha, beta, noise_var, var_sigma``.
 """
@@ -29,6 +33,7 @@ import numpy as np
 
 from ..data.schema import ViewSchema
 from ..models.mvppca import local, master, spread
+from ..models.mvppca._data import row_blocks
 from ..models.mvppca.mstep import weak_ig_prior
 from ..models.mvppca.params import GlobalParams, GlobalView
 from .base import RoundProtocol, SiteContext
@@ -40,6 +45,14 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+def _variance_per_entry(values: np.ndarray, rows: np.ndarray | None) -> float:
+    """mean_{n, i} (t_ni - t-bar_i)^2 over the given rows (all if None), by blocks of rows (no copy of the view)."""
+    count = values.shape[0] if rows is None else rows.size
+    mean = sum(block.sum(axis=0) for block in row_blocks(values, rows)) / count
+    scatter = sum(float(np.einsum("ij,ij->", block - mean, block - mean)) for block in row_blocks(values, rows))
+    return scatter / (count * values.shape[1])
 
 
 class DataScaleWarning(UserWarning):
@@ -141,6 +154,11 @@ class MVPPCAProtocol(RoundProtocol):
         Latent dimension q.
     n_local_iter, n_first_iter : int
         MAP iterations per round (I) and EM iterations in round 1 (I_1).
+    init : "pca" or "random"
+        Round-1 start of the local EM: the PCA of the site's views [R] or U(-2, 2) [RC].
+    local_tol : float or None
+        The local (MAP-)EM stops once the parameters change by less than this (relative);
+        None runs every iteration [RC].
     ig_solver : "newton" or "fixed_point"
         Inverse-gamma MLE of §5.2 ([R] Newton, [RC] 10-step fixed point).
     sigma2_prior : "weak" or None
@@ -168,6 +186,8 @@ class MVPPCAProtocol(RoundProtocol):
         *,
         n_local_iter: int = 15,
         n_first_iter: int = 30,
+        init: str = "pca",
+        local_tol: float | None = 1e-8,
         ig_solver: str = "newton",
         sigma2_prior: str | None = "weak",
         privacy: Any = None,
@@ -181,6 +201,8 @@ class MVPPCAProtocol(RoundProtocol):
         self.n_components = int(n_components)
         self.n_local_iter = int(n_local_iter)
         self.n_first_iter = int(n_first_iter)
+        self.init = init
+        self.local_tol = local_tol
         self.ig_solver = ig_solver
         self.sigma2_prior = sigma2_prior
         self.privacy = privacy
@@ -188,15 +210,40 @@ class MVPPCAProtocol(RoundProtocol):
             initial_prior = master.data_independent_prior(dict(zip(schema.names, schema.dims)), self.n_components)
         self.initial_prior = initial_prior
         q = self.n_components
-        reply: dict[str, Field] = {"expected_ll": Field(()), "safeguards": Field(())}
+        # raw diagnostics: sent only without privacy (check_disclosure refuses them otherwise)
+        reply: dict[str, Field] = {"expected_ll": Field((), optional=True), "safeguards": Field((), optional=True)}
         broadcast: dict[str, Field] = {"has_prior": Field(())}
+        released = "release" if privacy is not None else "raw"
         for view, dim in zip(schema.names, schema.dims):
             for stat, shape in master.statistic_shapes(dim, q, prior_update).items():
-                reply[f"{view}/{stat}"] = Field(tuple(shape), optional=True)
+                disclosure = "public" if stat == "count" else released
+                reply[f"{view}/{stat}"] = Field(tuple(shape), optional=True, disclosure=disclosure)
             for name, shape in _global_shapes(dim, q).items():
                 broadcast[f"{view}/{name}"] = Field(shape, optional=True)
         self._reply_spec = MessageSpec("fed-mv-ppca-reply", reply)
         self._broadcast_spec = MessageSpec("fed-mv-ppca-broadcast", broadcast)
+
+    @property
+    def private(self) -> bool:
+        return self.privacy is not None
+
+    def requested_views(self) -> tuple[str, ...]:
+        return tuple(self.schema.names)
+
+    @property
+    def protected_unit(self) -> str | None:
+        return None if self.privacy is None else "site"  # client-level DP: the whole site's data set
+
+    def release_plan(self, n_rounds: int) -> list:
+        if self.privacy is None:
+            return []
+        from ..models.mvppca import dp
+
+        rounds = range(1, int(n_rounds) + 1)
+        return dp.site_ledger("site", list(self.schema.names), rounds, self.privacy).events("site")
+
+    def subject_counts(self, data: Any) -> dict[str, int]:
+        return {view: int(np.sum(~np.all(np.isnan(np.asarray(x, dtype=float)), axis=1))) for view, x in data.items()}
 
     @property
     def reply_spec(self) -> MessageSpec:
@@ -225,7 +272,8 @@ class MVPPCAProtocol(RoundProtocol):
         prior = global_from_message(broadcast, self.schema)
         n_iter = self.n_first_iter if prior is None else self.n_local_iter
         fit = local.fit_local(
-            ctx.data, self.n_components, prior, n_iter=n_iter, rng=ctx.rng, sigma2_prior=self.sigma2_prior
+            ctx.data, self.n_components, prior, n_iter=n_iter, rng=ctx.rng, sigma2_prior=self.sigma2_prior,
+            init=self.init, tol=self.local_tol,
         )
         for note in fit.safeguards:
             log.info("site %d, round %d: %s", ctx.site, ctx.round, note)
@@ -244,12 +292,13 @@ class MVPPCAProtocol(RoundProtocol):
                 site_spread = dp.privatize_spread(
                     site_spread, anchor, self.privacy, ctx.rng, site=ctx.site, round=ctx.round, ledger=ledger
                 )
+            ctx.releases.extend((r.block, r.event) for r in ledger.releases(ctx.site) if r.round == ctx.round)
             ctx.state["private_rounds"] = np.append(released, np.int64(ctx.round))
         stats = master.site_statistics(params, anchor, site_spread)
-        reply: Message = {
-            "expected_ll": np.asarray(float(fit.expected_ll[-1]) if len(fit.expected_ll) else 0.0),
-            "safeguards": np.asarray(float(len(fit.safeguards))),
-        }
+        reply: Message = {}
+        if self.privacy is None:
+            reply["expected_ll"] = np.asarray(float(fit.expected_ll[-1]) if len(fit.expected_ll) else 0.0)
+            reply["safeguards"] = np.asarray(float(len(fit.safeguards)))
         for view, fields in stats.items():
             for stat, value in fields.items():
                 reply[f"{view}/{stat}"] = np.asarray(value, dtype=float)
@@ -285,10 +334,10 @@ class MVPPCAProtocol(RoundProtocol):
 
     def round_metrics(self, combined: Message, round: int) -> dict[str, float]:
         stats = self._statistics(combined)
-        metrics = {
-            "expected_ll": float(combined["expected_ll"]),
-            "local_safeguards": float(combined["safeguards"]),
-        }
+        metrics = {}
+        if self.privacy is None:  # raw diagnostics: sent without privacy only
+            metrics["expected_ll"] = float(combined["expected_ll"])
+            metrics["local_safeguards"] = float(combined["safeguards"])
         for view, fields in stats.items():
             metrics[f"{view}/sites"] = float(fields["count"])
         return metrics
@@ -314,12 +363,14 @@ class MVPPCAProtocol(RoundProtocol):
         a norm, so it holds the sites' loadings the tighter the larger the data's scale.
         """
         X = np.asarray(values, dtype=float)
-        if X.ndim != 2:
+        if X.ndim != 2 or X.shape[1] == 0:
             return  # the shape is refused, with its own message, when the site's views are read
-        X = X[~np.all(np.isnan(X), axis=1)]
-        if X.size == 0 or not np.all(np.isfinite(X)):
-            return
-        variance = float(np.mean((X - X.mean(axis=0)) ** 2))
+        finite = np.isfinite(X.sum(axis=1))
+        if not finite.any() or not np.isnan(X[~finite]).all():
+            return  # no observed row, or inf / partially missing rows: refused when the views are read
+        rows = None if finite.all() else np.flatnonzero(finite)
+        variance = _variance_per_entry(X, rows)
+        size = X.shape[1] * (X.shape[0] if rows is None else rows.size)
         if variance > LARGE_VARIANCE:
             warnings.warn(DataScaleWarning(
                 f"site {site}, view {view!r}: its entries have variance {variance:.3g}, far above unit scale. The [RC] "
@@ -332,11 +383,11 @@ class MVPPCAProtocol(RoundProtocol):
             alpha, beta = weak_ig_prior()
         else:
             return
-        implied = 2.0 * beta / (X.size + 2.0 * (alpha + 1.0))
+        implied = 2.0 * beta / (size + 2.0 * (alpha + 1.0))
         if variance < implied:
             warnings.warn(DataScaleWarning(
                 f"site {site}, view {view!r}: the round-1 IG({alpha:g}, {beta:g}) prior on sigma2 keeps this view's "
-                f"noise variance at {implied:.3g} or more for its {X.size} entries, above their variance "
+                f"noise variance at {implied:.3g} or more for its {size} entries, above their variance "
                 f"({variance:.3g}): the prior, not the data, sets the noise, and the fit may explain the view as "
                 f"noise. The defaults assume data on a unit scale: scale the data first (e.g. "
                 f"fedhier.data.MinMaxScaling, as the experiments do) or pass sigma2_prior=None."), stacklevel=3)

@@ -12,9 +12,13 @@ Flower's Message API.  Flower only carries bytes; the round itself is ours:
   :func:`fedhier.protocol.messages.encode` and carried as a ``bytes`` value of a Flower
   ``ConfigRecord`` -- never a pickle;
 * the site step is :func:`fedhier.runtime.simulate.run_site_step` and the server step is
-  :func:`fedhier.runtime.simulate.server_update`, with the same ``(seed, round, site)``
-  generators, so a Flower fit equals :func:`fedhier.runtime.simulate` bit for bit on the
-  same sites (same seed, same site indices).
+  :func:`fedhier.runtime.simulate.server_update`;
+* a site's secrets (DP noise, its random start, secure-sum keys) come from its own
+  entropy: the coordinator's request carries no seed.  A SuperNode started with a secret
+  seed of its own (``node_config`` ``seed="..."``, ``fedhier flower site --seed``) draws
+  what :func:`fedhier.runtime.simulate` draws with ``random_state`` equal to that seed,
+  so a Flower fit whose sites are all given the simulation's seed equals it bit for bit
+  (tests and reproductions only: a seed shared by the sites is no secret among them).
 
 Robustness (issue 6, "Robustness"):
 
@@ -39,7 +43,7 @@ the global step gets the decoded sum, as :func:`fedhier.runtime.simulate` with
 the threshold of sites left) stops the fit with ``RoundFailed``.
 
 Site indices: the fit configuration lists the site names; site ``s`` is the ``s``-th name
-(0-based), the index that seeds its generator.  A SuperNode whose ``site`` is not in
+(0-based).  A SuperNode whose ``site`` is not in
 the list is ignored (and reported); two SuperNodes claiming the same site stop the fit.
 """
 
@@ -61,7 +65,11 @@ from ..privacy.secure_round import SecureAggregator
 from ..protocol.base import RoundProtocol
 from ..protocol.messages import Message, MessageSpec, decode, encode
 from ..utils.io import atomic_write_bytes, write_json
-from .simulate import RoundFailed, RoundRecord, decode_state, encode_state, global_update, run_site_step, server_update
+from ..privacy.policy import SitePolicy
+from ..utils.untrusted import check_site_name
+from .guard import SiteGuard
+from .simulate import (RoundFailed, RoundRecord, decode_state, encode_state, failure_report, global_update, run_site_step,
+                       server_update, site_log)
 
 try:
     from flwr.app import ConfigRecord, Context, Message as FlowerMessage, RecordDict
@@ -103,7 +111,8 @@ _SECURE = "fedhier-secure"
 SECURE_STEPS = ("advertise_keys", "share_keys", "masked_input", "unmask")
 
 _ALLOWED_KEYS = {
-    "n_components", "n_rounds", "n_local_iter", "n_first_iter", "tol", "seed", "ig_solver", "sigma2_prior", "views", "flower",
+    "n_components", "n_rounds", "n_local_iter", "n_first_iter", "tol", "init", "local_tol", "seed", "ig_solver", "sigma2_prior",
+    "views", "flower",
     "epsilon", "delta", "aggregation", "secure",
 }
 _FLOWER_KEYS = {"sites", "min_sites", "round_timeout", "connect_timeout", "poll_interval", "out"}
@@ -124,11 +133,12 @@ class FlowerFitConfig:
     sites : tuple of str
         Site names in site-index order; each SuperNode declares its name in its
         ``node_config`` (``site="..."``).
-    n_components, n_rounds, n_local_iter, n_first_iter, tol, ig_solver, sigma2_prior
+    n_components, n_rounds, n_local_iter, n_first_iter, tol, init, local_tol, ig_solver, sigma2_prior
         As :class:`fedhier.mvppca.FedMVPPCA` (``tol``: stop after the first round in
         which theta~ changed by less, spec §6 [R]).
     seed : int or None
-        One seed for everything; None draws one (recorded in the result).
+        The coordinator's public seed (recorded in the result); None draws one.  It never
+        reaches a site's secrets (see the module docstring).
     min_sites : int
         Fewest replies a round needs; fewer stop the fit.
     round_timeout : float
@@ -159,6 +169,8 @@ class FlowerFitConfig:
     n_local_iter: int = 15
     n_first_iter: int = 30
     tol: float | None = None
+    init: str = "pca"
+    local_tol: float | None = 1e-8
     seed: int | None = None
     ig_solver: str = "newton"
     sigma2_prior: str | None = "weak"
@@ -193,6 +205,8 @@ class FlowerFitConfig:
             raise ValueError("fit configuration: [flower] sites must list the site names (non-empty strings)")
         if len(set(self.sites)) != len(self.sites):
             raise ValueError(f"fit configuration: site names must be unique, got {list(self.sites)}")
+        for site in self.sites:  # a site name names its SuperNode's files (keys, logs)
+            check_site_name(site, "fit configuration: [flower] sites")
         for name in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "min_sites"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -208,6 +222,12 @@ class FlowerFitConfig:
             isinstance(self.tol, bool) or not isinstance(self.tol, (int, float)) or not 0 < self.tol < math.inf
         ):
             raise ValueError(f"fit configuration: tol must be a positive number, got {self.tol!r}")
+        if self.local_tol is not None and (
+            isinstance(self.local_tol, bool) or not isinstance(self.local_tol, (int, float)) or not 0 < self.local_tol < math.inf
+        ):
+            raise ValueError(f"fit configuration: local_tol must be a positive number, got {self.local_tol!r}")
+        if self.init not in ("pca", "random"):
+            raise ValueError(f"fit configuration: init must be 'pca' or 'random', got {self.init!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"fit configuration: seed must be a non-negative integer, got {self.seed!r}")
         if self.ig_solver not in ("newton", "fixed_point"):
@@ -265,8 +285,9 @@ class FlowerFitConfig:
             raise ValueError(f"{source}: unknown key(s) {unknown} in [secure]; allowed: {sorted(_SECURE_KEYS)}")
         if secure and raw.get("aggregation") != "secure":
             raise ValueError(f"{source}: a [secure] table needs aggregation = \"secure\"")
-        if raw.get("sigma2_prior") == "none":
-            raw["sigma2_prior"] = None
+        for key in ("sigma2_prior", "local_tol"):  # TOML has no null
+            if raw.get(key) == "none":
+                raw[key] = None
         try:
             return cls(views=views, **raw, **flower, **secure)
         except ValueError as exc:
@@ -316,6 +337,8 @@ class FlowerFitConfig:
             self.n_components,
             n_local_iter=self.n_local_iter,
             n_first_iter=self.n_first_iter,
+            init=self.init,
+            local_tol=self.local_tol,
             ig_solver=self.ig_solver,
             sigma2_prior=self.sigma2_prior,
             privacy=self.privacy(),
@@ -358,13 +381,17 @@ def load_site(config: FlowerFitConfig, path: str | Path, site: str) -> dict[str,
     omitted.  Raises ValueError naming the site, view and problem.
     """
     from ..data.validation import check_sites
-    from ..userdata import read_site_table
+    from ..userdata import SiteDataError, read_site_table
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
     table = read_site_table(path, {v: list(c) for v, c in config.views.items()}, site)
-    checked, _ = check_sites([table], schema=config.schema(), n_components=config.n_components, min_subjects=2, site_names=[site])
+    try:
+        checked, _ = check_sites([table], schema=config.schema(), n_components=config.n_components, min_subjects=2,
+                                 site_names=[site])
+    except ValueError as exc:  # check_sites names sites, views, rows and columns, never values
+        raise SiteDataError(str(exc)) from None
     return checked[0]
 
 
@@ -630,7 +657,7 @@ def run_rounds(
         t0 = time.perf_counter()
         broadcast_bytes = encode(protocol.broadcast_spec, broadcast)
         targets = connected if rnd == 1 else [n for s, n in sorted(result.nodes.items()) if s not in result.lost]
-        request = ConfigRecord({"round": rnd, "seed": seed, "broadcast": broadcast_bytes})
+        request = ConfigRecord({"round": rnd, "broadcast": broadcast_bytes})
         contents = {n: RecordDict({_RECORD: request}) for n in targets}
         messages, silent = _exchange(grid, contents, MESSAGE_TYPE, rnd, round_timeout, poll_interval)
 
@@ -725,7 +752,8 @@ def run_rounds(
 # --------------------------------------------------------------------------- the site half
 
 
-def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, request: Mapping[str, Any], state: Mapping[str, np.ndarray]):
+def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, request: Mapping[str, Any],
+               state: Mapping[str, np.ndarray], site_seed: int | None = None, guard: SiteGuard | None = None):
     """One site's answer to a round request (what the ClientApp does, without Flower).
 
     Parameters
@@ -735,8 +763,15 @@ def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, reques
         This site's name (``node_config["site"]``).
     data_path : path
         This site's CSV file (``node_config["data"]``).
-    request : mapping with ``round`` (int), ``seed`` (int), ``broadcast`` (bytes)
+    request : mapping with ``round`` (int), ``broadcast`` (bytes)
     state : dict of arrays kept by the site between rounds
+    site_seed : int or None
+        The site's own secret seed (``node_config["seed"]``); None: the operating
+        system's entropy.  Nothing in ``request`` seeds the site.
+    guard : SiteGuard or None
+        The site's own policy (``node_config["policy"]``) for this run: in round 1 the
+        analysis is admitted or refused before the site reads its file; every release is
+        recorded in the site's ledger.
 
     Returns
     -------
@@ -746,12 +781,18 @@ def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, reques
     if site not in config.sites:
         return {"site": site, "status": "error", "error": f"site {site!r} is not in the fit's site list {list(config.sites)}"}, state
     index = config.sites.index(site)
+    protocol, rnd = config.protocol(), int(request["round"])
     try:
+        if guard is not None and rnd == 1:  # before the site reads its data
+            guard.admit(protocol, config.n_rounds, config.aggregation == "secure")
+        elif guard is not None:
+            guard.check_admitted()
         data = load_site(config, data_path, site)
-    except (ValueError, OSError) as exc:
-        return {"site": site, "status": "error", "error": f"{type(exc).__name__}: {exc}"}, state
+    except Exception as exc:
+        site_log.warning("site %s, round %d: %s: %s", site, rnd, type(exc).__name__, exc)
+        return {"site": site, "status": "error", "error": failure_report(exc)}, state
     status, payload, new_state = run_site_step(
-        config.protocol(), data, index, int(request["round"]), int(request["seed"]), bytes(request["broadcast"]), dict(state)
+        protocol, data, index, rnd, site_seed, bytes(request["broadcast"]), dict(state), guard
     )
     if status == "ok":
         return {"site": site, "status": "ok", "reply": payload}, new_state
@@ -785,7 +826,7 @@ def secure_site_step(config: FlowerFitConfig, site: str, step: str, request: Map
     rnd = int(request["round"])
     try:
         if kept is None or int(kept["round"]) != rnd:
-            raise ValueError(f"site {site!r} holds no reply for round {rnd}")
+            raise SecAggProtocolError(f"site {site!r} holds no reply for round {rnd}")
         if step == "advertise_keys" and "secagg" in kept:
             raise SecAggProtocolError(f"site {site!r} already advertised its keys for round {rnd}")
         spec = config.reply_spec()
@@ -803,7 +844,8 @@ def secure_site_step(config: FlowerFitConfig, site: str, step: str, request: Map
             else:
                 message = secagg.unmask(payload)
     except (KeyError, ValueError, OverflowError, InsufficientSitesError) as exc:
-        return {"site": site, "status": "error", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}, None
+        site_log.warning("site %s, round %d, secure sum step %s failed: %s: %s", site, rnd, step, type(exc).__name__, exc)
+        return {"site": site, "status": "error", "error": failure_report(exc)}, None
     fields = {"site": site, "status": "ok", "reply": message}
     return fields, None if step == SECURE_STEPS[-1] else {**kept, "secagg": secagg.to_state()}
 
@@ -819,6 +861,25 @@ def _node_setting(context: Context, key: str) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"SuperNode {context.node_id}: node_config has no {key!r}; start it with --node-config '{key}=\"...\"'")
     return value
+
+
+def _site_seed(context: Context) -> int | None:
+    """The site's own secret seed from its SuperNode's ``node_config`` (``seed="..."``), or None."""
+    value = context.node_config.get("seed")
+    if value is None or value == "":
+        return None
+    text = str(value)
+    if not text.isdigit():
+        raise ValueError(f"SuperNode {context.node_id}: node_config 'seed' must be a non-negative integer")
+    return int(text)
+
+
+def _site_guard(context: Context) -> SiteGuard | None:
+    """The site's own policy from its SuperNode's ``node_config`` (``policy="<file>"``), for this run; or None."""
+    value = context.node_config.get("policy")
+    if value is None or value == "":
+        return None
+    return SiteGuard(SitePolicy.read(str(value)), analysis=f"flower-run-{context.run_id}")
 
 
 def _reply(msg: FlowerMessage, fields: Mapping[str, Any]) -> FlowerMessage:
@@ -839,12 +900,14 @@ def _site_message(msg: FlowerMessage, context: Context) -> FlowerMessage:
     try:
         config = FlowerFitConfig.from_json(str(context.run_config[RUN_CONFIG_KEY]))
         site, path = _node_setting(context, "site"), _node_setting(context, "data")
+        site_seed = _site_seed(context)
+        guard = _site_guard(context)
     except (KeyError, ValueError, TypeError) as exc:
         return _reply(msg, _setup_failure(context, exc))
     kept = context.state.config_records.get(_STATE)
     state = decode_state(kept["state"]) if kept is not None and "state" in kept else {}
     request = msg.content.config_records[_RECORD]
-    fields, new_state = site_round(config, site, path, request, state)
+    fields, new_state = site_round(config, site, path, request, state, site_seed, guard)
     encoded = encode_state(new_state)
     if encoded is not None:
         context.state[_STATE] = ConfigRecord({"state": encoded})
@@ -939,6 +1002,8 @@ def write_result(out: str | Path, config: FlowerFitConfig, result: FlowerFitResu
         n_local_iter=config.n_local_iter,
         n_first_iter=config.n_first_iter,
         tol=config.tol,
+        init=config.init,
+        local_tol=config.local_tol,
         random_state=result.seed,
         ig_solver=config.ig_solver,
         sigma2_prior=config.sigma2_prior,

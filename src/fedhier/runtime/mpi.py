@@ -17,8 +17,12 @@ supplies the transport:
 * every payload is the byte string of :func:`fedhier.protocol.messages.encode` sent as a
   ``uint8`` buffer (upper-case mpi4py methods): nothing is pickled.
 
-With the same seed the result is bit-identical to :func:`fedhier.runtime.peer.simulate_peers`:
-both perform the same floating-point operations in the same order.
+Each rank's secrets (its step's generator, its chunk masks) come from its own entropy;
+``site_seed`` replaces it for tests and reproductions.  With ``random_state`` and
+``site_seed`` both equal to the simulator's ``random_state`` the result is bit-identical
+to :func:`fedhier.runtime.peer.simulate_peers`: both perform the same floating-point
+operations in the same order.  (A seed shared by the ranks is no secret among them:
+leave ``site_seed`` out in a deployment.)
 """
 
 from __future__ import annotations
@@ -111,7 +115,7 @@ class MPITransport(Transport):
 
 def run_mpi(protocol: RoundProtocol, data: Any, *, n_rounds: int, graph: np.ndarray | None = None,
             aggregation: PeerAggregation | None = None, random_state: int | None = None,
-            stop: Callable[[Message], bool] | None = None, comm=None) -> PeerResult:
+            site_seed: int | None = None, stop: Callable[[Message], bool] | None = None, comm=None) -> PeerResult:
     """Run ``protocol`` with this process as site ``rank`` (collective over ``comm``).
 
     Parameters
@@ -120,6 +124,10 @@ def run_mpi(protocol: RoundProtocol, data: Any, *, n_rounds: int, graph: np.ndar
     graph : ndarray (S, S), optional
         Peer graph, identical on every rank; default
         :func:`~fedhier.models.collabdict.graphs.default_graph` from the common seed.
+    random_state : int, optional
+        The run's public seed (peer graph, relabelling), taken from rank 0 when not given.
+    site_seed : int, optional
+        This rank's secret seed; None (a deployment): the operating system's entropy.
     Other parameters as :func:`fedhier.runtime.peer.simulate_peers`.
 
     Returns
@@ -133,4 +141,4 @@ def run_mpi(protocol: RoundProtocol, data: Any, *, n_rounds: int, graph: np.ndar
     if adjacency.shape[0] != transport.n_sites:
         raise ValueError(f"peer graph has {adjacency.shape[0]} vertices but {transport.n_sites} MPI processes")
     return run_peer_rounds(protocol, {transport.rank: data}, transport, n_rounds=n_rounds, adjacency=adjacency,
-                           aggregation=aggregation or PeerAggregation(), seed=seed, stop=stop)
+                           aggregation=aggregation or PeerAggregation(), seed=seed, site_seed=site_seed, stop=stop)

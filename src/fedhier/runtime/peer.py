@@ -31,7 +31,7 @@ import numpy as np
 from ..models.collabdict.consensus import (consensus_update, max_update, random_chunks, session_placement)
 from ..models.collabdict.graphs import (GraphSpectrum, StepRule, check_adjacency, consensus_steps, default_graph,
                                         diameter, laplacian_spectrum, relabel, step_size)
-from ..protocol.base import RoundProtocol, SiteContext
+from ..protocol.base import RoundProtocol, SiteContext, check_disclosure
 from ..protocol.messages import Field, Message, MessageSpec, decode, encode
 from .simulate import site_rng
 
@@ -62,13 +62,10 @@ class PeerAggregation:
         Fixed-point fractional bits for ``"shamir"`` (O6: 24).
     threshold : int or None
         Shamir threshold ``t``; default ``floor(S/2) + 1`` (O6).
-    private_masks : bool
-        Draw chunk masks from the operating system's entropy instead of the run's seed.
-        Needed in a deployment (with the seed every site could recompute another site's
-        masks); off by default so that runs are reproducible and the MPI runtime matches
-        the simulator bit for bit.  Results then differ only at the consensus tolerance.
-        Shamir coefficients always come from a cryptographic source (the sum does not
-        depend on them).
+
+    Chunk masks are each site's secret: they come from the site's own generator
+    (:func:`_chunk_rng`), never from the run's public seed.  Shamir coefficients always
+    come from a cryptographic source (the sum does not depend on them).
     """
 
     method: str = "consensus"
@@ -80,7 +77,6 @@ class PeerAggregation:
     agree: bool = True
     frac_bits: int = 24
     threshold: int | None = None
-    private_masks: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in ("consensus", "chunked", "shamir"):
@@ -205,8 +201,11 @@ def _vector_spec(size: int, dtype: str = "float64") -> MessageSpec:
     return MessageSpec("collab-aggregate", {"x": Field((size,), dtype)})
 
 
-def _chunk_rng(seed: int, round: int, site: int) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(5, round, site))))
+def _chunk_rng(site_seed: int | None, round: int, site: int) -> np.random.Generator:
+    """The generator of a site's chunk masks: from its secret seed, or the operating system's entropy (None)."""
+    if site_seed is None:
+        return np.random.default_rng()
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(site_seed), spawn_key=(5, round, site))))
 
 
 def _consensus_session(transport: Transport, adjacency: np.ndarray, values: dict[int, np.ndarray], eps: float,
@@ -277,13 +276,18 @@ def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray],
 
 
 def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, round: int, seed: int,
-                   plan: ConsensusPlan, aggregation: PeerAggregation) -> tuple[dict[int, np.ndarray], int]:
+                   plan: ConsensusPlan, aggregation: PeerAggregation,
+                   site_seed: int | None = None) -> tuple[dict[int, np.ndarray], int]:
     """Every local site's copy of ``sum_s vectors[s]`` computed without a centre.
 
     Parameters
     ----------
     vectors : dict site -> ndarray (m,)
         The flattened replies of the local sites.
+    seed : int
+        The run's public seed (relabelling of the graph, known to every site).
+    site_seed : int or None
+        The local sites' secret seed of their chunk masks; None: the operating system's entropy.
 
     Returns
     -------
@@ -299,7 +303,7 @@ def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, roun
     if aggregation.method == "chunked":
         chunks = {}
         for s, v in vectors.items():
-            rng = np.random.default_rng() if aggregation.private_masks else _chunk_rng(seed, round, s)
+            rng = _chunk_rng(site_seed, round, s)
             scale = aggregation.mask_scale * max(float(np.abs(v).max()), 1.0)
             chunks[s] = random_chunks(v, aggregation.n_chunks, scale, rng)
         n_steps = plan.n_steps_chunked
@@ -337,6 +341,7 @@ class PeerResult:
     site_states : dict site -> dict
     plan : ConsensusPlan or None
     seed : int
+        The run's public seed.
     """
 
     broadcasts: dict[int, Message]
@@ -353,8 +358,12 @@ class PeerResult:
 
 def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], transport: Transport, *, n_rounds: int,
                     adjacency: np.ndarray | None, aggregation: PeerAggregation, seed: int,
-                    stop: Callable[[Message], bool] | None = None) -> PeerResult:
+                    site_seed: int | None = None, stop: Callable[[Message], bool] | None = None) -> PeerResult:
     """Algorithm 1 on the sites of ``transport`` (shared by the in-process and MPI runtimes).
+
+    ``seed`` is the run's public seed, known to every site (graph relabelling);
+    ``site_seed`` the local sites' secret seed (their steps' generators and chunk masks,
+    :func:`~fedhier.runtime.simulate.site_rng`), None for the operating system's entropy.
 
     ``stop(broadcast)`` is evaluated by every site on its own copy after each global
     step; the run ends when it holds at every site (a fixed cap ``n_rounds`` applies, O7).
@@ -372,11 +381,13 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
         before = dict(transport.bytes_sent)
         vectors = {}
         for s in transport.local_sites:
-            ctx = SiteContext(site=s, round=rnd, rng=site_rng(seed, rnd, s), data=site_data[s], state=states[s])
+            ctx = SiteContext(site=s, round=rnd, rng=site_rng(site_seed, rnd, s), data=site_data[s], state=states[s])
             reply = protocol.site_step(ctx, protocol.site_broadcast(broadcasts[s], s))
+            check_disclosure(protocol, reply, ctx.releases)
             states[s] = ctx.state
             vectors[s] = protocol.reply_spec.flatten(reply)
-        sums, exchanges = aggregate_sums(transport, vectors, round=rnd, seed=seed, plan=plan, aggregation=aggregation)
+        sums, exchanges = aggregate_sums(transport, vectors, round=rnd, seed=seed, plan=plan, aggregation=aggregation,
+                                         site_seed=site_seed)
         cache: dict[bytes, Message] = {}
         for s in transport.local_sites:
             key = sums[s].tobytes() + b"|" + encode(protocol.broadcast_spec, broadcasts[s])
@@ -416,7 +427,9 @@ def simulate_peers(protocol: RoundProtocol, sites: Sequence[Any], *, n_rounds: i
         from the run's seed.
     aggregation : PeerAggregation, optional
     random_state : int, optional
-        The one seed of the run (site steps, chunk masks, relabelling, shares).
+        Seed of the simulation: the public seed and, derived from it in this process, every
+        site's secret seed (site steps, chunk masks), as :func:`fedhier.runtime.simulate.simulate`
+        does.  None: a public seed is drawn and every site's secrets come from the operating system.
     stop : callable, optional
         ``stop(broadcast) -> bool``, see :func:`run_peer_rounds`.
     """
@@ -428,4 +441,4 @@ def simulate_peers(protocol: RoundProtocol, sites: Sequence[Any], *, n_rounds: i
         raise ValueError(f"peer graph has {adjacency.shape[0]} vertices but there are {n_sites} sites")
     transport = InProcessTransport(n_sites)
     return run_peer_rounds(protocol, dict(enumerate(sites)), transport, n_rounds=n_rounds, adjacency=adjacency,
-                           aggregation=aggregation, seed=seed, stop=stop)
+                           aggregation=aggregation, seed=seed, site_seed=None if random_state is None else seed, stop=stop)

@@ -7,10 +7,19 @@ the results:
 * every reply and broadcast is validated against its declared spec, serialised with
   :func:`fedhier.protocol.messages.encode` (no pickle) and its bytes are recorded; each
   site is sent only its part of the broadcast (``protocol.site_broadcast``);
-* one seed determines everything: the site step of site ``s`` in round ``r`` gets
-  ``Generator(PCG64(SeedSequence(seed, spawn_key=(1, r, s))))``, the runtime's own
-  draws (participation) use ``spawn_key=(2, r)``, so results do not depend on the
-  order in which sites run nor on the process pool;
+* randomness is split by who may know it.  The run's *public* seed drives the runtime's
+  own draws (participation, ``spawn_key=(2, r)``) and is recorded in the result.  Each
+  site's step draws from the site's *own* generator (:func:`site_rng`): with
+  ``random_state`` given, the simulation derives every site's secret seed from it
+  (``SeedSequence(random_state, spawn_key=(1, r, s))``, reproducible; whoever knows
+  ``random_state`` then knows every site's noise, which only a simulation may accept);
+  with ``random_state=None`` each site draws from the operating system's entropy, and the
+  public seed tells nothing about it.  Results do not depend on the order in which sites
+  run nor on the process pool;
+* a failing site tells the runner only the category of its failure
+  (:func:`failure_report`); the full message stays in the site's log;
+* a private protocol's reply is checked field by field before it leaves the site
+  (:func:`fedhier.protocol.base.check_disclosure`);
 * partial participation: a site may miss a round (scheduled, random, or because its
   step raised); the global step sees only the sites that replied.  The first failure of
   each site raises a :class:`SiteFailedWarning`; every failure is in the history;
@@ -21,24 +30,33 @@ the results:
 
 from __future__ import annotations
 
+import logging
 import time
+import uuid
 import traceback
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from ..protocol.base import RoundProtocol, SiteContext, sum_messages
-from .checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from ..protocol.base import RoundProtocol, SiteContext, check_disclosure, sum_messages
+from .checkpoint import Checkpoint, Fingerprint, read_checkpoint, write_checkpoint
 from ..protocol.messages import Field, Message, MessageError, MessageSpec, decode, encode, header_fields
+
+if TYPE_CHECKING:
+    from ..privacy.policy import SitePolicy
+    from .guard import SiteGuard
 
 __all__ = [
     "simulate", "SimulationResult", "RoundRecord", "RoundFailed", "SiteFailedWarning", "site_rng", "Participation",
-    "run_site_step", "server_update", "global_update", "encode_state", "decode_state",
+    "run_site_step", "server_update", "global_update", "encode_state", "decode_state", "failure_report",
 ]
+
+#: a site's own log: the full text of its failures (never sent to the coordinator)
+site_log = logging.getLogger("fedhier.site")
 
 #: participation: None (every site, every round); a float p in (0, 1] (each site joins
 #: each round with probability p); a mapping ``round -> sites that are absent``; or a
@@ -107,9 +125,27 @@ class SimulationResult:
     seed: int
 
 
-def site_rng(seed: int, round: int, site: int) -> np.random.Generator:
-    """The generator of ``site`` in ``round`` (see module docstring)."""
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(1, round, site))))
+def site_rng(site_seed: int | None, round: int, site: int) -> np.random.Generator:
+    """The site's own generator for ``round``: the source of every secret its step draws.
+
+    ``site_seed`` is a secret of the site, never sent and never derived from what the
+    site receives: ``SeedSequence(site_seed, spawn_key=(1, round, site))``.  None (the
+    default of every deployment) draws fresh entropy from the operating system.
+    """
+    if site_seed is None:
+        return np.random.default_rng()
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(site_seed), spawn_key=(1, round, site))))
+
+
+def failure_report(exc: BaseException) -> str:
+    """The one line a failing site sends to the coordinator: the failure's category and,
+    for an error whose text is safe to send (``public_message``, e.g.
+    :class:`~fedhier.protocol.base.SiteError`), its first line.  Never a value of the data."""
+    name = type(exc).__name__
+    if getattr(exc, "public_message", False):
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        return f"{name}: {text}" if text else name
+    return f"{name} at the site (the details are in the site's own log)"
 
 
 def _runtime_rng(seed: int, round: int) -> np.random.Generator:
@@ -141,29 +177,47 @@ def run_site_step(
     data: Any,
     site: int,
     round: int,
-    seed: int,
+    site_seed: int | None,
     broadcast_bytes: bytes,
     state: dict[str, np.ndarray],
+    guard: "SiteGuard | None" = None,
 ) -> tuple[str, bytes | str, dict[str, np.ndarray]]:
     """Run one site step from the bytes the site received (its :meth:`site_broadcast`); the site-side half of a round.
 
-    Returns ("ok", reply bytes, new state) or ("error", message, old state).  Every
+    ``site_seed`` is the site's own secret seed (:func:`site_rng`; None: the operating
+    system's entropy), never a value the site received.  A private protocol's reply is
+    checked by :func:`~fedhier.protocol.base.check_disclosure` before it is encoded.
+    ``guard`` (:class:`~fedhier.runtime.guard.SiteGuard`): the site's own policy, checked
+    on the data before the step, and its ledger, which records the step's releases.
+
+    Returns ("ok", reply bytes, new state) or ("error", :func:`failure_report`, old
+    state); the full error is written to the site's log (``fedhier.site``).  Every
     runtime (this simulator, its process pool, the Flower ClientApp) calls this, so a
-    site computes the same reply from the same (seed, round, site) wherever it runs.
+    site computes the same reply from the same (site seed, round, site) wherever it runs.
     """
     try:
         broadcast = decode(protocol.site_broadcast_spec, broadcast_bytes)
-        ctx = SiteContext(site=site, round=round, rng=site_rng(seed, round, site), data=data, state=dict(state))
+        if guard is not None:
+            guard.check_data(protocol, data)
+        ctx = SiteContext(site=site, round=round, rng=site_rng(site_seed, round, site), data=data, state=dict(state))
         reply = protocol.site_step(ctx, broadcast)
-        return "ok", encode(protocol.reply_spec, reply), ctx.state
+        check_disclosure(protocol, reply, ctx.releases)
+        encoded = encode(protocol.reply_spec, reply)
+        if guard is not None:  # recorded before it is sent: a release lost on the way still counts
+            guard.record(round, ctx.releases)
+        return "ok", encoded, ctx.state
     except Exception as exc:  # a failing site is dropped from the round, never silently
-        return "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}", state
+        site_log.warning("site %d, round %d failed: %s: %s\n%s", site, round, type(exc).__name__, exc,
+                         traceback.format_exc(limit=3))
+        return "error", failure_report(exc), state
 
 
-def _site_step_in_worker(site: int, round: int, seed: int, broadcast_bytes: bytes, state_bytes: bytes | None):
+def _site_step_in_worker(site: int, round: int, site_seed: int | None, broadcast_bytes: bytes, state_bytes: bytes | None,
+                         guard: "SiteGuard | None" = None):
     protocol = _WORKER["protocol"]
     state = decode_state(state_bytes)
-    status, payload, new_state = run_site_step(protocol, _WORKER["sites"][site], site, round, seed, broadcast_bytes, state)
+    status, payload, new_state = run_site_step(protocol, _WORKER["sites"][site], site, round, site_seed, broadcast_bytes,
+                                               state, guard)
     return status, payload, encode_state(new_state)
 
 
@@ -231,6 +285,29 @@ def global_update(protocol: RoundProtocol, combined: Message, round: int, broadc
 # --------------------------------------------------------------------------- main loop
 
 
+def _admit_sites(protocol: RoundProtocol, n_sites: int, policies, analysis: str | None, n_rounds: int,
+                 secure: bool) -> tuple[list["SiteGuard | None"], dict[int, str]]:
+    """Each site's guard and the sites whose own policy refuses the analysis (site -> the reason it sends)."""
+    if policies is None:
+        return [None] * n_sites, {}
+    if len(policies) != n_sites:
+        raise ValueError(f"site_policies: {len(policies)} given for {n_sites} sites")
+    from .guard import SiteGuard
+
+    name = analysis if analysis is not None else f"simulate-{uuid.uuid4().hex}"
+    guards: list[SiteGuard | None] = [None if p is None else SiteGuard(p, name) for p in policies]
+    refused = {}
+    for s, guard in enumerate(guards):
+        if guard is None:
+            continue
+        try:
+            guard.admit(protocol, n_rounds, secure)
+        except Exception as exc:  # the site says no (or its ledger does not check out): it takes no part
+            site_log.warning("site %d refused analysis %s: %s", s, name, exc)
+            refused[s] = failure_report(exc)
+    return guards, refused
+
+
 def _participants(participation: Participation, round: int, n_sites: int, rng: np.random.Generator) -> list[int]:
     if participation is None:
         return list(range(n_sites))
@@ -265,6 +342,8 @@ def simulate(
     aggregator: Any = None,
     checkpoint: str | Path | None = None,
     stop: Callable[[RoundRecord, Message], bool] | None = None,
+    site_policies: Sequence["SitePolicy | None"] | None = None,
+    analysis: str | None = None,
 ) -> SimulationResult:
     """Run ``n_rounds`` rounds of ``protocol`` over ``sites`` in this process.
 
@@ -276,7 +355,10 @@ def simulate(
     n_rounds : int
         Number of communication rounds (>= 1).
     random_state : int or None
-        Seed of everything; None draws one (recorded in the result).
+        Seed of the simulation.  Given: the public seed is ``random_state`` and every
+        site's secret seed is derived from it (reproducible runs).  None: a public seed
+        is drawn (recorded in the result) and every site draws its secrets from the
+        operating system, as in a deployment (see the module docstring).
     n_jobs : int
         Number of worker processes for the site steps (1 = no pool).  Results are
         bit-identical with and without the pool.
@@ -299,7 +381,19 @@ def simulate(
     checkpoint : path, optional
         Write a checkpoint (:mod:`fedhier.runtime.checkpoint`) after every round; if the
         file exists when the run starts, resume from it (same protocol, sites and seed
-        required) -- the result is bit-identical to an uninterrupted run.
+        required) -- with ``random_state`` given the result is bit-identical to an
+        uninterrupted run (without it the sites' secrets after the restart are fresh draws).
+        A resume on other data (even of the same shapes) or with another configuration is
+        refused, naming what differs (:class:`~fedhier.runtime.checkpoint.Fingerprint`).
+
+    site_policies : sequence of SitePolicy or None, optional
+        Each site's own privacy policy (:class:`fedhier.privacy.policy.SitePolicy`), enforced
+        at the site as in a deployment (:class:`fedhier.runtime.guard.SiteGuard`): before
+        round 1 a site whose policy refuses the analysis takes no part (its reason is in
+        every round's ``failed`` and in a :class:`SiteFailedWarning`), and every release a
+        site makes is appended to its policy's ledger.
+    analysis : str, optional
+        The analysis' name in the sites' ledgers (default: a fresh random id).
 
     Returns
     -------
@@ -323,19 +417,27 @@ def simulate(
             raise ValueError(f"protocol {protocol.name!r} combines by {protocol.combine!r}; secure aggregation needs 'sum'")
         if aggregator is None:
             raise ValueError("aggregation='secure' needs an aggregator")
+    guards, refused = _admit_sites(protocol, n_sites, site_policies, analysis, n_rounds, aggregation == "secure")
     for s, data in enumerate(sites):
-        protocol.validate_site_data(s, data)
+        if s not in refused:
+            protocol.validate_site_data(s, data)
 
     seed = int(np.random.SeedSequence().entropy % (2**63)) if random_state is None else int(random_state)
+    site_seed = None if random_state is None else seed  # the sites' secret: derived in-process only when given
     first_round, broadcast, states = 1, protocol.broadcast_spec.validate(protocol.initial_broadcast()), [{} for _ in sites]
     history: list[RoundRecord] = []
+    fingerprint = None
     if checkpoint is not None and Path(checkpoint).exists():
-        saved = read_checkpoint(checkpoint)
+        saved = read_checkpoint(checkpoint, n_sites=n_sites)
         if saved.protocol != protocol.name or len(saved.site_states) != n_sites:
             raise ValueError(
                 f"checkpoint {checkpoint} is for protocol {saved.protocol!r} with {len(saved.site_states)} sites, "
                 f"not {protocol.name!r} with {n_sites}"
             )
+        if saved.fingerprint is None:
+            raise ValueError(f"checkpoint {checkpoint} does not say which data and configuration it belongs to; delete it")
+        saved.fingerprint.check_resume(protocol, sites, f"checkpoint {checkpoint}")
+        fingerprint = saved.fingerprint
         if random_state is not None and saved.seed != seed:
             raise ValueError(f"checkpoint {checkpoint} was written with seed {saved.seed}, not {seed}")
         if saved.round > n_rounds:
@@ -355,15 +457,15 @@ def simulate(
     try:
         for rnd in range(first_round, n_rounds + 1):
             t0 = time.perf_counter()
-            active = _participants(participation, rnd, n_sites, _runtime_rng(seed, rnd))
+            active = [s for s in _participants(participation, rnd, n_sites, _runtime_rng(seed, rnd)) if s not in refused]
             down = {s: encode_site_broadcast(protocol, broadcast, s) for s in active}
             outcomes: dict[int, tuple[str, bytes | str, dict[str, np.ndarray]]] = {}
             if pool is None:
                 for s in active:
-                    outcomes[s] = run_site_step(protocol, sites[s], s, rnd, seed, down[s], states[s])
+                    outcomes[s] = run_site_step(protocol, sites[s], s, rnd, site_seed, down[s], states[s], guards[s])
             else:
                 futures = {
-                    s: pool.submit(_site_step_in_worker, s, rnd, seed, down[s], encode_state(states[s]))
+                    s: pool.submit(_site_step_in_worker, s, rnd, site_seed, down[s], encode_state(states[s]), guards[s])
                     for s in active
                 }
                 for s, fut in futures.items():
@@ -371,7 +473,7 @@ def simulate(
                     outcomes[s] = (status, payload, decode_state(state_bytes))
 
             replies: dict[int, Message] = {}
-            failed: dict[int, str] = {}
+            failed: dict[int, str] = dict(refused)  # a site that refused the analysis, every round
             bytes_up: dict[int, int] = {}
             for s in active:
                 status, payload, new_state = outcomes[s]
@@ -381,7 +483,7 @@ def simulate(
                     states[s] = new_state
                 else:
                     failed[s] = str(payload)
-            absent = [s for s in range(n_sites) if s not in active]
+            absent = [s for s in range(n_sites) if s not in active and s not in refused]
             if len(replies) < min_sites:
                 detail = "; ".join(f"site {s}: {m.splitlines()[0]}" for s, m in failed.items())
                 raise RoundFailed(rnd, f"{len(replies)} site(s) replied, at least {min_sites} needed" + (f" ({detail})" if detail else ""))
@@ -413,9 +515,10 @@ def simulate(
             for cb in callbacks:  # before the checkpoint, which then holds the metrics they add
                 cb(record, broadcast)
             if checkpoint is not None:
+                fingerprint = fingerprint or Fingerprint.of(protocol, sites)  # salted digests of the data, see Fingerprint
                 write_checkpoint(
                     checkpoint,
-                    Checkpoint(protocol.name, rnd, seed, broadcast, states, [h.to_dict() for h in history]),
+                    Checkpoint(protocol.name, rnd, seed, broadcast, states, [h.to_dict() for h in history], fingerprint),
                 )
             if stop is not None and stop(record, broadcast):
                 break

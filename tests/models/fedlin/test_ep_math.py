@@ -31,6 +31,18 @@ def test_log_lik_matches_multivariate_normal_on_raw_data():
     np.testing.assert_allclose(got, expected, rtol=1e-10)
 
 
+def test_log_lik_of_a_random_intercept_matches_multivariate_normal_at_many_points():
+    # one random coordinate takes the scalar path of log_marginal; many points at once
+    rng = np.random.default_rng(3)
+    X, y = _data(rng, 9, np.array([0.5, 1.0, -1.0]), 0.4)
+    model = GaussianHierarchy(3, random=[True, False, False], noise="shared")
+    phi = np.column_stack([rng.normal(size=(20, 3)), rng.normal(-1.0, 0.5, size=20), rng.normal(-1.0, 0.5, size=20)])
+    got = model.log_lik(SiteStats.from_data(X, y), phi, np.zeros((20, 0)))
+    for i, row in enumerate(phi):
+        cov = np.exp(row[3]) * np.outer(X[:, 0], X[:, 0]) + np.exp(row[4]) * np.eye(9)
+        assert got[i] == pytest.approx(sps.multivariate_normal(X @ row[:3], cov).logpdf(y), rel=1e-10)
+
+
 def test_conditional_theta_matches_gaussian_conditioning():
     rng = np.random.default_rng(1)
     X, y = _data(rng, 10, np.array([1.0, 2.0]), 0.5)

@@ -19,13 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from ...protocol.base import RoundProtocol, SiteContext
+from ...protocol.base import RoundProtocol, SiteContext, SiteError
 from ...protocol.messages import Field, Message, MessageSpec
 from .diversity import diversity_level, mitigation_noise, paper_sample_weights_entropy, sample_weights_entropy
 from .ggm import global_update, initial_dictionary, l0_weights, local_update, pack_symmetric, unpack_symmetric
 
-__all__ = ["MomentsProtocol", "GGMMixtureProtocol", "VAEProtocol", "DiversityRecord", "check_site_matrix",
+__all__ = ["MomentsProtocol", "GGMMixtureProtocol", "VAEProtocol", "DiversityRecord", "TrainingDiverged", "check_site_matrix",
            "standardise"]
+
+
+class TrainingDiverged(SiteError, FloatingPointError):
+    """A site's gradient steps gave a non-finite ELBO or gradient (its text holds no data value)."""
 
 
 def check_site_matrix(site: int, data: Any, n_features: int | None = None) -> np.ndarray:
@@ -358,7 +362,7 @@ class VAEProtocol(RoundProtocol):
                 phi = {k: phi[k] + self.learning_rate * step[k] for k in enc_keys}
             elbo, grad_theta, _ = elbo_and_gradients(X, theta, phi, ctx.rng.standard_normal((n, self.n_latent)))
         if not (np.isfinite(elbo) and all(np.all(np.isfinite(g)) for g in grad_theta.values())):
-            raise FloatingPointError(
+            raise TrainingDiverged(
                 f"the VAE diverged at site {ctx.site} (non-finite ELBO or gradient): lower learning_rate"
                 + (" or set max_grad_norm" if self.max_grad_norm is None else " or max_grad_norm"))
         ctx.state.update(phi)

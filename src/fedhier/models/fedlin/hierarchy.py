@@ -41,10 +41,16 @@ def log_marginal(stats: SiteStats, mu: np.ndarray, tau: np.ndarray, s2: np.ndarr
     -------
     ndarray, shape (n,)
     """
-    ee = stats.yy - 2.0 * mu @ stats.xy + np.einsum("ni,ij,nj->n", mu, stats.xx, mu)
+    mu_xx = mu @ stats.xx
+    ee = stats.yy - 2.0 * mu @ stats.xy + (mu_xx * mu).sum(1)
     out = -0.5 * stats.n * (_LOG_2PI + np.log(s2)) - 0.5 * ee / s2
-    if random.size:
-        b = stats.xy[random] - mu @ stats.xx[:, random]
+    if random.size == 1:  # a random intercept (or one slope): P is a scalar per point
+        j = int(random[0])
+        b = stats.xy[j] - mu_xx[:, j]
+        P = stats.xx[j, j] / s2 + 1.0 / tau[:, 0]
+        out = out - 0.5 * np.log(tau[:, 0]) - 0.5 * np.log(P) + 0.5 * (b * b / P) / s2**2
+    elif random.size:
+        b = stats.xy[random] - mu_xx[:, random]  # X^T X is symmetric: (mu X^T X)_r = mu (X^T X)_{:, r}
         P = stats.xx[np.ix_(random, random)][None] / s2[:, None, None] + _diag(1.0 / tau)
         L = np.linalg.cholesky(P)
         z = np.linalg.solve(L, b[..., None])[..., 0]

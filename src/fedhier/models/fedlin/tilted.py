@@ -32,11 +32,12 @@ Every result carries weighted points (or draws) that also give the device poster
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import special, stats as sps
+from scipy import special
 
 from .lasso import sample_lasso_tilted
 from .natural import inv_pd, is_pd, moments_from_draws, symmetrise, to_moments, unbiased_precision
@@ -93,7 +94,7 @@ def _log_tilted(model, stats, cavity_mean, cavity_prec, z):
     p = model.p
     phi, u = z[:, :p], z[:, p:]
     diff = phi - cavity_mean
-    out = -0.5 * np.einsum("ni,ij,nj->n", diff, cavity_prec, diff) + model.local_log_prior(u)
+    out = -0.5 * ((diff @ cavity_prec) * diff).sum(1) + model.local_log_prior(u)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         try:
             ll = model.log_lik(stats, phi, u)
@@ -102,27 +103,48 @@ def _log_tilted(model, stats, cavity_mean, cavity_prec, z):
     return np.where(np.isfinite(ll), out + ll, -np.inf)
 
 
+@functools.lru_cache(maxsize=16)
+def _stencil(D: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Central-difference stencil of :func:`_derivatives` in D dimensions.
+
+    Returns the first and second unit offsets of every point, ``A, B`` (shape (1 + 2D + 4P, D),
+    P = D(D+1)/2 pairs i <= j; point = (x + A h) + B h, as x + E_i + E_j), and the pairs ``I, J``.
+    """
+    I, J = np.triu_indices(D)
+    eye = np.eye(D)
+    first = np.repeat(eye[I], 4, axis=0) * np.tile([1.0, 1.0, -1.0, -1.0], I.size)[:, None]
+    second = np.repeat(eye[J], 4, axis=0) * np.tile([1.0, -1.0, 1.0, -1.0], I.size)[:, None]
+    A = np.concatenate([np.zeros((1, D)), eye, -eye, first])
+    B = np.concatenate([np.zeros((1 + 2 * D, D)), second])
+    for array in (A, B, I, J):
+        array.flags.writeable = False  # shared by every call (cached)
+    return A, B, I, J
+
+
 def _derivatives(logf, x: np.ndarray, h: np.ndarray):
-    """Value, gradient and Hessian of ``logf`` at ``x`` by central differences, in one vectorised call."""
+    """Value, gradient and Hessian of ``logf`` at ``x`` by central differences, in one vectorised call.
+
+    The 1 + 2D + 4 D(D+1)/2 points are x, x +- h_i e_i and x +- h_i e_i +- h_j e_j (i <= j).
+    """
     D = x.size
-    E = np.diag(h)
-    pts = [x[None], x + E, x - E]
-    pairs = [(i, j) for i in range(D) for j in range(i, D)]
-    for i, j in pairs:
-        pts.append(np.stack([x + E[i] + E[j], x + E[i] - E[j], x - E[i] + E[j], x - E[i] - E[j]]))
-    vals = logf(np.concatenate(pts))
+    A, B, I, J = _stencil(D)
+    vals = logf((x + A * h) + B * h)
     f0 = vals[0]
-    H = np.empty((D, D))
     quads = vals[1 + 2 * D :].reshape(-1, 4)
+    H = np.empty((D, D))
     with np.errstate(invalid="ignore"):  # -inf - -inf: reported as a non-finite derivative
         grad = (vals[1 : 1 + D] - vals[1 + D : 1 + 2 * D]) / (2 * h)
-        for (i, j), (a, b, c, e) in zip(pairs, quads):
-            H[i, j] = H[j, i] = (a - b - c + e) / (4 * h[i] * h[j])
+        second = (quads[:, 0] - quads[:, 1] - quads[:, 2] + quads[:, 3]) / (4 * h[I] * h[J])
+    H[I, J] = second
+    H[J, I] = second
     return f0, grad, H
 
 
 def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.ndarray]:
     """Mode and inverse negative Hessian of a vectorised log density (damped Newton, finite differences).
+
+    The full Newton step is tried with the derivatives at the new point, in one call of
+    ``logf``: when it is accepted (the usual case) they serve the next iteration.
 
     Raises
     ------
@@ -131,9 +153,9 @@ def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.
     """
     x = np.array(x0, dtype=float)
     D = x.size
+    h = 1e-3 * np.maximum(1.0, np.abs(x))
+    f0, g, H = _derivatives(logf, x, h)
     for _ in range(max_iter):
-        h = 1e-3 * np.maximum(1.0, np.abs(x))
-        f0, g, H = _derivatives(logf, x, h)
         if not (np.isfinite(f0) and np.all(np.isfinite(g)) and np.all(np.isfinite(H))):
             raise TiltedFailure("tilted log density is not finite near the current point")
         A = -H
@@ -141,20 +163,30 @@ def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.
         while not is_pd(A + lam * np.eye(D)):
             lam = max(2 * lam, 1e-6 * max(1.0, float(np.abs(np.diag(A)).max())))
         step = np.linalg.solve(A + lam * np.eye(D), g)
-        t = 1.0
-        while t > 1e-8:
-            x_new = x + t * step
-            f_new = logf(x_new[None])[0]
-            if np.isfinite(f_new) and f_new >= f0 + 1e-4 * t * (g @ step):
+        slope = g @ step
+        # full step, with the derivatives there
+        x_new = x + step
+        h_new = 1e-3 * np.maximum(1.0, np.abs(x_new))
+        derivs = _derivatives(logf, x_new, h_new)
+        f_new = derivs[0]
+        settled = abs(slope) < 1e-9 and lam == 0.0  # a step within rounding of the mode: no line search
+        if not settled and not (np.isfinite(f_new) and f_new >= f0 + 1e-4 * slope):
+            t = 0.5
+            while t > 1e-8:
+                x_new = x + t * step
+                f_new = logf(x_new[None])[0]
+                if np.isfinite(f_new) and f_new >= f0 + 1e-4 * t * slope:
+                    break
+                t *= 0.5
+            else:
                 break
-            t *= 0.5
-        else:
+            h_new = 1e-3 * np.maximum(1.0, np.abs(x_new))
+            derivs = _derivatives(logf, x_new, h_new)
+        x, h = x_new, h_new
+        if settled:
             break
-        x = x_new
-        if abs(g @ step) < 1e-9 and lam == 0.0:
-            break
-    h = 1e-3 * np.maximum(1.0, np.abs(x))
-    _, _, H = _derivatives(logf, x, h)
+        f0, g, H = derivs
+    H = derivs[2] if x is x_new else H
     try:
         cov = inv_pd(-H, "negative Hessian at the mode")
     except ValueError as exc:
@@ -259,17 +291,21 @@ def tilted_moments(
         log_w = np.log(w[grid]).sum(1) + (xs**2).sum(1) + logf(z)
     else:
         half = max(n_draws // 2, 1)
-        eps = rng.standard_normal((half, D)) @ L.T
+        xi = rng.standard_normal((half, D))
+        eps = xi @ L.T
         z = mode + np.concatenate([eps, -eps])  # antithetic pairs: the plain sample mean is the mode
-        log_w = logf(z) - sps.multivariate_normal(mode, lap_cov).logpdf(z)
+        # log N(z; mode, L L^T) with L^{-1}(z - mode) = +-xi: no second factorisation or solve
+        log_q = -0.5 * (xi * xi).sum(1) - np.log(np.diag(L)).sum() - 0.5 * D * np.log(2.0 * np.pi)
+        log_w = logf(z) - np.concatenate([log_q, log_q])
     if not np.any(np.isfinite(log_w)):
         raise TiltedFailure("tilted density is not finite at any point")
     log_w = np.where(np.isfinite(log_w), log_w, -np.inf)
-    weights = np.exp(log_w - special.logsumexp(log_w))
+    weights = np.exp(log_w - log_w.max())
+    weights /= weights.sum()
     ess = float(1.0 / np.sum(weights**2))
     if method == "importance" and ess < min_ess:
         raise TiltedFailure(f"effective sample size {ess:.1f} is below {min_ess}")
-    phi = z[:, : model.p]
+    phi = np.ascontiguousarray(z[:, : model.p])
     mean, cov = moments_from_draws(phi, weights)
     if method == "importance":
         # control variate: the same draws, unweighted, estimate the known Laplace moments

@@ -16,7 +16,30 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["ViewBlock", "MultiViewData", "check_views"]
+__all__ = ["ViewBlock", "MultiViewData", "check_views", "row_blocks", "squared_distances"]
+
+#: entries per block of rows in the passes below (8 MiB of float64: stays in cache-sized pieces)
+_BLOCK_ENTRIES = 2**20
+
+
+def row_blocks(values: np.ndarray, rows: np.ndarray | None = None):
+    """Yield consecutive blocks of the rows of ``values`` (n, d) -- all rows, or those indexed by ``rows`` --
+    of about 2^20 entries each, so that a pass over the data needs no data-sized temporary."""
+    chunk = max(1, _BLOCK_ENTRIES // max(values.shape[1], 1))
+    n = values.shape[0] if rows is None else rows.size
+    for start in range(0, n, chunk):
+        yield values[start:start + chunk] if rows is None else values[rows[start:start + chunk]]
+
+
+def squared_distances(values: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    """||t_n - centre||^2 for every row of ``values`` (n, d), by blocks of rows; shape (n,)."""
+    out = np.empty(values.shape[0])
+    start = 0
+    for block in row_blocks(values):
+        diff = block - centre
+        out[start:start + block.shape[0]] = np.einsum("ij,ij->i", diff, diff)
+        start += block.shape[0]
+    return out
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Mapping
 import numpy as np
 from scipy.linalg import cho_solve, cholesky
 
-from ._data import MultiViewData
+from ._data import MultiViewData, squared_distances
 from .params import ViewParams
 
 __all__ = ["LatentPosterior", "posterior", "marginal_loglik_rows", "check_model"]
@@ -128,8 +128,8 @@ def marginal_loglik_rows(data: MultiViewData, model: Mapping[str, ViewParams], p
     twice_neg = np.zeros(data.n)
     for name, block in data.views.items():
         p = model[name]
-        resid = block.values - np.asarray(p.mu, dtype=float)
-        term = np.einsum("ij,ij->i", resid, resid) / p.sigma2 + block.dim * (_LOG_2PI + np.log(p.sigma2))
+        term = squared_distances(block.values, np.asarray(p.mu, dtype=float)) / p.sigma2
+        term += block.dim * (_LOG_2PI + np.log(p.sigma2))
         if block.rows is None:
             twice_neg += term
         else:

@@ -1,8 +1,11 @@
 """Local computation of one site: EM / MAP-EM of multi-view PPCA (spec fed-mv-ppca §3, §4).
 
-:func:`fit_local` runs the iterations of one round at one site.  Round 1 (``prior`` None,
-§4.5 [RC]) starts from W_ij ~ U(-2, 2), sigma2 ~ U(0.1, 0.5) and runs EM without priors
-on mu and W; rounds >= 2 draw W and sigma2 from the broadcast prior and run MAP-EM.
+:func:`fit_local` runs the iterations of one round at one site.  Round 1 (``prior`` None)
+runs EM without priors on mu and W, started either from a PCA of the site's own views
+(``init="pca"``, [R], :mod:`.start`) or as in the paper from W_ij ~ U(-2, 2),
+sigma2 ~ U(0.1, 0.5) (``init="random"``, §4.5 [RC]); rounds >= 2 draw W and sigma2 from the
+broadcast prior and run MAP-EM.  With ``tol`` the iterations stop once the parameters
+settle (relative change below ``tol``), ``n_iter`` being the cap.
 Every iteration follows the order of §4.3:
 
     (1) mu (eq. 11, Woodbury)  ->  (2) E-step  ->  (3) W (lambda_k = sigma2[s] / sigma2_W)
@@ -22,7 +25,7 @@ from typing import Mapping
 import numpy as np
 from scipy.special import gammaln
 
-from ._data import MultiViewData, check_views
+from ._data import MultiViewData, check_views, row_blocks
 from ._latent import LatentPosterior, check_model, marginal_loglik_rows, posterior
 from .mstep import (
     effective_columns,
@@ -33,6 +36,7 @@ from .mstep import (
     sigma2_step,
 )
 from .params import GlobalParams, GlobalView, LocalParams, ViewParams
+from .start import pca_start
 
 __all__ = ["LocalFit", "fit_local", "e_step", "local_objective", "log_prior"]
 
@@ -49,9 +53,10 @@ class LocalFit:
     ----------
     params : LocalParams
         theta_c: one ViewParams per fitted view.
-    expected_ll : ndarray of shape (n_iter,)
+    expected_ll : ndarray of shape (n_iterations,)
         Q_c of §4.2 with all constants, evaluated after each iteration at that
-        iteration's new (mu, W, sigma2) and its E-step moments.
+        iteration's new (mu, W, sigma2) and its E-step moments; one entry per iteration
+        run (``n_iter``, or fewer when ``tol`` stopped the fit).
     safeguards : tuple of str
         Notes on safeguards that triggered (rejected sigma2, halved weak prior, ...).
     """
@@ -79,12 +84,25 @@ def _check_prior(prior: GlobalParams, data: MultiViewData, q: int) -> None:
 
 def _scatter_about(values: np.ndarray, centre: np.ndarray) -> float:
     """sum_n ||t_n - centre||^2 of (N, d) rows, by cache-sized blocks of rows (no N x d temporary)."""
-    chunk = max(1, 2**20 // values.shape[1])
     total = 0.0
-    for start in range(0, values.shape[0], chunk):
-        block = values[start:start + chunk] - centre
-        total += float(np.einsum("ij,ij->", block, block))
+    for block in row_blocks(values):
+        diff = block - centre
+        total += float(np.einsum("ij,ij->", diff, diff))
     return total
+
+
+def _relative_change(before: dict, mu: dict, W: dict, sigma2: dict) -> float:
+    """Largest relative change of (mu_k, W_k, sigma2_k) over the views since ``before``."""
+    change = 0.0
+    for name, (mu0, W0, s0) in before.items():
+        scale_W = np.linalg.norm(W[name])
+        change = max(
+            change,
+            np.linalg.norm(W[name] - W0) / scale_W if scale_W > 0 else 0.0,
+            abs(sigma2[name] - s0) / sigma2[name],
+            np.linalg.norm(mu[name] - mu0) / (np.linalg.norm(mu[name]) + scale_W) if scale_W > 0 else 0.0,
+        )
+    return float(change)
 
 
 def _second_moments(data: MultiViewData, post: LatentPosterior) -> tuple[np.ndarray, np.ndarray]:
@@ -108,6 +126,8 @@ def fit_local(
     n_iter: int,
     rng: np.random.Generator | int | None,
     sigma2_prior: str | None = "weak",
+    init: str = "pca",
+    tol: float | None = None,
 ) -> LocalFit:
     """Fit theta_c = {mu_k, W_k, sigma2_k} at one site for one round (§4.3–§4.5).
 
@@ -128,6 +148,13 @@ def fit_local(
         Round 1 only: "weak" applies the [RC] IG(2.25, 0.625) prior with the halving
         retry to sigma2; None runs plain EM.  Ignored when ``prior`` is given (then
         IG(alpha, beta) of the prior is used).
+    init : {"pca", "random"}
+        Round 1 only: start from the PCA of the site's views ([R], :func:`.start.pca_start`)
+        or from W_ij ~ U(-2, 2), sigma2 ~ U(0.1, 0.5) ([RC], the paper's start).
+    tol : float or None
+        Stop after the iteration where every view's relative change
+        max(||dW||_F / ||W||_F, |d sigma2| / sigma2, ||d mu|| / (||mu|| + ||W||_F)) falls
+        below ``tol``; None runs exactly ``n_iter`` iterations.
 
     Returns
     -------
@@ -146,6 +173,10 @@ def fit_local(
         raise ValueError(f"n_iter must be >= 1, got {n_iter}")
     if sigma2_prior not in ("weak", None):
         raise ValueError(f"sigma2_prior must be 'weak' or None, got {sigma2_prior!r}")
+    if init not in ("pca", "random"):
+        raise ValueError(f"init must be 'pca' or 'random', got {init!r}")
+    if tol is not None and not (np.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be None or a positive number, got {tol!r}")
     rng = np.random.default_rng(rng)
     site = check_views(data, what="site data")
     for name, block in site.views.items():
@@ -160,19 +191,23 @@ def fit_local(
         sample_mean[name] = block.values.mean(axis=0)
         scatter[name] = _scatter_about(block.values, sample_mean[name])
         n_cols[name] = effective_columns(block.dim, q)
-        if prior is None:
-            W[name] = rng.uniform(-2.0, 2.0, size=(block.dim, q))
-            sigma2[name] = float(rng.uniform(0.1, 0.5))
-        else:
+        if prior is not None:
             g = prior[name]
             W[name] = np.asarray(g.W, dtype=float) + np.sqrt(g.sigma2_W) * rng.standard_normal((block.dim, q))
             sigma2[name] = float(g.beta / rng.gamma(g.alpha))
+        elif init == "random":
+            W[name] = rng.uniform(-2.0, 2.0, size=(block.dim, q))
+            sigma2[name] = float(rng.uniform(0.1, 0.5))
+    if prior is None and init == "pca":
+        W, sigma2 = pca_start(site, sample_mean, scatter, q, rng)
+    for name in site.views:
         W[name][:, n_cols[name]:] = 0.0
 
     names = list(site.views)
     expected_ll = np.empty(int(n_iter))
     notes: list[str] = []
     for it in range(int(n_iter)):
+        before = {k: (mu.get(k), W[k], sigma2[k]) for k in names}
         # (1) mu, with W[s], sigma2[s]
         for name, block in site.views.items():
             g = None if prior is None else prior[name]
@@ -208,6 +243,9 @@ def fit_local(
             sigma2[name] = new
             q_value -= 0.5 * (n_dof * (_LOG_2PI + np.log(new)) + S / new)
         expected_ll[it] = q_value
+        if tol is not None and it > 0 and _relative_change(before, mu, W, sigma2) < tol:
+            expected_ll = expected_ll[: it + 1]
+            break
 
     params = {k: ViewParams(mu=mu[k], W=W[k], sigma2=sigma2[k]) for k in names}
     return LocalFit(params=params, expected_ll=expected_ll, safeguards=tuple(notes))

@@ -1,0 +1,69 @@
+"""What a site enforces on itself in every runtime: its policy and its persistent ledger.
+
+A :class:`SiteGuard` runs at the site, in the site half of a round
+(:func:`fedhier.runtime.simulate.run_site_step`), wherever that runs -- in-process, in a
+pool worker, in a Flower ClientApp:
+
+1. :meth:`SiteGuard.admit`, before the site reads its data for an analysis: builds the
+   :class:`~fedhier.privacy.policy.AnalysisRequest` from the analysis' own configuration
+   (the protocol's requested views, its DP unit and release plan over all rounds, the
+   aggregation mode) and lets the site's :class:`~fedhier.privacy.policy.SitePolicy` refuse
+   it; an admitted analysis is recorded in the site's ledger;
+2. :meth:`SiteGuard.check_data`, after reading and before any computation: the policy's
+   minimum number of subjects per view;
+3. :meth:`SiteGuard.record`, after each step: the releases it made are appended to the
+   site's ledger, so that later analyses compose with them.
+
+A refusal is a :class:`~fedhier.privacy.policy.PolicyRefusal`, whose text the coordinator
+may see (it names the rule and the request, never data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..privacy.policy import AnalysisRequest, PolicyRefusal, SitePolicy, request_mode
+from ..privacy.site_ledger import SiteLedger
+from ..protocol.base import RoundProtocol
+
+__all__ = ["SiteGuard"]
+
+
+@dataclass
+class SiteGuard:
+    """A site's policy (and its ledger, if the policy keeps one) applied to one analysis named ``analysis``."""
+
+    policy: SitePolicy
+    analysis: str
+
+    def request(self, protocol: RoundProtocol, n_rounds: int, secure: bool) -> AnalysisRequest:
+        """What the analysis asks of this site, from its configuration only."""
+        return AnalysisRequest(
+            name=self.analysis,
+            mode=request_mode(protocol.private, secure),
+            views=tuple(protocol.requested_views()),
+            unit=protocol.protected_unit,
+            events=tuple(protocol.release_plan(n_rounds)),
+        )
+
+    def admit(self, protocol: RoundProtocol, n_rounds: int, secure: bool) -> None:
+        """Refuse (:class:`PolicyRefusal`) or admit the analysis; an admitted one is recorded in the ledger once."""
+        ledger = self.policy.site_ledger()
+        self.policy.check(self.request(protocol, n_rounds, secure), ledger)
+        if ledger is not None and self.analysis not in ledger.analyses:
+            ledger.start(self.analysis)
+
+    def check_admitted(self) -> None:
+        """In a later round: the analysis must be one this site admitted (its ledger says so)."""
+        ledger = self.policy.site_ledger()
+        if ledger is not None and self.analysis not in ledger.analyses:
+            raise PolicyRefusal(f"analysis {self.analysis!r} was never admitted by this site")
+
+    def check_data(self, protocol: RoundProtocol, data: Any) -> None:
+        self.policy.check_subjects(protocol.subject_counts(data))
+
+    def record(self, round: int, releases: list) -> None:
+        """Append the step's releases ``[(block, DpEvent)]`` to the site's ledger (no-op without one)."""
+        if releases and self.policy.ledger is not None:
+            SiteLedger(self.policy.ledger).record(self.analysis, round, releases)
