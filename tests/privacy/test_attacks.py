@@ -57,7 +57,7 @@ def _protocol(privacy=None):
 
 
 def _dp(n_rounds=3, epsilon=1.0):
-    return DPConfig.total(epsilon, 1e-5, n_rounds=n_rounds, n_views=len(VIEWS))
+    return DPConfig.total(epsilon, 1e-5, n_rounds=n_rounds, n_views=len(VIEWS), spread=True)  # EM update: 5 releases per view
 
 
 class NoiseRecorder:

@@ -30,7 +30,7 @@ def _sites(n_sites=3, n=40, seed=0):
 
 def _protocol(epsilon=None, n_rounds=2):
     schema = ViewSchema(tuple(VIEWS), tuple(VIEWS.values()))
-    privacy = None if epsilon is None else DPConfig.total(epsilon, 1e-5, n_rounds=n_rounds, n_views=len(VIEWS))
+    privacy = None if epsilon is None else DPConfig.total(epsilon, 1e-5, n_rounds=n_rounds, n_views=len(VIEWS), spread=True)
     return MVPPCAProtocol(schema, 2, n_local_iter=2, n_first_iter=3, privacy=privacy)
 
 
@@ -203,14 +203,14 @@ def test_privacy_reports_are_json_and_their_epsilons_recompute_with_dp_accountin
     from fedhier.privacy.report import site_report
 
     model = FedMVPPCA(n_components=2, n_rounds=2, n_local_iter=2, n_first_iter=3, random_state=0,
-                      privacy=DPConfig.total(1.0, 1e-5, n_rounds=2, n_views=2)).fit(_sites())
+                      privacy=DPConfig.total(1.0, 1e-5, n_rounds=2, n_views=2, spread=True)).fit(_sites())
     report = json.loads(json.dumps(model.privacy_report(site_names={0: "a", 1: "b", 2: "c"})))
     assert report["format"] == "fedhier.privacy_report/1" and set(report["sites"]) == {"a", "b", "c"}
     assert report["software"]["fedhier"] and report["unit"] == "site" and report["delta"] == 1e-5
     for s, name in enumerate("abc"):
         entry = report["sites"][name]
         events = model.privacy_ledger_.events(s)
-        assert len(entry["releases"]) == len(events) == 12  # 2 rounds x 2 views x 3 blocks
+        assert len(entry["releases"]) == len(events) == 20  # 2 rounds x 2 views x 5 blocks (3 + the EM update's 2 spreads)
         assert entry["epsilon"] == pytest.approx(pld_epsilon(events), rel=1e-3) and entry["epsilon"] <= 1.0 + 1e-9
         for row, event in zip(entry["releases"], events):
             assert row["epsilon_alone"] == pytest.approx(pld_epsilon([event]), rel=1e-3)

@@ -240,7 +240,8 @@ class MVPPCAProtocol(RoundProtocol):
         from ..models.mvppca import dp
 
         rounds = range(1, int(n_rounds) + 1)
-        return dp.site_ledger("site", list(self.schema.names), rounds, self.privacy).events("site")
+        spread_released = self.prior_update == "em"
+        return dp.site_ledger("site", list(self.schema.names), rounds, self.privacy, spread=spread_released).events("site")
 
     def subject_counts(self, data: Any) -> dict[str, int]:
         return {view: int(np.sum(~np.all(np.isnan(np.asarray(x, dtype=float)), axis=1))) for view, x in data.items()}
