@@ -1,6 +1,6 @@
 """Does Fed-mv-PPCA recover the between-site variability it models?  EM prior update vs the paper's.
 
-Run:  python benchmarks/mvppca_hierarchy.py            (about 15 minutes on one core)
+Run:  python benchmarks/mvppca_hierarchy.py            (about 20 minutes on one core)
       python benchmarks/mvppca_hierarchy.py --quick    (3 seeds, about 4 minutes)
 
 Data drawn from the hierarchical model itself (``make_federated_ppca``, spec §2-§3): 3 views of
