@@ -12,8 +12,11 @@ C^2).  ``release_to_stats`` recovers, by post-processing only,
     n = M~[-1, -1] / C^2,  s = M~[:-1, -1] / C,
     sum_i [x_i, y_i][x_i, y_i]^T = A + s c^T + c s^T + n c c^T   (c = centre),
 
-projected onto the positive semi-definite matrices (so that every residual sum of squares
-y^T y - 2 theta^T X^T y + theta^T X^T X theta stays non-negative), split into a SiteStats.
+with its eigenvalues raised to at least sigma sqrt(d + 1) (sigma: the public noise sd of each
+entry, sqrt(d + 1) sigma about the size of the noise matrix's eigenvalues).  The floor keeps
+every residual sum of squares y^T y - 2 theta^T X^T y + theta^T X^T X theta above the noise
+level, so that the noise cannot fake a perfect fit, and acts on X^T X as a ridge of the size
+of the noise (as AdaSSP does, Wang 2018).  The result is split into a SiteStats.
 HM2 (federated EP) then runs on the released statistics unchanged.
 
 Choosing C: with every column of [X, y] mapped to [-1, 1] by public ranges (the intercept
@@ -57,6 +60,5 @@ def release_to_stats(M: np.ndarray, config: RecordDP) -> SiteStats:
     n = max(float(M[-1, -1]) / clip**2, 1.0)
     s = M[:-1, -1] / clip
     moment = M[:-1, :-1] + np.outer(s, centre) + np.outer(centre, s) + n * np.outer(centre, centre)
-    scale = max(float(np.trace(moment)), 1.0)
-    moment = nearest_psd(moment, 1e-9 * scale)
+    moment = nearest_psd(moment, config.noise_sd(clip) * np.sqrt(d + 1))
     return SiteStats(n=max(int(round(n)), 1), xx=moment[:d, :d].copy(), xy=moment[:d, d].copy(), yy=float(moment[d, d]))
