@@ -166,7 +166,7 @@ def release_second_moment(
         raise ValueError("the records contain NaN or infinite entries")
     D = M.shape[0]
     upper = np.triu(rng.normal(0.0, noise_multiplier * sensitivity, size=(D, D)))
-    noisy = M + upper + np.triu(upper, 1).T
+    noisy = M + upper + np.swapaxes(np.triu(upper, 1), -1, -2)
     if released is not None:
         keep = np.asarray(released, dtype=bool)
         noisy = np.where(keep[:, None] & keep[None, :], noisy, 0.0)

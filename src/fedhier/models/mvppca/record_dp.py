@@ -7,7 +7,7 @@ give one noisy moment matrix M~_c over the layout
     [ view_1 (d_1) | ... | view_K (d_K) | o_1 ... o_K ]       (K = views of the schema)
 
 From M~_c alone (``moments_to_covariance``), per pair of views (k, l):
-n_kl = M~[o_k, o_l] / c^2 subjects observing both, sums s_k|l = M~[view_k, o_l] / c and
+n_kl = M~[o_k, o_l] / c^2 subjects observing both (at least twice its noise sd), sums s_k|l = M~[view_k, o_l] / c and
 S_kl = M~[view_k, view_l] / n_kl - s_k|l s_l|k^T / n_kl^2 (pairwise-complete blocks, each
 with its own count, so a subject missing a view still counts for the others).  The view
 means s_k|k / n_kk are shrunk towards the public centre by positive-part James--Stein with
@@ -106,8 +106,11 @@ def moments_to_covariance(M: np.ndarray, observed: np.ndarray, dims: Sequence[in
     clip, centre = _clip_centre(config, dims)
     weight = clip / math.sqrt(len(dims))
     ks = [k for k in range(len(dims)) if observed[k] > 0]
-    counts = {(k, l): max(M[indices[k], indices[l]] / weight**2, 2.0) for k in ks for l in ks}
     noise = config.noise_sd(clip) * math.sqrt(max(float(observed.max()), 1.0))
+    # a count is never taken below twice its noise sd: dividing by a count the noise made small would
+    # blow the moments up; a larger divisor shrinks them towards the public centre instead
+    least = max(2.0, 2.0 * noise / weight**2)
+    counts = {(k, l): max(M[indices[k], indices[l]] / weight**2, least) for k in ks for l in ks}
     means, sums = [], {}
     for k in ks:
         for l in ks:
