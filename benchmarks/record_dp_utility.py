@@ -59,7 +59,7 @@ def _spent(model) -> dict:
 
 def _mvppca_rows(seed: int) -> list[dict]:
     from fedhier.demo import demo_data
-    from fedhier.metrics import imputation_mae, observed_rows, reconstruction_mae
+    from fedhier.metrics import observed_rows, reconstruction_mae
     from fedhier.models.mvppca.dp import DPConfig
     from fedhier.mvppca import FedMVPPCA
     from fedhier.privacy.analyze_gauss import RecordDP

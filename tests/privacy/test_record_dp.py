@@ -10,7 +10,6 @@
 """
 
 import csv
-import math
 from pathlib import Path
 
 import dp_accounting
@@ -236,6 +235,8 @@ def test_fed_mv_ppca_estimator_with_record_dp_reports_record_unit():
     assert [len(s["releases"]) for s in report["sites"].values()] == [1, 1]
     assert model.privacy_spent_[0]["epsilon"] == pytest.approx(1.0, rel=1e-3)
     assert np.isfinite(model.reconstruct(sites[0])["v0"]).all()
+    with pytest.raises(ValueError, match="aggregation='plain'"):
+        FedMVPPCA(n_components=2, privacy=RecordDP(1.0, 1e-5), aggregation="secure").fit(sites)
 
 
 # ------------------------------------------------------------------ membership audit of one release

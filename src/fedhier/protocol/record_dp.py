@@ -82,7 +82,9 @@ class MVPPCARecordDPProtocol(_OneShot):
             "moments": Field((size, size), disclosure="release"),
             "observed": Field((len(schema.names),), disclosure="public"),
         })
-        self._broadcast_spec = MVPPCAProtocol(schema, self.n_components).broadcast_spec
+        # the iterative protocol's broadcast (theta~), view checks and subject counts apply unchanged
+        self._iterative = MVPPCAProtocol(schema, self.n_components)
+        self._broadcast_spec = self._iterative.broadcast_spec
 
     @property
     def reply_spec(self) -> MessageSpec:
@@ -96,14 +98,11 @@ class MVPPCARecordDPProtocol(_OneShot):
         return tuple(self.schema.names)
 
     def subject_counts(self, data: Any) -> dict[str, int]:
-        return {view: int(np.sum(~np.all(np.isnan(np.asarray(x, dtype=float)), axis=1))) for view, x in data.items()}
+        return self._iterative.subject_counts(data)
 
     def validate_site_data(self, site: int, data: Any) -> None:
-        if not isinstance(data, Mapping):
-            raise ValueError(f"site {site}: expected a mapping view -> array, got {type(data).__name__}")
-        unknown = sorted(set(data) - set(self.schema.names))
-        if unknown:
-            raise ValueError(f"site {site}: unknown view(s) {unknown}; known views: {list(self.schema.names)}")
+        """The iterative protocol's checks, with its warning for data far from the unit scale the default clip assumes."""
+        self._iterative.validate_site_data(site, data)
 
     def initial_broadcast(self) -> Message:
         return {"has_prior": np.asarray(0.0)}
