@@ -191,6 +191,11 @@ class FedHM2Regressor:
         Passed to :func:`~fedhier.runtime.simulate` ("secure" sums the EP deltas securely).
     random_state : int, optional
     n_jobs : int
+    privacy : RecordDP, optional
+        Record-level differential privacy (:class:`fedhier.privacy.analyze_gauss.RecordDP`): each
+        site releases its noisy sufficient statistics once and EP runs on them (post-processing,
+        :mod:`fedhier.record_dp`); ``privacy_ledger_`` and ``privacy_spent_`` account the releases.
+        Needs ``standardize=False`` (scale the columns by public ranges instead).
 
     Attributes
     ----------
@@ -237,7 +242,9 @@ class FedHM2Regressor:
         aggregator: Any = None,
         random_state: int | None = None,
         n_jobs: int = 1,
+        privacy: Any = None,
     ):
+        self.privacy = privacy
         self.prior, self.covariance, self.random, self.noise, self.tau, self.mu_scale = prior, covariance, random, noise, tau, mu_scale
         self.n_rounds, self.damping, self.tol, self.tilted_method, self.n_draws = n_rounds, damping, tol, tilted_method, n_draws
         self.mcmc, self.n_posterior_draws, self.level, self.standardize = mcmc, n_posterior_draws, level, standardize
@@ -319,9 +326,17 @@ class FedHM2Regressor:
         self.n_sites_, self.n_features_ = K, d
         self._check_response_scale(sites)
         scalings = [self._scaling(X, y) for X, y in sites]
-        stats = [SiteStats.from_data((X - xm) / xs, y - ym, site=k) for k, ((X, y), (xm, xs, ym)) in enumerate(zip(sites, scalings))]
-        protocol = EPProtocol(self.model_, max_rounds=int(self.n_rounds), damping=self.damping, tilted_options=self._tilted_options())
         seed = int(np.random.SeedSequence().entropy % (2**63)) if self.random_state is None else int(self.random_state)
+        if self.privacy is None:
+            stats = [SiteStats.from_data((X - xm) / xs, y - ym, site=k) for k, ((X, y), (xm, xs, ym)) in enumerate(zip(sites, scalings))]
+        else:  # one release per site; everything below is post-processing of the released statistics
+            if self._standardizes():
+                raise ValueError("record-level DP needs standardize=False: scale the columns by public ranges instead")
+            from .record_dp import release_fedlin_stats
+
+            stats, self.privacy_ledger_ = release_fedlin_stats(sites, self.privacy, random_state=self.random_state)
+            self.privacy_spent_ = self.privacy_ledger_.spent(self.privacy.delta)
+        protocol = EPProtocol(self.model_, max_rounds=int(self.n_rounds), damping=self.damping, tilted_options=self._tilted_options())
         m, S = to_moments(*(protocol.initial_broadcast()[k] for k in ("r", "Q")))
         means, variances, history = [m], [np.diag(S)], []
 

@@ -34,6 +34,13 @@ log = logging.getLogger(__name__)
 _FORMAT = "fedhier.FedMVPPCA/1"
 
 
+def _record_dp(privacy: Any) -> bool:
+    """True for record-level DP (:class:`fedhier.privacy.analyze_gauss.RecordDP`): a one-shot release per site."""
+    from .privacy.analyze_gauss import RecordDP
+
+    return isinstance(privacy, RecordDP)
+
+
 @dataclass(frozen=True)
 class ComponentScores:
     """Result of :meth:`FedMVPPCA.score_n_components`.
@@ -119,7 +126,9 @@ class FedMVPPCA:
         "Between-site variances"); each site then sends two more numbers per view.
         "paper": the paper's update from the point estimates alone (eqs. 14, 18).
     privacy : privacy configuration or None
-        Client-level differential privacy (spec §8); see :mod:`fedhier.privacy`.
+        Client-level differential privacy (spec §8), a ``DPConfig``; see :mod:`fedhier.privacy`.
+        Or record-level DP, a :class:`fedhier.privacy.analyze_gauss.RecordDP`: each site releases
+        its noisy moments once and the fit is post-processing (:mod:`fedhier.record_dp`).
     aggregation : {"plain", "secure"} or SecureAggregator, default "plain"
         "secure": the server only ever sees the sum of masked replies (secure summation
         with dropout recovery, :class:`fedhier.privacy.secure_round.SecureAggregator`
@@ -298,6 +307,12 @@ class FedMVPPCA:
         given = sites
         sites, schema = check_sites(given, n_components=self.n_components, min_subjects=2)
         names = feature_names(given)  # of the views given as DataFrames; checked again at prediction
+        if _record_dp(self.privacy):  # one release per site, the fit is post-processing (fedhier.record_dp)
+            from .record_dp import fit_mvppca
+
+            fit_mvppca(self, sites, schema)
+            self.feature_names_in_ = names
+            return self
         protocol = self._protocol(schema)
         if self.privacy is not None:
             self._check_privacy(sites)
@@ -375,13 +390,16 @@ class FedMVPPCA:
             raise ValueError("this model was fitted without privacy")
         from .privacy.report import fit_report
 
-        return fit_report(self.privacy_ledger_, self._privacy_delta() if delta is None else delta, unit="site",
+        unit = self.privacy.unit if _record_dp(self.privacy) else "site"
+        return fit_report(self.privacy_ledger_, self._privacy_delta() if delta is None else delta, unit=unit,
                           site_names=site_names)
 
     def _privacy_delta(self) -> float:
         """delta at which the spent epsilon is reported: the total budget's, else 1e-5."""
         from .privacy import TotalBudget
 
+        if _record_dp(self.privacy):
+            return float(self.privacy.delta)
         budget = self.privacy.budget
         return float(budget.delta) if isinstance(budget, TotalBudget) else 1e-5
 
