@@ -34,9 +34,9 @@ body{font-family:system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;f
  color:#1d1d1f;max-width:1180px;margin:0 auto;padding:16px 28px 48px}
 h1{font-size:28px;margin:8px 0 4px}h2{font-size:22px;margin:30px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 h3{font-size:18px;margin:20px 0 6px}
-table{border-collapse:collapse;margin:8px 0 18px;font-size:15px}
+table{border-collapse:collapse;margin:8px 0 18px;font-size:15px;max-width:100%}
 caption{caption-side:top;text-align:left;font-weight:600;padding:4px 0}
-th,td{border:1px solid #ccc;padding:4px 10px;text-align:left}td.num{text-align:right;font-variant-numeric:tabular-nums}
+th,td{border:1px solid #ccc;padding:4px 10px;text-align:left}td{overflow-wrap:anywhere}td.num{text-align:right;font-variant-numeric:tabular-nums}
 th{background:#f2f2f4}tr:nth-child(even) td{background:#fafafa}
 figure{margin:10px 0 24px}figure img{display:block;max-width:100%;height:auto;border:1px solid #eee}
 figcaption{max-width:1000px;margin-top:6px;font-size:15px;color:#333}
