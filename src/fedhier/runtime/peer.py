@@ -532,7 +532,10 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
                     del broadcasts[s], states[s]
             problem = _remaining_problem(adjacency, alive, aggregation, n_sites)
             if problem:
-                raise PeerGraphSplit(rnd, lost_so_far, problem, completed)
+                keep = transport.local_sites
+                raise PeerGraphSplit(rnd, lost_so_far, problem, PeerResult(
+                    {s: b for s, b in completed.broadcasts.items() if s in keep}, completed.history,
+                    {s: st for s, st in completed.site_states.items() if s in keep}, completed.plan, seed))
             plan = _plan(adjacency, alive, aggregation)
 
         transport.start_round(rnd)
