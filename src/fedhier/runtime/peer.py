@@ -527,6 +527,8 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
             lost_so_far.update(lost)
             alive = [s for s in alive if s not in lost]
             transport.set_alive(alive)
+            if history and history[-1]["round"] == rnd:  # lost after this round's aggregation
+                history[-1].update(sites=list(alive), lost=sorted(lost_now), absent=sorted(lost_so_far))
             for s in list(broadcasts):
                 if s not in transport.local_sites:
                     del broadcasts[s], states[s]
@@ -541,7 +543,8 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
         transport.start_round(rnd)
         vectors = {}
         for s in transport.local_sites:
-            ctx = SiteContext(site=s, round=rnd, rng=site_rng(site_seed, rnd, s), data=site_data[s], state=states[s])
+            ctx = SiteContext(site=s, round=rnd, rng=site_rng(site_seed, rnd, s), data=site_data[s],
+                              state=dict(states[s]))
             reply = protocol.site_step(ctx, protocol.site_broadcast(broadcasts[s], s))
             check_disclosure(protocol, reply, ctx.releases)
             states[s] = ctx.state
