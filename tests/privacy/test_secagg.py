@@ -8,8 +8,10 @@ from scipy import stats
 
 from fedhier.privacy import keys as crypto
 from fedhier.privacy.fixedpoint import PRIME, FixedPoint
+from fedhier.privacy import secagg
 from fedhier.privacy.secagg import (
-    InsufficientSitesError, SecAggParams, SecAggProtocolError, SecAggServer, SecAggSite, secure_sum,
+    InsufficientSitesError, SecAggParams, SecAggProtocolError, SecAggServer, SecAggSite, default_neighbours,
+    harary_graph, secure_sum, to_site,
 )
 from fedhier.protocol.messages import decode, encode
 
@@ -174,10 +176,8 @@ def test_a_site_unmasks_only_once_and_checks_the_survivor_list():
         session.sites[1].unmask(forged)
 
 
-def test_a_site_saved_and_resumed_between_steps_gives_the_same_total():
-    # what a runtime that runs every step in a fresh process does (the Flower ClientApp)
-    x = _inputs(m=50)
-    params = SecAggParams(SITES, 3, FP, 50)
+def _resumed_session(params, x, drop_before_sharing, drop_after_masking):
+    """A session whose every site step runs on a site resumed from its saved state (a fresh process each step)."""
     saved = {}
 
     def step(u, name, *args):
@@ -187,10 +187,19 @@ def test_a_site_saved_and_resumed_between_steps_gives_the_same_total():
         return message
 
     server = SecAggServer(params)
-    roster = server.collect_keys({u: step(u, "advertise_keys") for u in SITES})
-    routed = server.route_shares({u: step(u, "share_keys", roster) for u in SITES if u != 4})
+    roster = server.collect_keys({u: step(u, "advertise_keys") for u in params.sites})
+    routed = server.route_shares({u: step(u, "share_keys", to_site(roster, u)) for u in params.sites
+                                  if u not in drop_before_sharing})
     listing = server.collect_masked({u: step(u, "masked_input", x[u], routed[u]) for u in routed})
-    total = server.unmask({u: step(u, "unmask", listing) for u in (0, 2, 3)})  # site 1 drops after masking
+    total = server.unmask({u: step(u, "unmask", to_site(listing, u)) for u in routed if u not in drop_after_masking})
+    return total, saved, listing, routed
+
+
+def test_a_site_saved_and_resumed_between_steps_gives_the_same_total():
+    # what a runtime that runs every step in a fresh process does (the Flower ClientApp)
+    x = _inputs(m=50)
+    params = SecAggParams(SITES, 3, FP, 50)
+    total, saved, listing, routed = _resumed_session(params, x, [4], [1])  # 4 drops before sharing, 1 after masking
     np.testing.assert_array_equal(total, _grid_sum(x, (0, 1, 2, 3)))
     resumed = SecAggSite.from_state(params, saved[0])
     with pytest.raises(SecAggProtocolError, match="out of order"):
@@ -291,8 +300,6 @@ def test_key_agreement_is_symmetric_and_encryption_authenticated():
 
 
 # ------------------------------------------------------------ SecAgg+: a sparse graph
-from fedhier.privacy import secagg  # noqa: E402
-from fedhier.privacy.secagg import default_neighbours, harary_graph, to_site  # noqa: E402
 
 SPARSE = tuple(range(40))
 
@@ -440,20 +447,7 @@ def test_fewer_than_threshold_colluding_neighbours_learn_nothing_and_threshold_m
 
 def test_a_sparse_site_saved_and_resumed_between_steps_gives_the_same_total():
     x = _sparse_inputs(m=20, seed=5)
-    params = SecAggParams(SPARSE, 4, FP, 20, b"resume", 6)
-    saved = {}
-
-    def step(u, name, *args):
-        site = SecAggSite(u, params) if name == "advertise_keys" else SecAggSite.from_state(params, saved[u])
-        message = getattr(site, name)(*args)
-        saved[u] = site.to_state()
-        return message
-
-    server = SecAggServer(params)
-    roster = server.collect_keys({u: step(u, "advertise_keys") for u in SPARSE})
-    routed = server.route_shares({u: step(u, "share_keys", roster[u]) for u in SPARSE})
-    listing = server.collect_masked({u: step(u, "masked_input", x[u], routed[u]) for u in routed})
-    total = server.unmask({u: step(u, "unmask", listing[u]) for u in SPARSE if u != 11})
+    total, _, _, _ = _resumed_session(SecAggParams(SPARSE, 4, FP, 20, b"resume", 6), x, [], [11])
     np.testing.assert_array_equal(total, _grid_sum(x, SPARSE))
 
 

@@ -18,31 +18,15 @@ from fedhier.collab import CollabDict  # noqa: E402
 from fedhier.runtime.checkpoint import read_checkpoint  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+from procs import descendants  # noqa: E402
 from test_mpi import N_SITES, _frame, _mpiexec  # noqa: E402
 
 pytestmark = pytest.mark.integration
 BOUND = 600  # seconds: only a hung job reaches it
 
 
-def _descendants(pid):
-    children = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out += children.get(p, [])
-        todo += children.get(p, [])
-    return out
-
-
 def _rank_pid(root, rank):
-    for pid in _descendants(root):
+    for pid in descendants(root):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:

@@ -18,6 +18,7 @@ import pytest
 from fedhier.runtime.simulate import SiteFailedWarning, simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
+from procs import children_by_parent, running  # noqa: E402
 from test_simulate import NoisyMean, make_sites  # noqa: E402
 
 
@@ -40,28 +41,9 @@ class Faulty(NoisyMean):
         return super().site_step(ctx, broadcast)
 
 
-def _children(pid=None):
-    """Live (non-zombie) child processes of ``pid`` (default: this process), from /proc."""
-    pid = os.getpid() if pid is None else pid
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.append(int(entry.name))
-    return out
-
-
-def _running(pid):
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
+def _children():
+    """Live child processes of this process."""
+    return children_by_parent().get(os.getpid(), [])
 
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
@@ -124,16 +106,16 @@ def test_workers_end_when_the_parent_is_killed(tmp_path):
         assert len(workers) == 2, "the fit's workers never started"
         proc.kill()
         proc.wait()
-        while any(_running(w) for w in workers) and time.monotonic() < deadline:
+        while any(running(w) for w in workers) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not any(_running(w) for w in workers), "a worker outlived its killed parent"
+        assert not any(running(w) for w in workers), "a worker outlived its killed parent"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         for p in tmp_path.glob("worker-*"):
             pid = int(p.name.split("-")[1])
-            if _running(pid):
+            if running(pid):
                 os.kill(pid, signal.SIGKILL)
 
 

@@ -1,4 +1,4 @@
-"""MPI runtime: one site per process on a distributed graph communicator (spec collabdict §3-§4).
+"""MPI runtime: one site per process, messages point to point with deadlines (spec collabdict §3-§4).
 
 Install with ``pip install "fedhier[mpi]"`` (``mpi4py`` and the ``mpich`` wheel, which
 provides ``mpiexec``).  The same fit then runs as ``S`` real processes::
@@ -10,12 +10,16 @@ provides ``mpiexec``).  The same fit then runs as ``S`` real processes::
 The algorithm is :func:`fedhier.runtime.peer.run_peer_rounds`, unchanged; this module only
 supplies the transport:
 
-* neighbour exchange on the peer graph uses ``Create_dist_graph_adjacent`` (one
-  communicator per aggregation session, since sites are relabelled on the graph at
-  every session, §4.1) and ``Neighbor_allgather``;
-* Shamir shares travel with ``Alltoall``, holder sums are published with ``Allgather``;
+* every message goes point to point (non-blocking ``Isend``, receives polled against a
+  deadline): neighbour exchange on the peer graph, Shamir shares to every peer, holder
+  sums to every peer; only the run's seed (when not given) is broadcast at the start;
 * every payload is the byte string of :func:`fedhier.protocol.messages.encode` sent as a
-  ``uint8`` buffer (upper-case mpi4py methods): nothing is pickled.
+  ``uint8`` buffer behind an (epoch, sequence) stamp (upper-case mpi4py methods): nothing is
+  pickled;
+* a peer silent past the deadline (``timeout``, :data:`DEFAULT_TIMEOUT`) is reported lost;
+  the survivors agree on it and go on without it, or stop (``docs/architecture.md``,
+  "Failures").  MPICH itself ends the whole job when a rank is killed; a frozen rank is
+  left out.
 
 Each rank's secrets (its step's generator, its chunk masks) come from its own entropy;
 ``site_seed`` replaces it for tests and reproductions.  With ``random_state`` and
