@@ -676,8 +676,9 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
             try:
                 model.fit_mpi(sites[rank], comm, site_seed=args.site_seed, timeout=args.peer_timeout, state_path=state)
             except PeerGraphSplit as exc:
-                print(f"site {rank}: {exc}. This site's model and state after the last completed round are in "
-                      f"{state}", file=sys.stderr, flush=True)
+                where = (f" This site's model and state after the last completed round are in {state}."
+                         if state.exists() else " No round had completed; nothing was saved.")
+                print(f"site {rank}: {exc}.{where}", file=sys.stderr, flush=True)
                 os._exit(3)  # MPI_Finalize would wait for the lost peers
         else:
             model.fit(sites)

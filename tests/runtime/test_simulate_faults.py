@@ -66,13 +66,14 @@ def test_a_killed_worker_and_a_blocking_site_are_failed_sites_and_the_fit_comple
     assert _children() == []  # every worker, replaced ones included, has ended
 
 
-def test_no_worker_outlives_a_fit_that_raises():
+@pytest.mark.parametrize("error", [KeyError, KeyboardInterrupt])
+def test_no_worker_outlives_a_fit_that_raises_or_is_interrupted(error):
     sites = make_sites(n_sites=3, seed=4)
 
     def boom(record, broadcast):
-        raise KeyError("callback failure")
+        raise error("stop here")
 
-    with pytest.raises(KeyError):
+    with pytest.raises(error):
         simulate(NoisyMean(), sites, n_rounds=3, random_state=1, n_jobs=2, callbacks=[boom])
     assert _children() == []
 
