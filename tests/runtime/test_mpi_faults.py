@@ -49,7 +49,7 @@ def _start(tmp_path, extra=()):
     _frame().to_csv(tmp_path / "data.csv", index=False)
     args = [_mpiexec(), "-n", str(N_SITES), "-disable-auto-cleanup", sys.executable, "-m", "fedhier.collab", "fit",
             "--runtime", "mpi", "--csv", "data.csv", "--site-column", "site", "--components", "3", "--max-iter", "8",
-            "--aggregation", "chunked", "--seed", "5", "--site-seed", "5", "--peer-timeout", "30",
+            "--aggregation", "chunked", "--seed", "5", "--site-seed", "5", "--peer-timeout", "60",
             "--out", "model_{site}.npz", *extra]
     return subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
