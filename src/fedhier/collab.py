@@ -275,6 +275,7 @@ class CollabDict:
         """
         from .runtime.checkpoint import Checkpoint, write_checkpoint
         from .runtime.mpi import DEFAULT_TIMEOUT, MPITransport, run_mpi, world
+        from .runtime.peer import PeerLost
 
         self._check_params()
         comm = comm if comm is not None else world()
@@ -297,7 +298,12 @@ class CollabDict:
                       on_round=save if state_path is not None else None)
         norm_spec = MessageSpec("collab-norm", {"x": Field((), "float64")})
         local_norm = float(np.linalg.norm(protocol.transform(X), axis=1).max())
-        norms = transport.all_gather(norm_spec, {rank: {"x": local_norm}}, transport.alive)
+        while True:  # a peer lost now is left out of the maximum, as of the rounds after its loss
+            try:
+                norms = transport.all_gather(norm_spec, {rank: {"x": local_norm}}, transport.alive)
+                break
+            except PeerLost as exc:
+                transport.set_alive(set(transport.alive) - transport.agree_lost(exc.sites))
         self.lost_sites_ = transport.lost
         self._transport = transport
         self._finish(protocol, moments, res.broadcast, res.site_states, res.history, {rank: protocol.transform(X)},
