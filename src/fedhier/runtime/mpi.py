@@ -201,9 +201,11 @@ class MPITransport(Transport):
         self._round_trip({j: b"" for j in others}, others)
 
     def agree_lost(self, suspects) -> set[int]:
-        """Two all-to-all exchanges of suspect sets among the peers not suspected: a peer
-        silent in one (deadline twice the timeout: peers enter the agreement up to one
-        timeout apart) is added; the sets must agree after the second, else PeerLost."""
+        """Two all-to-all exchanges of suspect sets among the peers not suspected.  A peer
+        that another peer already suspects is not waited for; a peer silent past the
+        deadline of an exchange (``2 + i`` timeouts for the i-th: peers enter and leave
+        the exchanges up to a timeout apart) is added.  The sets must agree after the
+        second exchange, else PeerLost."""
         suspects = {int(s) for s in suspects}
         rounds = []
         for it in range(2):
@@ -211,10 +213,8 @@ class MPITransport(Transport):
             bitmap = bytes(int(s in suspects) for s in range(self.n_sites))
             for dest in targets:
                 self._send(dest, bitmap, tag=_CONTROL, stamp=(self._epoch, it))
-            heard = self._receive_control(targets, it)
+            heard = self._receive_control(targets, it, suspects)
             suspects |= set(targets) - set(heard)
-            for views in heard.values():
-                suspects |= views
             rounds.append((set(suspects), heard))
         if self.rank in suspects:
             raise PeerLost(suspects, "the other peers reported this site lost")
@@ -225,13 +225,15 @@ class MPITransport(Transport):
         self._seq = 0
         return second
 
-    def _receive_control(self, sources, it: int) -> dict[int, set[int]]:
+    def _receive_control(self, sources, it: int, suspects: set[int]) -> dict[int, set[int]]:
+        """The suspect sets of exchange ``it`` from ``sources``; ``suspects`` grows with every
+        set received, and a source someone suspects is no longer waited for."""
         from mpi4py import MPI
 
-        deadline = None if self.timeout is None else time.monotonic() + 2 * self.timeout
+        deadline = None if self.timeout is None else time.monotonic() + (2 + it) * self.timeout
         heard: dict[int, set[int]] = {}
         pause = 1e-4
-        while len(heard) < len(sources):
+        while any(src not in heard and src not in suspects for src in sources):
             while self._take(MPI.ANY_SOURCE, _CONTROL) is not None:
                 pass
             for src in sources:
@@ -239,13 +241,13 @@ class MPITransport(Transport):
                 match = [m for m in msgs if m[:2] == (self._epoch, it)]
                 if match and src not in heard:
                     heard[src] = {i for i, flag in enumerate(match[0][2]) if flag}
+                    suspects |= heard[src]
                     msgs.remove(match[0])
                 self._control[src] = msgs
             if deadline is not None and time.monotonic() > deadline:
                 break
-            if len(heard) < len(sources):
-                time.sleep(pause)
-                pause = min(2 * pause, 0.01)
+            time.sleep(pause)
+            pause = min(2 * pause, 0.01)
         return heard
 
     def common_seed(self, random_state: int | None) -> int:
