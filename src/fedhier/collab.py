@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np
 
 from .data.validation import check_site_index
 from .models.collabdict.graphs import check_adjacency
+from .protocol.messages import Field, MessageSpec
 from .models.collabdict.protocol import (GGMMixtureProtocol, MomentsProtocol, VAEProtocol, check_site_matrix,
                                          check_vae_options, standardise)
 from .models.collabdict.rdp import (dp_event, epsilon_dp, optimal_order, paper_epsilon, precision_norm_bound,
@@ -255,7 +257,8 @@ class CollabDict:
         self._finish(protocol, moments, model, states, history, train, n_sites=len(sites))
         return self
 
-    def fit_mpi(self, X: np.ndarray, comm=None, site_seed: int | None = None) -> "CollabDict":
+    def fit_mpi(self, X: np.ndarray, comm=None, site_seed: int | None = None, *, timeout: float | None = None,
+                state_path: str | Path | None = None) -> "CollabDict":
         """Fit with this MPI process as site ``rank`` (collective; run under ``mpiexec -n S``).
 
         ``random_state`` is the run's public seed (every rank knows it); this site's secrets
@@ -263,8 +266,17 @@ class CollabDict:
         ``site_seed`` for a reproducible test (:func:`fedhier.runtime.mpi.run_mpi`).
         Only this site's weights, threshold and l-diversity log are known afterwards;
         the other sites' rows of ``weights_``/``thresholds_`` are NaN.
+
+        A peer silent for ``timeout`` seconds (default
+        :data:`fedhier.runtime.mpi.DEFAULT_TIMEOUT`) is lost: the others go on without it
+        (``lost_sites_`` lists it) or, if the graph splits, stop with
+        :class:`~fedhier.runtime.peer.PeerGraphSplit`.  ``state_path``: this site's model,
+        private state and history are written there after every round
+        (:mod:`fedhier.runtime.checkpoint` format).
         """
-        from .runtime.mpi import run_mpi, world
+        from .runtime.checkpoint import Checkpoint, write_checkpoint
+        from .runtime.mpi import DEFAULT_TIMEOUT, MPITransport, run_mpi, world
+        from .runtime.peer import PeerLost
 
         self._check_params()
         comm = comm if comm is not None else world()
@@ -272,18 +284,31 @@ class CollabDict:
         X = check_site_matrix(rank, X)
         agg = self._aggregation()
         seed = int(self.random_state)
+        transport = MPITransport(comm, DEFAULT_TIMEOUT if timeout is None else timeout)
         moments = run_mpi(MomentsProtocol(X.shape[1]), X, n_rounds=1, graph=self.graph, aggregation=agg,
-                          random_state=seed, site_seed=site_seed, comm=comm).broadcast
+                          random_state=seed, site_seed=site_seed, transport=transport).broadcast
         protocol = self._ggm_protocol(X.shape[1], moments)
-        res = run_mpi(protocol, X, n_rounds=int(self.max_iter), graph=self.graph, aggregation=agg, random_state=seed,
-                      site_seed=site_seed, stop=protocol.converged, comm=comm)
-        from mpi4py import MPI
 
-        local_norm = np.array([np.linalg.norm(protocol.transform(X), axis=1).max()])
-        global_norm = np.empty_like(local_norm)
-        comm.Allreduce(local_norm, global_norm, op=MPI.MAX)
+        def save(result) -> None:
+            history = json.loads(json.dumps(result.history, default=float))
+            write_checkpoint(state_path, Checkpoint(protocol.name, len(history), seed, result.broadcast,
+                                                    [result.site_states[rank]], history))
+
+        res = run_mpi(protocol, X, n_rounds=int(self.max_iter), graph=self.graph, aggregation=agg, random_state=seed,
+                      site_seed=site_seed, stop=protocol.converged, transport=transport,
+                      on_round=save if state_path is not None else None)
+        norm_spec = MessageSpec("collab-norm", {"x": Field((), "float64")})
+        local_norm = float(np.linalg.norm(protocol.transform(X), axis=1).max())
+        while True:  # a peer lost now is left out of the maximum, as of the rounds after its loss
+            try:
+                norms = transport.all_gather(norm_spec, {rank: {"x": local_norm}}, transport.alive)
+                break
+            except PeerLost as exc:
+                transport.set_alive(set(transport.alive) - transport.agree_lost(exc.sites))
+        self.lost_sites_ = transport.lost
+        self._transport = transport
         self._finish(protocol, moments, res.broadcast, res.site_states, res.history, {rank: protocol.transform(X)},
-                     n_sites=n_sites, max_norm=float(global_norm[0]))
+                     n_sites=n_sites, max_norm=max(float(m["x"]) for m in norms))
         return self
 
     def _finish(self, protocol: GGMMixtureProtocol, moments, model, states, history, train: dict[int, np.ndarray], *,
@@ -625,6 +650,9 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
     fit.add_argument("--drop-columns", default="", help="comma-separated columns to ignore (e.g. labels)")
     fit.add_argument("--out", required=True, help="model .npz path")
     fit.add_argument("--runtime", choices=["peer", "star", "mpi"], default="peer")
+    fit.add_argument("--peer-timeout", type=float, default=None,
+                     help="with --runtime mpi: seconds without a message before a peer is reported lost "
+                          "(default 300; must exceed the longest site step)")
     fit.add_argument("--aggregation", choices=["consensus", "chunked", "shamir"], default="consensus")
     fit.add_argument("--components", type=int, default=7)
     fit.add_argument("--rho", type=float, default=0.8)
@@ -662,22 +690,33 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
                            runtime="peer" if args.runtime == "mpi" else args.runtime)
         if args.runtime == "mpi":
             from .runtime.mpi import world
+            from .runtime.peer import PeerGraphSplit
 
             comm = world()
             if comm.Get_size() != len(sites):
                 raise ValueError(f"{len(sites)} sites in {args.csv} but {comm.Get_size()} MPI processes")
             rank = comm.Get_rank()
-            model.fit_mpi(sites[rank], comm, site_seed=args.site_seed)
             out = Path(args.out)
             out = Path(str(out).format(site=rank)) if "{site}" in str(out) else out.with_name(
                 f"{out.stem}.site{rank}{out.suffix}")
+            state = out.with_name(f"{out.stem}.state{out.suffix}")
+            check_outputs_spare_inputs([out, state], [args.csv])
+            try:
+                model.fit_mpi(sites[rank], comm, site_seed=args.site_seed, timeout=args.peer_timeout, state_path=state)
+            except PeerGraphSplit as exc:
+                where = (f" This site's model and state after the last completed round are in {state}."
+                         if state.exists() else " No round had completed; nothing was saved.")
+                print(f"site {rank}: {exc}.{where}", file=sys.stderr, flush=True)
+                os._exit(3)  # MPI_Finalize would wait for the lost peers
         else:
             model.fit(sites)
             out = Path(args.out)
         check_outputs_spare_inputs([out], [args.csv])
         model.save(out)
+        lost = getattr(model, "lost_sites_", [])
         print(f"fitted CollabDict on {len(sites)} sites ({', '.join(map(str, labels))}); variables {names}; "
-              f"{int(model.active_.sum())} patterns; {model.n_iter_} rounds; wrote {out}")
+              f"{int(model.active_.sum())} patterns; {model.n_iter_} rounds; wrote {out}"
+              + (f"; sites {lost} stopped answering and were left out from then on" if lost else ""), flush=True)
         if args.runtime != "mpi":  # under MPI each process holds only its own site's weights
             from .report.collab import write_collab_report
 
@@ -689,6 +728,10 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
                 variables=names, title="CollabDict fit", intro=intro, labels=known,
                 command="fedhier collab " + shlex.join(str(a) for a in (argv if argv is not None else sys.argv[1:])))
             print(f"report: {report}")
+        if lost:
+            model._transport.commit()  # every survivor has written its model
+            sys.stderr.flush()
+            os._exit(0)  # MPI_Finalize would wait for the lost peers
         return 0
 
     check_outputs_spare_inputs([args.out], [args.csv, args.model])

@@ -8,8 +8,10 @@ from scipy import stats
 
 from fedhier.privacy import keys as crypto
 from fedhier.privacy.fixedpoint import PRIME, FixedPoint
+from fedhier.privacy import secagg
 from fedhier.privacy.secagg import (
-    InsufficientSitesError, SecAggParams, SecAggProtocolError, SecAggServer, SecAggSite, secure_sum,
+    InsufficientSitesError, SecAggParams, SecAggProtocolError, SecAggServer, SecAggSite, default_neighbours,
+    harary_graph, secure_sum, to_site,
 )
 from fedhier.protocol.messages import decode, encode
 
@@ -174,10 +176,8 @@ def test_a_site_unmasks_only_once_and_checks_the_survivor_list():
         session.sites[1].unmask(forged)
 
 
-def test_a_site_saved_and_resumed_between_steps_gives_the_same_total():
-    # what a runtime that runs every step in a fresh process does (the Flower ClientApp)
-    x = _inputs(m=50)
-    params = SecAggParams(SITES, 3, FP, 50)
+def _resumed_session(params, x, drop_before_sharing, drop_after_masking):
+    """A session whose every site step runs on a site resumed from its saved state (a fresh process each step)."""
     saved = {}
 
     def step(u, name, *args):
@@ -187,10 +187,19 @@ def test_a_site_saved_and_resumed_between_steps_gives_the_same_total():
         return message
 
     server = SecAggServer(params)
-    roster = server.collect_keys({u: step(u, "advertise_keys") for u in SITES})
-    routed = server.route_shares({u: step(u, "share_keys", roster) for u in SITES if u != 4})
+    roster = server.collect_keys({u: step(u, "advertise_keys") for u in params.sites})
+    routed = server.route_shares({u: step(u, "share_keys", to_site(roster, u)) for u in params.sites
+                                  if u not in drop_before_sharing})
     listing = server.collect_masked({u: step(u, "masked_input", x[u], routed[u]) for u in routed})
-    total = server.unmask({u: step(u, "unmask", listing) for u in (0, 2, 3)})  # site 1 drops after masking
+    total = server.unmask({u: step(u, "unmask", to_site(listing, u)) for u in routed if u not in drop_after_masking})
+    return total, saved, listing, routed
+
+
+def test_a_site_saved_and_resumed_between_steps_gives_the_same_total():
+    # what a runtime that runs every step in a fresh process does (the Flower ClientApp)
+    x = _inputs(m=50)
+    params = SecAggParams(SITES, 3, FP, 50)
+    total, saved, listing, routed = _resumed_session(params, x, [4], [1])  # 4 drops before sharing, 1 after masking
     np.testing.assert_array_equal(total, _grid_sum(x, (0, 1, 2, 3)))
     resumed = SecAggSite.from_state(params, saved[0])
     with pytest.raises(SecAggProtocolError, match="out of order"):
@@ -288,3 +297,168 @@ def test_key_agreement_is_symmetric_and_encryption_authenticated():
         crypto.decrypt(shared, ct, b"other ad")
     restored = crypto.private_key_from_bytes(crypto.private_bytes(k1))
     assert crypto.public_bytes(restored) == crypto.public_bytes(k1)
+
+
+# ------------------------------------------------------------ SecAgg+: a sparse graph
+
+SPARSE = tuple(range(40))
+
+
+def _sparse_inputs(sites=SPARSE, m=60, seed=0):
+    rng = np.random.default_rng(seed)
+    return {u: rng.normal(scale=20.0, size=m) for u in sites}
+
+
+def test_the_sparse_graph_is_public_regular_and_fresh_per_session():
+    graph = harary_graph(SPARSE, 6, b"round-1")
+    assert graph == harary_graph(reversed(SPARSE), 6, b"round-1")  # a function of public facts only
+    assert all(len(nbhd) == 7 and u in nbhd for u, nbhd in graph.items())
+    assert all(u in graph[v] for u, nbhd in graph.items() for v in nbhd)  # symmetric
+    assert graph != harary_graph(SPARSE, 6, b"round-2")
+    assert default_neighbours(100) is None and default_neighbours(300) == 26 and default_neighbours(1000) == 30
+    for bad in (5, 0, 40):
+        with pytest.raises(ValueError, match="even"):
+            harary_graph(SPARSE, bad, b"x")
+    with pytest.raises(ValueError, match="neighbours \\+ 1"):
+        SecAggParams(SPARSE, 8, FP, 3, neighbours=6)
+
+
+def test_sparse_secure_sum_equals_the_plain_sum():
+    x = _sparse_inputs()
+    result = secure_sum(x, threshold=4, fixed_point=FP, neighbours=6, rng=30)
+    assert result.survivors == SPARSE
+    np.testing.assert_array_equal(result.total, _grid_sum(x, SPARSE))
+    assert np.abs(result.total - sum(x.values())).max() <= len(SPARSE) * FP.precision / 2
+
+
+def test_sparse_secure_sum_recovers_from_drops_before_and_after_masking():
+    x = _sparse_inputs(seed=1)
+    graph = harary_graph(SPARSE, 8, b"fedhier-secagg")
+    drops = []  # 7 of 40 sites, spread so that every neighbourhood keeps t = 5 holders
+    for u in np.random.default_rng(2).permutation(SPARSE):
+        if len(drops) < 7 and min(len(set(n) - {*drops, u}) for n in graph.values()) >= 5:
+            drops.append(int(u))
+    before, after = drops[:3], drops[3:]
+    result = secure_sum(x, threshold=5, fixed_point=FP, neighbours=8, drop_before_masking=before,
+                        drop_after_masking=after, rng=31)
+    included = tuple(u for u in SPARSE if u not in before)
+    assert result.survivors == included
+    np.testing.assert_array_equal(result.total, _grid_sum(x, included))
+
+
+def test_a_neighbourhood_with_too_few_holders_aborts_without_a_total():
+    params = SecAggParams(SPARSE, 4, FP, 60, b"fedhier-secagg", 6)
+    victim = 5
+    others = [v for v in params.neighbourhood(victim) if v != victim]
+    with pytest.raises(InsufficientSitesError):  # 4 of its 6 neighbours drop after masking: 3 holders < t = 4
+        secure_sum(_sparse_inputs(seed=2), threshold=4, fixed_point=FP, neighbours=6, drop_after_masking=others[:4])
+
+
+def test_bytes_per_site_follow_the_neighbourhood_not_the_number_of_sites():
+    def per_site(n, k):
+        res = secure_sum(_sparse_inputs(tuple(range(n)), seed=3), threshold=3, fixed_point=FP, neighbours=k)
+        return np.mean([res.bytes_sent[u] + res.bytes_received[u] for u in res.survivors])
+
+    sparse_40, sparse_80 = per_site(40, 4), per_site(80, 4)
+    complete_20, complete_40 = per_site(20, None), per_site(40, None)
+    assert abs(sparse_80 / sparse_40 - 1) < 0.05  # same k: the same work per site
+    assert complete_40 / complete_20 > 1.5         # the complete graph grows with S
+
+
+class SparseSession:
+    """A SecAgg+ session run by hand, keeping what the server saw."""
+
+    def __init__(self, x, k, t, seed):
+        self.params = SecAggParams(tuple(x), t, FP, len(next(iter(x.values()))), b"attack", k)
+        rngs = np.random.default_rng(seed).spawn(len(x))
+        self.sites = {u: SecAggSite(u, self.params, r) for u, r in zip(self.params.sites, rngs)}
+        self.server = SecAggServer(self.params)
+        roster = self.server.collect_keys({u: s.advertise_keys() for u, s in self.sites.items()})
+        routed = self.server.route_shares({u: s.share_keys(to_site(roster, u)) for u, s in self.sites.items()})
+        masked = {u: self.sites[u].masked_input(x[u], routed[u]) for u in routed}
+        self.y = {u: decode(self.params.masked_spec, data)["y"] for u, data in masked.items()}
+        listing = self.server.collect_masked(masked)
+        self.unmasked = {u: self.sites[u].unmask(to_site(listing, u)) for u in self.server.survivors}
+        self.total = self.server.unmask(self.unmasked)
+
+
+def _residual_after_attack(session, victim, coalition):
+    """What the server and ``coalition`` (neighbours of ``victim``, handing over their whole
+    state) can strip from ``victim``'s masked input: the self mask (revealed at unmasking),
+    their own pairwise masks with it, and -- if their key shares rebuild its mask key --
+    every other pairwise mask too."""
+    p, q = session.params, PRIME
+    nbhd = p.neighbourhood(victim)
+    b_shares = {}
+    for u, data in session.unmasked.items():
+        msg = decode(p.spec("unmask", u), data)
+        if f"b_{victim}" in msg:
+            b_shares[u] = msg[f"b_{victim}"]
+    holders = sorted(b_shares)[: p.threshold]
+    b = secagg._elements_to_secret(secagg.reconstruct(np.stack([b_shares[u] for u in holders]),
+                                                      np.array([p.point(u, victim) for u in holders])), "b")
+    y = secagg._ring_sub(session.y[victim], crypto.prg(b, p.length, q), q)
+    states = {c: decode(p.spec("site-state", c), session.sites[c].to_state()) for c in coalition}
+    s_pk_victim = secagg._raw(states[coalition[0]][f"s_pk_{victim}"])
+    keys = {c: crypto.private_key_from_bytes(secagg._raw(states[c]["s_sk"])) for c in coalition}
+    sk_shares = np.stack([states[c][f"held_{victim}"][secagg.SECRET_ELEMENTS:] for c in coalition])
+    guess = secagg.reconstruct(sk_shares, np.array([p.point(c, victim) for c in coalition]))
+    try:
+        victim_key = crypto.private_key_from_bytes(secagg._elements_to_secret(guess, "key"))
+        if crypto.public_bytes(victim_key) != s_pk_victim:
+            victim_key = None
+    except SecAggProtocolError:
+        victim_key = None
+    for v in nbhd:
+        if v == victim:
+            continue
+        if v in keys:
+            seed = crypto.agree(keys[v], s_pk_victim, salt=p.session, info=secagg._info(b"mask", min(v, victim), max(v, victim)))
+        elif victim_key is not None:
+            s_pk_v = secagg._raw(states[coalition[0]][f"s_pk_{v}"]) if f"s_pk_{v}" in states[coalition[0]] else None
+            if s_pk_v is None:  # a key the coalition has not seen: ask the server's roster
+                s_pk_v = session.server._public[v][1]
+            seed = crypto.agree(victim_key, s_pk_v, salt=p.session, info=secagg._info(b"mask", min(v, victim), max(v, victim)))
+        else:
+            continue
+        mask = crypto.prg(seed, p.length, q)
+        y = secagg._ring_sub(y, mask, q) if v > victim else secagg._ring_add(y, mask, q)
+    return y, victim_key is not None
+
+
+def test_fewer_than_threshold_colluding_neighbours_learn_nothing_and_threshold_many_learn_the_input():
+    m, victim = 20000, 7
+    rng = np.random.default_rng(40)
+    sites = tuple(range(30))
+    x = {u: rng.normal(loc=100.0, scale=5.0, size=m) for u in sites}
+    session = SparseSession(x, k=6, t=4, seed=41)
+    assert np.abs(session.total - sum(x.values())).max() <= len(sites) * FP.precision / 2
+    neighbours = [v for v in session.params.neighbourhood(victim) if v != victim]
+    residual, has_key = _residual_after_attack(session, victim, neighbours[:3])  # t - 1 = 3 colluders
+    assert not has_key
+    r = residual / PRIME
+    assert stats.kstest(r, "uniform").pvalue > 1e-3
+    assert abs(stats.pearsonr(x[victim], r).statistic) < 4 / np.sqrt(m)
+    # with t colluders the same attack recovers the victim's input exactly: the test has power
+    residual, has_key = _residual_after_attack(session, victim, neighbours[:4])
+    assert has_key
+    np.testing.assert_array_equal(residual, FP.encode(x[victim]))
+
+
+def test_a_sparse_site_saved_and_resumed_between_steps_gives_the_same_total():
+    x = _sparse_inputs(m=20, seed=5)
+    total, _, _, _ = _resumed_session(SecAggParams(SPARSE, 4, FP, 20, b"resume", 6), x, [], [11])
+    np.testing.assert_array_equal(total, _grid_sum(x, SPARSE))
+
+
+def test_a_secure_fit_on_a_sparse_graph_equals_the_plain_fit():
+    from fedhier.privacy.secure_round import SecureAggregator
+    from fedhier.runtime.simulate import simulate
+    from tests.runtime.test_simulate import NoisyMean, make_sites
+
+    sites = make_sites(n_sites=12, seed=6)
+    aggregator = SecureAggregator(12, neighbours=4, frac_bits=30)
+    assert aggregator.threshold == 3
+    secure = simulate(NoisyMean(), sites, n_rounds=2, random_state=2, aggregation="secure", aggregator=aggregator)
+    plain = simulate(NoisyMean(), sites, n_rounds=2, random_state=2)
+    np.testing.assert_allclose(secure.broadcast["mean"], plain.broadcast["mean"], rtol=0, atol=1e-6)

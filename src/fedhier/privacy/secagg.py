@@ -53,21 +53,23 @@ server step omits it.
 
 from __future__ import annotations
 
+import hashlib
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Mapping
 
 import numpy as np
 
-from ..protocol.messages import Field, MessageError, MessageSpec, decode, encode
+from ..protocol.messages import Field, MessageError, MessageSpec, decode, encode, header_fields
 from . import keys as crypto
 from .field import PRIME
 from .fixedpoint import FixedPoint
 from .shamir import reconstruct, share
 
 __all__ = [
-    "SecAggParams", "SecAggSite", "SecAggServer", "SecureSumResult", "secure_sum",
-    "InsufficientSitesError", "SecAggProtocolError",
+    "SecAggParams", "SecAggSite", "SecAggServer", "SecureSumResult", "secure_sum", "to_site",
+    "InsufficientSitesError", "SecAggProtocolError", "default_neighbours", "harary_graph", "COMPLETE_UP_TO",
 ]
 
 _ELEMENT_BYTES = 7                                   # 56-bit chunks < 2^61 - 1
@@ -162,6 +164,52 @@ def _decode(spec: MessageSpec, data: bytes, sender: int | None = None) -> dict[s
     return msg
 
 
+#: session size above which :func:`default_neighbours` (and ``SecureAggregator``'s "auto") use a sparse graph
+COMPLETE_UP_TO = 100
+
+
+def default_neighbours(n_sites: int) -> int | None:
+    """Neighbours per site of the sparse graph for ``n_sites`` sites: ``k = 2 * ceil(1.5 * log2 S)``.
+
+    None (the complete graph) when ``S <= COMPLETE_UP_TO`` or when ``k >= S - 1``.  For
+    S = 300 and 1,000 this gives k = 26 and 30 (closed neighbourhoods of 27 and 31 sites).
+    """
+    n_sites = int(n_sites)
+    if n_sites <= COMPLETE_UP_TO:
+        return None
+    k = 2 * math.ceil(1.5 * math.log2(n_sites))
+    return None if k >= n_sites - 1 else k
+
+
+def harary_graph(sites, k: int, label: bytes) -> dict[int, tuple[int, ...]]:
+    """The session's communication graph: every site's closed neighbourhood (itself and its ``k`` neighbours).
+
+    The sites are placed on a ring in a pseudo-random order, and each is joined to the
+    ``k / 2`` nearest sites on either side (a k-regular Harary graph, as in Bell et al.
+    2020).  The order is a permutation drawn from SHA-256 of the public session label and
+    the site list, so every site and the server derive the same graph and can check it;
+    it is public, not a secret.  ``k`` must be even and below the number of sites.
+    """
+    ids = np.array(sorted(int(v) for v in sites), dtype=np.int64)
+    n, k = ids.size, int(k)
+    if k % 2 or not 2 <= k < n - 1:
+        raise ValueError(f"the number of neighbours must be even, at least 2 and below {n - 1} "
+                         f"(the number of sites minus one), got {k}")
+    digest = hashlib.sha256(b"fedhier-secagg-graph\0" + label + b"\0" + ids.astype("<i8").tobytes()).digest()
+    ring = ids[np.random.Generator(np.random.PCG64(int.from_bytes(digest, "little"))).permutation(n)]
+    offsets = np.concatenate([np.arange(-(k // 2), 0), np.arange(0, k // 2 + 1)])
+    return {int(ring[i]): tuple(sorted(int(v) for v in ring[(i + offsets) % n])) for i in range(n)}
+
+
+def _state_site(data: bytes) -> int:
+    """The site named by a saved site state (to pick its neighbourhood's spec before decoding it)."""
+    try:
+        fields = {k: Field(tuple(shape), dtype) for k, dtype, shape in header_fields(data)}
+        return int(decode(MessageSpec("secagg.site-state", fields), data)["site"])
+    except (MessageError, KeyError, ValueError) as exc:
+        raise SecAggProtocolError(f"saved state: {exc}") from exc
+
+
 @dataclass(frozen=True)
 class SecAggParams:
     """Public parameters of one secure-sum session, known to every site and the server.
@@ -169,17 +217,29 @@ class SecAggParams:
     Parameters
     ----------
     sites : tuple of int
-        All sites that may take part (non-negative ids).  Site ``v`` holds Shamir point
-        ``z_v = 1 + sites.index(v)``.
+        All sites that may take part (non-negative ids).
     threshold : int
-        ``t``, with ``2 <= t <= len(sites)``: any ``t`` sites can unmask, fewer learn
-        nothing.  ``t = len(sites) // 2 + 1`` is the usual choice.
+        ``t``: any ``t`` holders of a site's shares can rebuild its secrets, fewer learn
+        nothing.  On the complete graph ``2 <= t <= len(sites)`` (usually
+        ``len(sites) // 2 + 1``); on a sparse graph the shares stay within each site's
+        closed neighbourhood of ``neighbours + 1`` sites and ``2 <= t <= neighbours + 1``
+        (usually ``(neighbours + 1) // 2 + 1``).
     fixed_point : FixedPoint
         Encoding of the inputs; masks live in Z_q with ``q = fixed_point.modulus``.
     length : int
         Number ``m`` of entries of every input vector.
     session : bytes
-        Label bound into every key derivation (use a fresh one per round).
+        Label bound into every key derivation (use a fresh one per round); on a sparse
+        graph it also draws the graph (:func:`harary_graph`).
+    neighbours : int or None
+        None: the complete graph (Bonawitz et al. 2017: every pair of sites shares masks,
+        every site holds a share of every other).  An even ``k``: SecAgg+ (Bell et al.
+        2020): masks and shares only between neighbours of a public random k-regular
+        graph, O(k) work and bytes per site instead of O(S); :func:`default_neighbours`.
+
+    Site ``v`` holds Shamir point ``z = 1 + position of v in the owner's closed
+    neighbourhood`` of each secret it holds a share of (:meth:`point`); on the complete
+    graph that is ``1 + sites.index(v)``.
     """
 
     sites: tuple[int, ...]
@@ -187,14 +247,21 @@ class SecAggParams:
     fixed_point: FixedPoint
     length: int
     session: bytes = b"fedhier-secagg"
+    neighbours: int | None = None
 
     def __post_init__(self) -> None:
         sites = tuple(int(v) for v in self.sites)
         if len(sites) < 2 or len(set(sites)) != len(sites) or min(sites) < 0:
             raise ValueError(f"sites must be at least 2 distinct non-negative ids, got {list(self.sites)}")
         object.__setattr__(self, "sites", tuple(sorted(sites)))
-        if isinstance(self.threshold, bool) or not 2 <= int(self.threshold) <= len(sites):
-            raise ValueError(f"threshold must lie in [2, {len(sites)}] (number of sites), got {self.threshold!r}")
+        if self.neighbours is not None:
+            if isinstance(self.neighbours, bool) or int(self.neighbours) != self.neighbours:
+                raise ValueError(f"neighbours must be None or an even integer, got {self.neighbours!r}")
+            object.__setattr__(self, "neighbours", int(self.neighbours))
+        largest = len(sites) if self.neighbours is None else self.neighbours + 1
+        if isinstance(self.threshold, bool) or not 2 <= int(self.threshold) <= largest:
+            what = "number of sites" if self.neighbours is None else "neighbours + 1, the size of a neighbourhood"
+            raise ValueError(f"threshold must lie in [2, {largest}] ({what}), got {self.threshold!r}")
         object.__setattr__(self, "threshold", int(self.threshold))
         if not isinstance(self.fixed_point, FixedPoint):
             raise ValueError(f"fixed_point must be a FixedPoint, got {type(self.fixed_point).__name__}")
@@ -206,16 +273,48 @@ class SecAggParams:
         object.__setattr__(self, "length", int(self.length))
         if not isinstance(self.session, bytes):
             raise ValueError(f"session must be bytes, got {type(self.session).__name__}")
+        if self.neighbours is not None:
+            self.graph  # noqa: B018 - checks k against the number of sites now
 
     @property
     def modulus(self) -> int:
         return self.fixed_point.modulus
 
-    def point(self, site: int) -> int:
-        """Shamir evaluation point of ``site``."""
-        return self.sites.index(site) + 1
+    @property
+    def sparse(self) -> bool:
+        """True for SecAgg+ (a sparse graph), False for the complete graph."""
+        return self.neighbours is not None
+
+    @cached_property
+    def graph(self) -> dict[int, tuple[int, ...]] | None:
+        """Closed neighbourhood of every site on the sparse graph (:func:`harary_graph`); None if complete."""
+        return None if self.neighbours is None else harary_graph(self.sites, self.neighbours, self.session)
+
+    def neighbourhood(self, site: int) -> tuple[int, ...]:
+        """``site`` and the sites it shares masks and secrets with, in increasing order."""
+        return self.sites if self.graph is None else self.graph[int(site)]
+
+    def point(self, holder: int, owner: int | None = None) -> int:
+        """Shamir evaluation point of ``holder`` for the secrets of ``owner`` (complete graph: any owner)."""
+        nbhd = self.sites if owner is None else self.neighbourhood(owner)
+        return nbhd.index(holder) + 1
 
     # ----------------------------------------------------------- message specs
+    # Messages name the sites of one neighbourhood (every site on the complete graph); on a
+    # sparse graph each site has its own specs, built once per session.
+    @cached_property
+    def _specs(self) -> dict:
+        return {}
+
+    def spec(self, kind: str, site: int) -> MessageSpec:
+        """The spec of message ``kind`` ("roster", "shares", "routed", "survivors", "unmask",
+        "site-state") as sent to or by ``site``: it names only ``site``'s neighbourhood."""
+        nbhd = self.neighbourhood(site)
+        key = (kind, nbhd)
+        if key not in self._specs:
+            self._specs[key] = getattr(self, f"_{kind.replace('-', '_')}_spec")(nbhd)
+        return self._specs[key]
+
     @cached_property
     def keys_spec(self) -> MessageSpec:
         """Step 0, site -> server: the two public keys."""
@@ -223,55 +322,79 @@ class SecAggParams:
                                            "s_pk": Field((_KEY_WORDS,), "uint64")})
 
     @cached_property
-    def roster_spec(self) -> MessageSpec:
-        """Step 0, server -> sites: public keys of the sites in U1."""
-        fields = {}
-        for v in self.sites:
-            fields[f"c_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
-            fields[f"s_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
-        return MessageSpec("secagg.roster", fields)
-
-    @cached_property
-    def shares_spec(self) -> MessageSpec:
-        """Step 1, site -> server: one encrypted share bundle per other site in U1."""
-        fields = {"site": Field((), "int64")}
-        fields.update({f"to_{v}": Field((_CIPHERTEXT_WORDS,), "uint64", optional=True) for v in self.sites})
-        return MessageSpec("secagg.shares", fields)
-
-    @cached_property
-    def routed_spec(self) -> MessageSpec:
-        """Step 1, server -> site: the bundles addressed to it; senders + recipient = U2."""
-        fields = {"site": Field((), "int64")}
-        fields.update({f"from_{v}": Field((_CIPHERTEXT_WORDS,), "uint64", optional=True) for v in self.sites})
-        return MessageSpec("secagg.routed", fields)
-
-    @cached_property
     def masked_spec(self) -> MessageSpec:
         """Step 2, site -> server: the masked input y_u."""
         return MessageSpec("secagg.masked", {"site": Field((), "int64"), "y": Field((self.length,), "int64")})
 
-    @cached_property
-    def survivors_spec(self) -> MessageSpec:
-        """Step 2, server -> sites: which sites' masked inputs arrived (U3)."""
-        return MessageSpec("secagg.survivors", {"included": Field((len(self.sites),), "bool")})
+    @property
+    def roster_spec(self) -> MessageSpec:
+        """Step 0, server -> sites: public keys of the sites in U1 (complete graph)."""
+        return self.spec("roster", self.sites[0])
 
-    @cached_property
+    @property
+    def shares_spec(self) -> MessageSpec:
+        """Step 1, site -> server: one encrypted share bundle per other site in U1 (complete graph)."""
+        return self.spec("shares", self.sites[0])
+
+    @property
+    def routed_spec(self) -> MessageSpec:
+        """Step 1, server -> site: the bundles addressed to it (complete graph)."""
+        return self.spec("routed", self.sites[0])
+
+    @property
+    def survivors_spec(self) -> MessageSpec:
+        """Step 2, server -> sites: which sites' masked inputs arrived (U3; complete graph)."""
+        return self.spec("survivors", self.sites[0])
+
+    @property
     def unmask_spec(self) -> MessageSpec:
-        """Step 3, site -> server: per site v, a share of b_v or of s_v^SK."""
+        """Step 3, site -> server: per site v, a share of b_v or of s_v^SK (complete graph)."""
+        return self.spec("unmask", self.sites[0])
+
+    @property
+    def site_state_spec(self) -> MessageSpec:
+        """A site's secrets between two steps (:meth:`SecAggSite.to_state`; complete graph)."""
+        return self.spec("site-state", self.sites[0])
+
+    @staticmethod
+    def _roster_spec(nbhd) -> MessageSpec:
+        fields = {}
+        for v in nbhd:
+            fields[f"c_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
+            fields[f"s_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
+        return MessageSpec("secagg.roster", fields)
+
+    @staticmethod
+    def _shares_spec(nbhd) -> MessageSpec:
         fields = {"site": Field((), "int64")}
-        for v in self.sites:
+        fields.update({f"to_{v}": Field((_CIPHERTEXT_WORDS,), "uint64", optional=True) for v in nbhd})
+        return MessageSpec("secagg.shares", fields)
+
+    @staticmethod
+    def _routed_spec(nbhd) -> MessageSpec:
+        fields = {"site": Field((), "int64")}
+        fields.update({f"from_{v}": Field((_CIPHERTEXT_WORDS,), "uint64", optional=True) for v in nbhd})
+        return MessageSpec("secagg.routed", fields)
+
+    @staticmethod
+    def _survivors_spec(nbhd) -> MessageSpec:
+        return MessageSpec("secagg.survivors", {"included": Field((len(nbhd),), "bool")})
+
+    @staticmethod
+    def _unmask_spec(nbhd) -> MessageSpec:
+        fields = {"site": Field((), "int64")}
+        for v in nbhd:
             fields[f"b_{v}"] = Field((SECRET_ELEMENTS,), "int64", optional=True)
             fields[f"sk_{v}"] = Field((SECRET_ELEMENTS,), "int64", optional=True)
         return MessageSpec("secagg.unmask", fields)
 
-    @cached_property
-    def site_state_spec(self) -> MessageSpec:
-        """A site's secrets between two steps (:meth:`SecAggSite.to_state`); kept at the site, never sent."""
+    @staticmethod
+    def _site_state_spec(nbhd) -> MessageSpec:
         fields = {"site": Field((), "int64"), "step": Field((), "int64"),
                   "c_sk": Field((_KEY_WORDS,), "uint64"), "s_sk": Field((_KEY_WORDS,), "uint64"),
                   "b": Field((_KEY_WORDS,), "uint64", optional=True),
-                  "u2": Field((len(self.sites),), "bool", optional=True)}
-        for v in self.sites:
+                  "u2": Field((len(nbhd),), "bool", optional=True)}
+        for v in nbhd:
             fields[f"c_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
             fields[f"s_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
             fields[f"held_{v}"] = Field((2 * SECRET_ELEMENTS,), "int64", optional=True)
@@ -316,7 +439,7 @@ class SecAggSite:
         """
         if self._step == 0:
             raise SecAggProtocolError(f"site {self.site}: no secrets to keep before 'advertise_keys'")
-        p = self.params
+        p, nbhd = self.params, self.params.neighbourhood(self.site)
         state: dict[str, np.ndarray] = {"site": np.int64(self.site), "step": np.int64(self._step),
                                         "c_sk": _words(crypto.private_bytes(self._c_key)),
                                         "s_sk": _words(crypto.private_bytes(self._s_key))}
@@ -326,8 +449,8 @@ class SecAggSite:
                 state[f"c_pk_{v}"], state[f"s_pk_{v}"] = _words(c_pk), _words(s_pk)
             state.update({f"held_{v}": held for v, held in self._shares_held.items()})
         if self._step >= 3:
-            state["u2"] = np.array([v in self._u2 for v in p.sites])
-        return encode(p.site_state_spec, state)
+            state["u2"] = np.array([v in self._u2 for v in nbhd])
+        return encode(p.spec("site-state", self.site), state)
 
     @classmethod
     def from_state(cls, params: SecAggParams, data: bytes) -> "SecAggSite":
@@ -336,7 +459,11 @@ class SecAggSite:
         Later steps draw cryptographic randomness (``rng=None``).  Raises
         :class:`SecAggProtocolError` if ``data`` is not a site state of ``params``.
         """
-        msg = _decode(params.site_state_spec, data)
+        owner = _state_site(data)
+        if owner not in params.sites:
+            raise SecAggProtocolError(f"saved state names site {owner}, not one of the session's sites")
+        nbhd = params.neighbourhood(owner)
+        msg = _decode(params.spec("site-state", owner), data)
         site = cls(int(msg["site"]), params)
         site._step = int(msg["step"])
         needed = {2: "b", 3: "u2"}
@@ -347,10 +474,10 @@ class SecAggSite:
         site._s_key = crypto.private_key_from_bytes(_raw(msg["s_sk"]))
         if site._step >= 2:
             site._b = _raw(msg["b"])
-            site._public = {v: (_raw(msg[f"c_pk_{v}"]), _raw(msg[f"s_pk_{v}"])) for v in params.sites if f"c_pk_{v}" in msg}
-            site._shares_held = {v: msg[f"held_{v}"] for v in params.sites if f"held_{v}" in msg}
+            site._public = {v: (_raw(msg[f"c_pk_{v}"]), _raw(msg[f"s_pk_{v}"])) for v in nbhd if f"c_pk_{v}" in msg}
+            site._shares_held = {v: msg[f"held_{v}"] for v in nbhd if f"held_{v}" in msg}
         if site._step >= 3:
-            site._u2 = [v for v, inc in zip(params.sites, msg["u2"]) if inc]
+            site._u2 = [v for v, inc in zip(nbhd, msg["u2"]) if inc]
         return site
 
     def _advance(self, step: int, name: str) -> None:
@@ -367,12 +494,14 @@ class SecAggSite:
                                               "s_pk": _words(crypto.public_bytes(self._s_key))})
 
     def share_keys(self, roster: bytes) -> bytes:
-        """Step 1: Shamir-share ``b_u`` and ``s_u^SK``; return one encrypted bundle per other site in U1."""
+        """Step 1: Shamir-share ``b_u`` and ``s_u^SK``; return one encrypted bundle per other site
+        of U1 in this site's neighbourhood (every other site of U1 on the complete graph)."""
         self._advance(1, "share_keys")
         p, u = self.params, self.site
-        msg = _decode(p.roster_spec, roster)
+        nbhd = p.neighbourhood(u)
+        msg = _decode(p.spec("roster", u), roster)
         self._public = {}
-        for v in p.sites:
+        for v in nbhd:
             has_c, has_s = f"c_pk_{v}" in msg, f"s_pk_{v}" in msg
             if has_c != has_s:
                 raise SecAggProtocolError(f"roster lists only one public key of site {v}")
@@ -384,17 +513,17 @@ class SecAggSite:
         _require("share_keys", self._public, p.threshold)
         self._b = crypto.random_bytes(crypto.KEY_BYTES, self._rng)
         secrets = np.concatenate([_secret_to_elements(self._b), _secret_to_elements(crypto.private_bytes(self._s_key))])
-        shares = share(secrets, len(p.sites), p.threshold, self._rng, modulus=PRIME)
-        self._shares_held = {u: shares[p.point(u) - 1]}
+        shares = share(secrets, len(nbhd), p.threshold, self._rng, modulus=PRIME)  # row j: point j + 1
+        self._shares_held = {u: shares[p.point(u, u) - 1]}
         out: dict[str, np.ndarray] = {"site": np.int64(u)}
         for v, (c_pk, _) in self._public.items():
             if v == u:
                 continue
             info = _info(b"share", u, v)
             key = crypto.agree(self._c_key, c_pk, salt=p.session, info=info)
-            plaintext = np.concatenate([[u, v], shares[p.point(v) - 1]]).astype("<i8").tobytes()
+            plaintext = np.concatenate([[u, v], shares[p.point(v, u) - 1]]).astype("<i8").tobytes()
             out[f"to_{v}"] = _words(crypto.encrypt(key, plaintext, info))
-        return encode(p.shares_spec, out)
+        return encode(p.spec("shares", u), out)
 
     def masked_input(self, x, routed: bytes) -> bytes:
         """Step 2: decrypt the shares received, return ``y_u`` = encoded ``x`` plus all masks.
@@ -420,8 +549,8 @@ class SecAggSite:
             encoded = p.fixed_point.encode(x)
         except (ValueError, OverflowError) as exc:
             raise type(exc)(f"site {u}: {exc}") from exc
-        msg = _decode(p.routed_spec, routed, u)
-        senders = [v for v in p.sites if f"from_{v}" in msg]
+        msg = _decode(p.spec("routed", u), routed, u)
+        senders = [v for v in p.neighbourhood(u) if f"from_{v}" in msg]
         if u in senders or not set(senders) <= set(self._public):
             raise SecAggProtocolError(f"site {u}: routed shares come from sites {senders} outside the roster")
         self._u2 = sorted(senders + [u])
@@ -449,8 +578,8 @@ class SecAggSite:
         """Step 3: for each ``v`` in U2 reveal the share of ``b_v`` (v in U3) or of ``s_v^SK`` (v dropped)."""
         self._advance(3, "unmask")
         p, u = self.params, self.site
-        msg = _decode(p.survivors_spec, survivors)
-        u3 = {v for v, inc in zip(p.sites, msg["included"]) if inc}
+        msg = _decode(p.spec("survivors", u), survivors)
+        u3 = {v for v, inc in zip(p.neighbourhood(u), msg["included"]) if inc}
         if not u3 <= set(self._u2):
             raise SecAggProtocolError(f"site {u}: survivor list {sorted(u3)} includes sites that never shared keys")
         if u not in u3:
@@ -463,7 +592,7 @@ class SecAggSite:
                 out[f"b_{v}"] = held[:SECRET_ELEMENTS]
             else:
                 out[f"sk_{v}"] = held[SECRET_ELEMENTS:]
-        return encode(p.unmask_spec, out)
+        return encode(p.spec("unmask", u), out)
 
 
 class SecAggServer:
@@ -503,8 +632,12 @@ class SecAggServer:
         """U3: sites whose masked inputs are in the sum (after :meth:`collect_masked`)."""
         return tuple(self._u3)
 
-    def collect_keys(self, messages: Mapping[int, bytes]) -> bytes:
-        """Step 0: gather public keys; return the roster broadcast to every site in U1."""
+    def collect_keys(self, messages: Mapping[int, bytes]) -> bytes | dict[int, bytes]:
+        """Step 0: gather public keys; return the roster of U1.
+
+        Complete graph: one message, broadcast to every site of U1.  Sparse graph: a mapping
+        ``{u: bytes}``, site ``u`` receiving the keys of its own neighbourhood only.
+        """
         p = self.params
         self._advance(0, "collect_keys", messages, p.sites)
         self._public = {}
@@ -512,10 +645,15 @@ class SecAggServer:
             msg = _decode(p.keys_spec, data, u)
             self._public[u] = (_raw(msg["c_pk"]), _raw(msg["s_pk"]))
         self._check("collect_keys", self._public)
-        roster = {}
-        for u, (c_pk, s_pk) in self._public.items():
-            roster[f"c_pk_{u}"], roster[f"s_pk_{u}"] = _words(c_pk), _words(s_pk)
-        return encode(p.roster_spec, roster)
+
+        def roster(u: int) -> bytes:
+            out = {}
+            for v in p.neighbourhood(u):
+                if v in self._public:
+                    out[f"c_pk_{v}"], out[f"s_pk_{v}"] = _words(self._public[v][0]), _words(self._public[v][1])
+            return encode(p.spec("roster", u), out)
+
+        return {u: roster(u) for u in sorted(self._public)} if p.sparse else roster(p.sites[0])
 
     def route_shares(self, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         """Step 1: forward each encrypted share bundle to its recipient; returns ``{v: bytes}`` for v in U2."""
@@ -523,20 +661,27 @@ class SecAggServer:
         self._advance(1, "route_shares", messages, self._public)
         bundles = {}
         for u, data in messages.items():
-            msg = _decode(p.shares_spec, data, u)
-            recipients = {v for v in p.sites if f"to_{v}" in msg}
-            if recipients != set(self._public) - {u}:
+            msg = _decode(p.spec("shares", u), data, u)
+            nbhd = p.neighbourhood(u)
+            recipients = {v for v in nbhd if f"to_{v}" in msg}
+            expected = (set(self._public) & set(nbhd)) - {u}
+            if recipients != expected:
                 raise SecAggProtocolError(f"site {u} sent shares to {sorted(recipients)}, expected every other "
-                                          f"site of the roster {sorted(set(self._public) - {u})}")
+                                          f"site of the roster in its neighbourhood {sorted(expected)}")
             bundles[u] = msg
         self._u2 = sorted(bundles)
         self._check("route_shares", self._u2)
-        return {v: encode(p.routed_spec, {"site": np.int64(v),
-                                          **{f"from_{u}": bundles[u][f"to_{v}"] for u in self._u2 if u != v}})
+        return {v: encode(p.spec("routed", v),
+                          {"site": np.int64(v),
+                           **{f"from_{u}": bundles[u][f"to_{v}"] for u in p.neighbourhood(v) if u != v and u in bundles}})
                 for v in self._u2}
 
-    def collect_masked(self, messages: Mapping[int, bytes]) -> bytes:
-        """Step 2: add up the masked inputs; return the survivor list broadcast to U3."""
+    def collect_masked(self, messages: Mapping[int, bytes]) -> bytes | dict[int, bytes]:
+        """Step 2: add up the masked inputs; return the survivor list U3 for the sites of U3.
+
+        Complete graph: one message for all.  Sparse graph: ``{u: bytes}``, each site told
+        which sites of its own neighbourhood are in U3.
+        """
         p, q = self.params, self.params.modulus
         self._advance(2, "collect_masked", messages, self._u2)
         self._masked_sum = np.zeros(p.length, dtype=np.int64)
@@ -547,7 +692,11 @@ class SecAggServer:
             self._masked_sum = _ring_add(self._masked_sum, y, q)
         self._u3 = sorted(messages)
         self._check("collect_masked", self._u3)
-        return encode(p.survivors_spec, {"included": np.array([v in messages for v in p.sites])})
+
+        def listing(u: int) -> bytes:
+            return encode(p.spec("survivors", u), {"included": np.array([v in messages for v in p.neighbourhood(u)])})
+
+        return {u: listing(u) for u in self._u3} if p.sparse else listing(p.sites[0])
 
     def unmask(self, messages: Mapping[int, bytes]) -> np.ndarray:
         """Step 3: rebuild the seeds and dropped keys from the shares, remove all masks.
@@ -560,7 +709,8 @@ class SecAggServer:
         Raises
         ------
         InsufficientSitesError
-            If fewer than ``threshold`` sites (or shares of some secret) answered.
+            If fewer than ``threshold`` sites answered, or fewer than ``threshold`` holders
+            of some site's shares (its neighbourhood, on a sparse graph).
         SecAggProtocolError
             If a site reveals both shares for one peer, the key share of a site whose
             input is in the sum, or shares that do not reconstruct consistent secrets.
@@ -571,8 +721,8 @@ class SecAggServer:
         b_shares: dict[int, dict[int, np.ndarray]] = {v: {} for v in u3}
         sk_shares: dict[int, dict[int, np.ndarray]] = {v: {} for v in dropped}
         for u, data in messages.items():
-            msg = _decode(p.unmask_spec, data, u)
-            for v in p.sites:
+            msg = _decode(p.spec("unmask", u), data, u)
+            for v in p.neighbourhood(u):
                 has_b, has_sk = f"b_{v}" in msg, f"sk_{v}" in msg
                 if has_b and has_sk:
                     self._aborted = True
@@ -596,16 +746,16 @@ class SecAggServer:
 
         masks = np.zeros(p.length, dtype=np.int64)
         for v in sorted(u3):
-            b_v = _elements_to_secret(self._reconstruct(b_shares[v]), f"self-mask seed of site {v}")
+            b_v = _elements_to_secret(self._reconstruct(v, b_shares[v]), f"self-mask seed of site {v}")
             masks = _ring_add(masks, crypto.prg(b_v, p.length, q), q)
         for v in sorted(dropped):
-            raw = _elements_to_secret(self._reconstruct(sk_shares[v]), f"mask key of site {v}")
+            raw = _elements_to_secret(self._reconstruct(v, sk_shares[v]), f"mask key of site {v}")
             s_key = crypto.private_key_from_bytes(raw)
             if crypto.public_bytes(s_key) != self._public[v][1]:
                 self._aborted = True
                 raise SecAggProtocolError(f"reconstructed mask key of site {v} does not match its public key: "
                                           "inconsistent shares")
-            for u in sorted(u3):
+            for u in sorted(u3 & set(p.neighbourhood(v))):
                 seed = crypto.agree(s_key, self._public[u][1], salt=p.session, info=_info(b"mask", min(u, v), max(u, v)))
                 pair = crypto.prg(seed, p.length, q)
                 # y_u carries +PRG(s_uv) if v > u and -PRG(s_uv) if v < u; remove that term
@@ -617,10 +767,15 @@ class SecAggServer:
             self._aborted = True
             raise SecAggProtocolError(f"unmasked sum is out of range, the masks did not cancel: {exc}") from exc
 
-    def _reconstruct(self, held: Mapping[int, np.ndarray]) -> np.ndarray:
+    def _reconstruct(self, owner: int, held: Mapping[int, np.ndarray]) -> np.ndarray:
         holders = sorted(held)[: self.params.threshold]
         return reconstruct(np.stack([held[u] for u in holders]),
-                           np.array([self.params.point(u) for u in holders]), modulus=PRIME)
+                           np.array([self.params.point(u, owner) for u in holders]), modulus=PRIME)
+
+
+def to_site(message: bytes | Mapping[int, bytes], site: int) -> bytes:
+    """What the server sends ``site``: the broadcast (complete graph) or its own message (sparse graph)."""
+    return message if isinstance(message, bytes) else message[site]
 
 
 @dataclass(frozen=True)
@@ -650,7 +805,7 @@ class SecureSumResult:
 
 def secure_sum(vectors: Mapping[int, np.ndarray], *, threshold: int, fixed_point: FixedPoint,
                drop_before_masking=(), drop_after_masking=(), rng=None,
-               session: bytes = b"fedhier-secagg") -> SecureSumResult:
+               session: bytes = b"fedhier-secagg", neighbours: int | None = None) -> SecureSumResult:
     """Run a whole secure-sum session in-process, with optional site drops.
 
     Parameters
@@ -671,7 +826,10 @@ def secure_sum(vectors: Mapping[int, np.ndarray], *, threshold: int, fixed_point
         ``None`` = cryptographic randomness; an int or Generator seeds one independent
         child generator per site (reproducible, not cryptographically secure).
     session : bytes
-        Session label bound into the key derivations.
+        Session label bound into the key derivations (and, on a sparse graph, drawing it).
+    neighbours : int or None
+        None: the complete graph; an even ``k``: SecAgg+ on a public k-regular graph
+        (:class:`SecAggParams`, :func:`default_neighbours`).
 
     Returns
     -------
@@ -695,7 +853,8 @@ def secure_sum(vectors: Mapping[int, np.ndarray], *, threshold: int, fixed_point
             raise ValueError(f"{name} names unknown sites {sorted(group - set(arrays))}")
     if before & after:
         raise ValueError(f"sites {sorted(before & after)} are in both drop_before_masking and drop_after_masking")
-    params = SecAggParams(tuple(arrays), threshold, fixed_point, int(np.prod(shape, dtype=np.int64)), session)
+    params = SecAggParams(tuple(arrays), threshold, fixed_point, int(np.prod(shape, dtype=np.int64)), session,
+                          neighbours)
     if isinstance(rng, (int, np.integer)):
         rng = np.random.default_rng(int(rng))
     if rng is not None and not isinstance(rng, np.random.Generator):
@@ -716,10 +875,10 @@ def secure_sum(vectors: Mapping[int, np.ndarray], *, threshold: int, fixed_point
         return data
 
     roster = server.collect_keys(send({u: s.advertise_keys() for u, s in sites.items()}))
-    routed = server.route_shares(send({u: s.share_keys(deliver(u, roster)) for u, s in sites.items()}))
+    routed = server.route_shares(send({u: s.share_keys(deliver(u, to_site(roster, u))) for u, s in sites.items()}))
     listing = server.collect_masked(send({u: sites[u].masked_input(arrays[u].ravel(), deliver(u, data))
                                           for u, data in routed.items() if u not in before}))
     responders = [u for u in server.survivors if u not in after]
-    total = server.unmask(send({u: sites[u].unmask(deliver(u, listing)) for u in responders}))
+    total = server.unmask(send({u: sites[u].unmask(deliver(u, to_site(listing, u))) for u in responders}))
     return SecureSumResult(total=total.reshape(shape), survivors=server.survivors, bytes_sent=sent,
                            bytes_received=received, unmasked_by=tuple(responders))

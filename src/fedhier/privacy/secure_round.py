@@ -18,7 +18,7 @@ import numpy as np
 
 from ..protocol.messages import Message, MessageSpec
 from .fixedpoint import FixedPoint
-from .secagg import SecAggParams, secure_sum
+from .secagg import SecAggParams, default_neighbours, harary_graph, secure_sum
 
 __all__ = ["SecureAggregator"]
 
@@ -31,8 +31,17 @@ class SecureAggregator:
     n_sites : int
         Number of sites of the federation.
     threshold : int, optional
-        Shamir threshold t: the sum is recovered while at least t sites remain, and
-        fewer than t colluding sites learn nothing. Default ``n_sites // 2 + 1``.
+        Shamir threshold t: the sum is recovered while at least t sites remain (on a
+        sparse graph: while at least t sites of every neighbourhood remain), and fewer
+        than t colluding sites (neighbours) learn nothing. Default a majority:
+        ``n_sites // 2 + 1`` on the complete graph, ``(k + 1) // 2 + 1`` on a sparse one.
+    neighbours : "auto", None or int, default "auto"
+        The communication graph of the secure sum.  None: complete (every pair of sites
+        shares masks; O(S) work and bytes per site).  An even k: SecAgg+ on a public random
+        k-regular graph drawn each round from the round's label (O(k) per site).
+        "auto": complete up to :data:`~fedhier.privacy.secagg.COMPLETE_UP_TO` (100) sites,
+        above it ``k = 2 * ceil(1.5 * log2 S)``
+        (:func:`~fedhier.privacy.secagg.default_neighbours`; 26 for 300 sites, 30 for 1,000).
     frac_bits : int, default 30
         Fixed-point fractional bits: each reply entry is rounded to 2^-frac_bits
         (precision 9.3e-10).  The largest magnitude that can be summed without wrapping
@@ -49,6 +58,7 @@ class SecureAggregator:
         n_sites: int,
         *,
         threshold: int | None = None,
+        neighbours: int | None | str = "auto",
         frac_bits: int = 30,
         drop_before_masking: Mapping[int, Iterable[int]] | None = None,
         drop_after_masking: Mapping[int, Iterable[int]] | None = None,
@@ -56,9 +66,19 @@ class SecureAggregator:
         if n_sites < 2:
             raise ValueError("secure aggregation needs at least 2 sites")
         self.n_sites = int(n_sites)
-        self.threshold = int(threshold) if threshold is not None else self.n_sites // 2 + 1
-        if not 2 <= self.threshold <= self.n_sites:
-            raise ValueError(f"threshold must be between 2 and {self.n_sites}, got {self.threshold}")
+        if isinstance(neighbours, str):
+            if neighbours != "auto":
+                raise ValueError(f"neighbours must be 'auto', None or an even integer, got {neighbours!r}")
+            neighbours = default_neighbours(self.n_sites)
+        if neighbours is not None:
+            harary_graph(range(self.n_sites), neighbours, b"")  # refuses an odd or too large k now
+            neighbours = int(neighbours)
+        self.neighbours = neighbours
+        largest = self.n_sites if neighbours is None else int(neighbours) + 1
+        self.threshold = int(threshold) if threshold is not None else largest // 2 + 1
+        if not 2 <= self.threshold <= largest:
+            raise ValueError(f"threshold must be between 2 and {largest}"
+                             f"{'' if neighbours is None else ' (neighbours + 1)'}, got {self.threshold}")
         self.fixed_point = FixedPoint(
             frac_bits=frac_bits, max_abs=2.0 ** (60 - frac_bits - math.ceil(math.log2(self.n_sites + 1)))
         )
@@ -78,10 +98,13 @@ class SecureAggregator:
         build the same parameters; a site without a reply this round never advertises keys.
         Each site's input is ``spec.flatten(reply)``, of length ``sum of the field sizes``;
         the server's total unflattens with ``spec.unflatten``.  Threshold, fixed point and
-        session label are those of :meth:`sum`, so both give the same total.
+        session label are those of :meth:`sum`, so both give the same total.  On a sparse
+        graph (``neighbours`` not None) the server's roster and survivor list are one
+        message per site (:func:`fedhier.privacy.secagg.to_site`).
         """
         length = sum(f.size for f in spec.fields.values())
-        return SecAggParams(tuple(range(self.n_sites)), self.threshold, self.fixed_point, length, _session(spec, round))
+        return SecAggParams(tuple(range(self.n_sites)), self.threshold, self.fixed_point, length, _session(spec, round),
+                            self.neighbours)
 
     def sum(
         self, spec: MessageSpec, replies: Mapping[int, Message], round: int, rng: np.random.Generator
@@ -102,6 +125,7 @@ class SecureAggregator:
             drop_after_masking=after,
             rng=None,  # cryptographic randomness: masks cancel exactly, the sum is deterministic
             session=_session(spec, round),
+            neighbours=self.neighbours,
         )
         contributors = sorted(s for s in vectors if s not in before)
         return spec.unflatten(result.total), {int(k): int(v) for k, v in result.bytes_sent.items()}, contributors

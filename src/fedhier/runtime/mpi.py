@@ -1,4 +1,4 @@
-"""MPI runtime: one site per process on a distributed graph communicator (spec collabdict §3-§4).
+"""MPI runtime: one site per process, messages point to point with deadlines (spec collabdict §3-§4).
 
 Install with ``pip install "fedhier[mpi]"`` (``mpi4py`` and the ``mpich`` wheel, which
 provides ``mpiexec``).  The same fit then runs as ``S`` real processes::
@@ -10,12 +10,16 @@ provides ``mpiexec``).  The same fit then runs as ``S`` real processes::
 The algorithm is :func:`fedhier.runtime.peer.run_peer_rounds`, unchanged; this module only
 supplies the transport:
 
-* neighbour exchange on the peer graph uses ``Create_dist_graph_adjacent`` (one
-  communicator per aggregation session, since sites are relabelled on the graph at
-  every session, §4.1) and ``Neighbor_allgather``;
-* Shamir shares travel with ``Alltoall``, holder sums are published with ``Allgather``;
+* every message goes point to point (non-blocking ``Isend``, receives polled against a
+  deadline): neighbour exchange on the peer graph, Shamir shares to every peer, holder
+  sums to every peer; only the run's seed (when not given) is broadcast at the start;
 * every payload is the byte string of :func:`fedhier.protocol.messages.encode` sent as a
-  ``uint8`` buffer (upper-case mpi4py methods): nothing is pickled.
+  ``uint8`` buffer behind an (epoch, sequence) stamp (upper-case mpi4py methods): nothing is
+  pickled;
+* a peer silent past the deadline (``timeout``, :data:`DEFAULT_TIMEOUT`) is reported lost;
+  the survivors agree on it and go on without it, or stop (``docs/architecture.md``,
+  "Failures").  MPICH itself ends the whole job when a rank is killed; a frozen rank is
+  left out.
 
 Each rank's secrets (its step's generator, its chunk masks) come from its own entropy;
 ``site_seed`` replaces it for tests and reproductions.  With ``random_state`` and
@@ -27,6 +31,8 @@ leave ``site_seed`` out in a deployment.)
 
 from __future__ import annotations
 
+import struct
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -34,9 +40,9 @@ import numpy as np
 from ..models.collabdict.graphs import check_adjacency, default_graph
 from ..protocol.base import RoundProtocol
 from ..protocol.messages import Message, MessageSpec, decode, encode
-from .peer import PeerAggregation, PeerResult, Transport, run_peer_rounds
+from .peer import PeerAggregation, PeerLost, PeerResult, Transport, run_peer_rounds
 
-__all__ = ["MPITransport", "run_mpi", "world"]
+__all__ = ["MPITransport", "run_mpi", "world", "DEFAULT_TIMEOUT"]
 
 
 def world():
@@ -48,65 +54,206 @@ def world():
     return MPI.COMM_WORLD
 
 
-def _as_buffer(payload: bytes) -> np.ndarray:
-    return np.frombuffer(payload, dtype=np.uint8)
+#: seconds a peer waits for a message before it reports the sender lost
+DEFAULT_TIMEOUT = 300.0
+_DATA, _CONTROL = 7101, 7102   # message tags: payloads, and the agreement on lost peers
+_HEADER = struct.Struct("<qq")  # (epoch, sequence number) in front of every payload
 
 
 class MPITransport(Transport):
-    """The site of this MPI rank; see the module docstring."""
+    """The site of this MPI rank; see the module docstring.
 
-    def __init__(self, comm) -> None:
+    Every receive has a deadline: a peer that sends nothing for ``timeout`` seconds is
+    reported lost (:class:`~fedhier.runtime.peer.PeerLost`); None waits for ever.  Messages
+    go point to point (non-blocking sends, polled receives), each stamped with the
+    agreement epoch and its sequence number, so that a message of an aborted attempt is
+    recognised and dropped.
+    """
+
+    def __init__(self, comm, timeout: float | None = None) -> None:
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"the peer timeout must be a positive number of seconds or None, got {timeout!r}")
         self.comm = comm
         self.rank = comm.Get_rank()
         self.n_sites = comm.Get_size()
         self.local_sites = [self.rank]
+        self.alive = list(range(self.n_sites))
         self.bytes_sent = {}
+        self.timeout = timeout
+        self._epoch = 0
+        self._seq = 0
+        self._sends: list = []   # (request, buffer): a buffer lives until its send completes
+        self._control: dict[int, list[tuple[int, int, bytes]]] = {}
 
-    def open_topology(self, adjacency: np.ndarray):
-        nbrs = [int(j) for j in np.flatnonzero(adjacency[self.rank])]
-        graph_comm = self.comm.Create_dist_graph_adjacent(nbrs, nbrs, reorder=False)
-        return graph_comm, nbrs
+    # ------------------------------------------------------------------ point to point
+    def _send(self, dest: int, payload: bytes, tag: int = _DATA, stamp: tuple[int, int] | None = None) -> None:
+        stamp = (self._epoch, self._seq) if stamp is None else stamp
+        buf = np.frombuffer(_HEADER.pack(*stamp) + payload, dtype=np.uint8)
+        self._sends.append((self.comm.Isend(buf, dest=dest, tag=tag), buf))
 
-    def close_topology(self, topology) -> None:
-        topology[0].Free()
+    def _reap(self) -> None:
+        self._sends = [(req, buf) for req, buf in self._sends if not req.Test()]
 
-    def exchange(self, topology, spec: MessageSpec, messages):
-        graph_comm, nbrs = topology
-        payload = _as_buffer(encode(spec, messages[self.rank]))
-        received = np.empty((len(nbrs), payload.size), dtype=np.uint8)
-        graph_comm.Neighbor_allgather(payload, received)
-        self._count(self.rank, payload.size * len(nbrs))
-        return {self.rank: [decode(spec, received[i].tobytes()) for i in range(len(nbrs))]}
-
-    def all_to_all(self, spec: MessageSpec, messages):
-        rows = [_as_buffer(encode(spec, m)) for m in messages[self.rank]]
-        sizes = {r.size for r in rows}
-        if len(sizes) != 1:
-            raise ValueError("all_to_all: the messages of one site must have the same encoded size")
-        send = np.stack(rows)
-        received = np.empty_like(send)
-        self.comm.Alltoall(send, received)
-        self._count(self.rank, send.size - rows[self.rank].size)
-        return {self.rank: [decode(spec, received[i].tobytes()) for i in range(self.n_sites)]}
-
-    def all_gather(self, spec: MessageSpec, messages, senders):
-        mine = _as_buffer(encode(spec, messages[self.rank]))
-        received = np.empty((self.n_sites, mine.size), dtype=np.uint8)
-        self.comm.Allgather(mine, received)
-        if self.rank in senders:
-            self._count(self.rank, mine.size * (self.n_sites - 1))
-        return [decode(spec, received[s].tobytes()) for s in senders]
-
-    def all_true(self, flags) -> bool:
+    def _take(self, source: int, tag: int) -> tuple[int, int, bytes] | None:
         from mpi4py import MPI
 
-        mine = np.array([int(bool(flags[self.rank]))], dtype=np.int64)
-        out = np.empty_like(mine)
-        self.comm.Allreduce(mine, out, op=MPI.MIN)
-        return bool(out[0])
+        status = MPI.Status()
+        if not self.comm.Iprobe(source=source, tag=tag, status=status):
+            return None
+        buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
+        self.comm.Recv(buf, source=status.Get_source(), tag=tag)
+        epoch, seq = _HEADER.unpack_from(buf.tobytes(), 0)
+        if tag == _CONTROL:
+            self._control.setdefault(status.Get_source(), []).append((epoch, seq, buf[_HEADER.size:].tobytes()))
+            return epoch, seq, b""
+        return epoch, seq, buf[_HEADER.size:].tobytes()
+
+    def _receive(self, sources, deadline_factor: float = 1.0) -> dict[int, bytes]:
+        """One message of the current (epoch, sequence) from each of ``sources``; raises PeerLost
+        for those silent past the deadline, or as soon as another peer starts an agreement."""
+        from mpi4py import MPI
+
+        expected = (self._epoch, self._seq)
+        deadline = None if self.timeout is None else time.monotonic() + deadline_factor * self.timeout
+        got: dict[int, bytes] = {}
+        pause = 1e-4
+        while len(got) < len(sources):
+            progressed = False
+            for src in sources:
+                while src not in got:
+                    item = self._take(src, _DATA)
+                    if item is None:
+                        break
+                    progressed = True
+                    if item[:2] < expected:
+                        continue  # a message of an attempt that was aborted
+                    if item[:2] != expected:
+                        raise PeerLost({src}, "out of step")
+                    got[src] = item[2]
+            while self._take(MPI.ANY_SOURCE, _CONTROL) is not None:
+                pass
+            if any(epoch == self._epoch for msgs in self._control.values() for epoch, _, _ in msgs):
+                raise PeerLost(set(), "another peer reported a lost peer")
+            if deadline is not None and time.monotonic() > deadline:
+                raise PeerLost(set(sources) - set(got), f"no message within {self.timeout:g} s")
+            if not progressed:
+                time.sleep(pause)
+                pause = min(2 * pause, 0.01)
+        self._reap()
+        return got
+
+    def _round_trip(self, payloads: dict[int, bytes], sources) -> dict[int, bytes]:
+        for dest, payload in payloads.items():
+            self._send(dest, payload)
+        try:
+            return self._receive(sources)
+        finally:
+            self._seq += 1
+
+    @property
+    def lost(self) -> list[int]:
+        """Peers agreed lost so far."""
+        return [s for s in range(self.n_sites) if s not in self.alive]
+
+    def _others(self) -> list[int]:
+        return [s for s in self.alive if s != self.rank]
+
+    # ------------------------------------------------------------------ Transport
+    def open_topology(self, adjacency: np.ndarray):
+        return [int(j) for j in np.flatnonzero(adjacency[self.rank])]
+
+    def close_topology(self, topology) -> None:
+        return None
+
+    def exchange(self, topology, spec: MessageSpec, messages):
+        nbrs = topology
+        payload = encode(spec, messages[self.rank])
+        got = self._round_trip({j: payload for j in nbrs}, nbrs)
+        self._count(self.rank, len(payload) * len(nbrs))
+        return {self.rank: [decode(spec, got[j]) for j in nbrs]}
+
+    def all_to_all(self, spec: MessageSpec, messages):
+        rows = {j: encode(spec, m) for j, m in zip(self.alive, messages[self.rank])}
+        others = self._others()
+        got = self._round_trip({j: rows[j] for j in others}, others)
+        got[self.rank] = rows[self.rank]
+        self._count(self.rank, sum(len(rows[j]) for j in others))
+        return {self.rank: [decode(spec, got[j]) for j in self.alive]}
+
+    def all_gather(self, spec: MessageSpec, messages, senders):
+        mine = encode(spec, messages[self.rank]) if self.rank in senders else None
+        others = self._others()
+        got = self._round_trip({j: mine for j in others} if mine is not None else {},
+                               [s for s in senders if s != self.rank])
+        if mine is not None:
+            got[self.rank] = mine
+            self._count(self.rank, len(mine) * len(others))
+        return [decode(spec, got[s]) for s in senders]
+
+    def all_true(self, flags) -> bool:
+        others = self._others()
+        mine = bool(flags[self.rank])
+        got = self._round_trip({j: bytes([mine]) for j in others}, others)
+        return mine and all(v == b"\x01" for v in got.values())
+
+    def commit(self) -> None:
+        others = self._others()
+        self._round_trip({j: b"" for j in others}, others)
+
+    def agree_lost(self, suspects) -> set[int]:
+        """Two all-to-all exchanges of suspect sets among the peers not suspected.  A peer
+        that another peer already suspects is not waited for; a peer silent past the
+        deadline of an exchange (``2 + i`` timeouts for the i-th: peers enter and leave
+        the exchanges up to a timeout apart) is added.  The sets must agree after the
+        second exchange, else PeerLost."""
+        suspects = {int(s) for s in suspects}
+        rounds = []
+        for it in range(2):
+            targets = [s for s in self.alive if s != self.rank and s not in suspects]
+            bitmap = bytes(int(s in suspects) for s in range(self.n_sites))
+            for dest in targets:
+                self._send(dest, bitmap, tag=_CONTROL, stamp=(self._epoch, it))
+            heard = self._receive_control(targets, it, suspects)
+            suspects |= set(targets) - set(heard)
+            rounds.append((set(suspects), heard))
+        if self.rank in suspects:
+            raise PeerLost(suspects, "the other peers reported this site lost")
+        (first, _), (second, heard) = rounds
+        if first != second or any(v != second for v in heard.values()):
+            raise PeerLost(second, "the surviving peers did not agree on which peers were lost")
+        self._epoch += 1
+        self._seq = 0
+        return second
+
+    def _receive_control(self, sources, it: int, suspects: set[int]) -> dict[int, set[int]]:
+        """The suspect sets of exchange ``it`` from ``sources``; ``suspects`` grows with every
+        set received, and a source someone suspects is no longer waited for."""
+        from mpi4py import MPI
+
+        deadline = None if self.timeout is None else time.monotonic() + (2 + it) * self.timeout
+        heard: dict[int, set[int]] = {}
+        pause = 1e-4
+        while any(src not in heard and src not in suspects for src in sources):
+            while self._take(MPI.ANY_SOURCE, _CONTROL) is not None:
+                pass
+            for src in sources:
+                msgs = [m for m in self._control.get(src, []) if m[0] >= self._epoch]
+                match = [m for m in msgs if m[:2] == (self._epoch, it)]
+                if match and src not in heard:
+                    heard[src] = {i for i, flag in enumerate(match[0][2]) if flag}
+                    suspects |= heard[src]
+                    msgs.remove(match[0])
+                self._control[src] = msgs
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(pause)
+            pause = min(2 * pause, 0.01)
+        return heard
 
     def common_seed(self, random_state: int | None) -> int:
-        """The run's seed, taken from rank 0 when not given (so every rank agrees)."""
+        """The run's seed: ``random_state``, or when not given rank 0's draw (so every rank agrees)."""
+        if random_state is not None:
+            return int(random_state)
         value = np.array([np.random.SeedSequence(random_state).entropy % 2**62 if random_state is None
                           else int(random_state)], dtype=np.int64)
         self.comm.Bcast(value, root=0)
@@ -115,7 +262,9 @@ class MPITransport(Transport):
 
 def run_mpi(protocol: RoundProtocol, data: Any, *, n_rounds: int, graph: np.ndarray | None = None,
             aggregation: PeerAggregation | None = None, random_state: int | None = None,
-            site_seed: int | None = None, stop: Callable[[Message], bool] | None = None, comm=None) -> PeerResult:
+            site_seed: int | None = None, stop: Callable[[Message], bool] | None = None, comm=None,
+            timeout: float | None = DEFAULT_TIMEOUT, transport: MPITransport | None = None,
+            on_round: Callable[[PeerResult], None] | None = None) -> PeerResult:
     """Run ``protocol`` with this process as site ``rank`` (collective over ``comm``).
 
     Parameters
@@ -128,17 +277,31 @@ def run_mpi(protocol: RoundProtocol, data: Any, *, n_rounds: int, graph: np.ndar
         The run's public seed (peer graph, relabelling), taken from rank 0 when not given.
     site_seed : int, optional
         This rank's secret seed; None (a deployment): the operating system's entropy.
+    timeout : float or None, default DEFAULT_TIMEOUT (300 s)
+        Seconds a peer waits for a message before reporting its sender lost; it must
+        exceed the longest site step.  None waits for ever.
+    transport : MPITransport, optional
+        Reuse the transport of an earlier run on the same ranks (its knowledge of lost peers).
+    on_round : callable, optional
+        ``on_round(result)`` after every round (e.g. to save this site's state).
     Other parameters as :func:`fedhier.runtime.peer.simulate_peers`.
 
     Returns
     -------
     PeerResult holding this site's copy of the model, its history and private state.
+
+    Raises
+    ------
+    PeerGraphSplit
+        Lost peers left a split graph (or too few peers): this site's result after the
+        last completed round is in the exception's ``result``.
     """
-    comm = comm if comm is not None else world()
-    transport = MPITransport(comm)
+    if transport is None:
+        transport = MPITransport(comm if comm is not None else world(), timeout)
     seed = transport.common_seed(random_state)
     adjacency = default_graph(transport.n_sites, seed) if graph is None else check_adjacency(graph)
     if adjacency.shape[0] != transport.n_sites:
         raise ValueError(f"peer graph has {adjacency.shape[0]} vertices but {transport.n_sites} MPI processes")
     return run_peer_rounds(protocol, {transport.rank: data}, transport, n_rounds=n_rounds, adjacency=adjacency,
-                           aggregation=aggregation or PeerAggregation(), seed=seed, site_seed=site_seed, stop=stop)
+                           aggregation=aggregation or PeerAggregation(), seed=seed, site_seed=site_seed, stop=stop,
+                           on_round=on_round)

@@ -36,7 +36,37 @@ from ..protocol.messages import Field, Message, MessageSpec, decode, encode
 from .simulate import site_rng
 
 __all__ = ["PeerAggregation", "ConsensusPlan", "PeerResult", "simulate_peers", "run_peer_rounds", "Transport",
-           "InProcessTransport", "aggregate_sums"]
+           "InProcessTransport", "aggregate_sums", "PeerLost", "PeerGraphSplit"]
+
+
+class PeerLost(RuntimeError):
+    """Peers did not answer within the deadline (or another peer reported them lost).
+
+    Raised by a :class:`Transport`; :func:`run_peer_rounds` then agrees with the other
+    peers on who is lost and redoes the round's aggregation without them.
+    """
+
+    public_message = True
+
+    def __init__(self, sites=(), detail: str = "") -> None:
+        self.sites = frozenset(int(s) for s in sites)
+        super().__init__(f"peer(s) {sorted(self.sites)} stopped answering" + (f" ({detail})" if detail else ""))
+
+
+class PeerGraphSplit(RuntimeError):
+    """The fit stopped: after losing peers the remaining graph is split (or the survivors
+    could not agree on who was lost, or too few remain for the Shamir threshold).
+
+    ``result`` holds this process's sites as they were after the last completed round
+    (their copies of the model, private states and history), so that they can be saved.
+    """
+
+    public_message = True
+
+    def __init__(self, round: int, lost, message: str, result: "PeerResult") -> None:
+        self.round, self.lost, self.result = int(round), sorted(int(s) for s in lost), result
+        super().__init__(f"round {round}: {message}; the fit stopped after round {round - 1} "
+                         f"(peers lost: {self.lost})")
 
 
 @dataclass(frozen=True)
@@ -112,11 +142,34 @@ def _neighbours(adjacency: np.ndarray, site: int) -> tuple[np.ndarray, np.ndarra
 
 
 class Transport(ABC):
-    """Message passing among the sites run by this process (all of them, or one)."""
+    """Message passing among the sites run by this process (all of them, or one).
+
+    ``alive`` lists the sites still taking part (every site at the start); a method that
+    waits for a peer which does not answer raises :class:`PeerLost`.
+    """
 
     n_sites: int
     local_sites: list[int]
     bytes_sent: dict[int, int]
+    alive: list[int]
+
+    def agree_lost(self, suspects) -> set[int]:
+        """The set of lost sites every surviving peer agrees on, starting from this
+        process's ``suspects`` (all-knowing in-process: the suspects themselves)."""
+        return set(suspects)
+
+    def set_alive(self, alive) -> None:
+        """From now on only ``alive`` take part."""
+        self.alive = sorted(int(s) for s in alive)
+        self.local_sites = [s for s in self.local_sites if s in self.alive]
+
+    def start_round(self, round: int) -> None:
+        """Called at the start of every round (fault injection in tests)."""
+
+    def commit(self) -> None:
+        """Return once every surviving peer has finished this round's aggregation (a
+        transport whose peers can fail mid-round makes sure no peer applies a round that
+        another is redoing).  In-process: nothing to wait for."""
 
     @abstractmethod
     def open_topology(self, adjacency: np.ndarray) -> Any:
@@ -135,8 +188,8 @@ class Transport(ABC):
 
     @abstractmethod
     def all_to_all(self, spec: MessageSpec, messages: Mapping[int, Sequence[Message]]) -> dict[int, list[Message]]:
-        """Site ``s`` sends ``messages[s][j]`` privately to site ``j``; returns, for each local
-        ``j``, the messages received from ``s = 0..S-1``."""
+        """Site ``s`` sends ``messages[s][i]`` privately to site ``alive[i]``; returns, for each
+        local ``j``, the messages received from the sites of ``alive``, in that order."""
 
     @abstractmethod
     def all_gather(self, spec: MessageSpec, messages: Mapping[int, Message], senders: Sequence[int]) -> list[Message]:
@@ -153,10 +206,25 @@ class Transport(ABC):
 class InProcessTransport(Transport):
     """All sites in this process; every message is encoded to bytes and decoded by its receiver."""
 
-    def __init__(self, n_sites: int) -> None:
+    def __init__(self, n_sites: int, lose: Mapping[int, Sequence[int]] | None = None) -> None:
         self.n_sites = n_sites
         self.local_sites = list(range(n_sites))
+        self.alive = list(range(n_sites))
         self.bytes_sent = {}
+        self.silent: set[int] = set()
+        self.lose = {int(r): [int(s) for s in v] for r, v in (lose or {}).items()}
+
+    def silence(self, sites) -> None:
+        """Fault injection: ``sites`` stop answering (as a killed or frozen process would)."""
+        self.silent |= {int(s) for s in sites}
+
+    def start_round(self, round: int) -> None:
+        self.silence(self.lose.get(round, ()))
+
+    def _check_heard(self, senders) -> None:
+        lost = self.silent & {int(s) for s in senders}
+        if lost:
+            raise PeerLost(lost, "fault injected")
 
     def open_topology(self, adjacency: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         return [_neighbours(adjacency, s) for s in range(self.n_sites)]
@@ -165,6 +233,7 @@ class InProcessTransport(Transport):
         return None
 
     def exchange(self, topology, spec, messages):
+        self._check_heard(j for s in self.local_sites for j in topology[s][0])
         payloads = {s: encode(spec, messages[s]) for s in self.local_sites}
         # every neighbour receives the same bytes; decoding them once per sender is equivalent
         received = {s: decode(spec, payloads[s]) for s in self.local_sites}
@@ -176,24 +245,27 @@ class InProcessTransport(Transport):
         return out
 
     def all_to_all(self, spec, messages):
+        self._check_heard(self.alive)
         out: dict[int, list[Message]] = {j: [] for j in self.local_sites}
         for s in self.local_sites:
-            for j in self.local_sites:
-                payload = encode(spec, messages[s][j])
+            for i, j in enumerate(self.alive):
+                payload = encode(spec, messages[s][i])
                 if j != s:
                     self._count(s, len(payload))
                 out[j].append(decode(spec, payload))
         return out
 
     def all_gather(self, spec, messages, senders):
+        self._check_heard(senders)
         out = []
         for s in senders:
             payload = encode(spec, messages[s])
-            self._count(s, len(payload) * (self.n_sites - 1))
+            self._count(s, len(payload) * (len(self.alive) - 1))
             out.append(decode(spec, payload))
         return out
 
     def all_true(self, flags):
+        self._check_heard(self.alive)
         return all(bool(v) for v in flags.values())
 
 
@@ -240,11 +312,9 @@ def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray],
     from ..privacy.fixedpoint import PRIME, FixedPoint
     from ..privacy.shamir import reconstruct, share
 
-    n_sites = transport.n_sites
+    n_sites, alive = transport.n_sites, transport.alive
     size = next(iter(vectors.values())).size
-    threshold = aggregation.threshold or n_sites // 2 + 1
-    if not 1 <= threshold <= n_sites:
-        raise ValueError(f"Shamir threshold must lie in 1..{n_sites}, got {threshold}")
+    threshold = shamir_threshold(aggregation, n_sites)
     codec = FixedPoint(frac_bits=aggregation.frac_bits, modulus=PRIME,
                        max_abs=2.0 ** (60 - aggregation.frac_bits) / (n_sites + 1))
     spec = _vector_spec(size, "int64")
@@ -259,8 +329,8 @@ def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray],
                 "data before fitting (a round of raw moments shares sums of squares), lower frac_bits, or use the "
                 "'consensus' or 'chunked' aggregation"
             ) from None
-        rows = share(encoded, n_sites, threshold, rng=None)  # (S, m) at x = 1..S; cryptographic coefficients
-        shares[s] = [{"x": rows[j]} for j in range(n_sites)]
+        rows = share(encoded, len(alive), threshold, rng=None)  # row i at x = i + 1, for alive[i]; cryptographic
+        shares[s] = [{"x": rows[i]} for i in range(len(alive))]
     received = transport.all_to_all(spec, shares)
     holder_sums = {}
     for j, msgs in received.items():
@@ -268,11 +338,39 @@ def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray],
         for m in msgs:
             acc = (acc + m["x"]) % PRIME
         holder_sums[j] = {"x": acc}
-    holders = list(range(threshold))
+    holders = alive[:threshold]
     published = transport.all_gather(spec, holder_sums, holders)
     total = reconstruct(np.stack([m["x"] for m in published]), np.arange(1, threshold + 1))
-    value = codec.decode(np.asarray(total, dtype=np.int64), n_summands=n_sites)
+    value = codec.decode(np.asarray(total, dtype=np.int64), n_summands=len(alive))
     return {s: value.copy() for s in transport.local_sites}
+
+
+def shamir_threshold(aggregation: PeerAggregation, n_sites: int) -> int:
+    """The Shamir threshold t of a run with ``n_sites`` peers (default ``floor(S/2) + 1``)."""
+    threshold = aggregation.threshold or n_sites // 2 + 1
+    if not 1 <= threshold <= n_sites:
+        raise ValueError(f"Shamir threshold must lie in 1..{n_sites}, got {threshold}")
+    return threshold
+
+
+def _embed(sub: np.ndarray, alive: Sequence[int], n_sites: int) -> np.ndarray:
+    """The graph on ``alive`` (its own numbering) as an ``n_sites`` x ``n_sites`` adjacency (lost sites isolated)."""
+    if len(alive) == n_sites:
+        return sub
+    full = np.zeros((n_sites, n_sites), dtype=sub.dtype)
+    full[np.ix_(alive, alive)] = sub
+    return full
+
+
+def connected(adjacency: np.ndarray) -> bool:
+    """Whether the graph is connected (breadth-first search)."""
+    n = adjacency.shape[0]
+    seen, frontier = {0}, [0]
+    while frontier:
+        nxt = [int(j) for i in frontier for j in np.flatnonzero(adjacency[i]) if int(j) not in seen]
+        seen.update(nxt)
+        frontier = nxt
+    return len(seen) == n
 
 
 def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, round: int, seed: int,
@@ -295,7 +393,7 @@ def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, roun
     n_exchanges : int
         Neighbour exchanges (consensus + agreement steps) in this aggregation.
     """
-    n_sites = transport.n_sites
+    n_sites, alive = transport.n_sites, transport.alive
     if aggregation.method == "shamir":
         return _shamir_sums(transport, vectors, aggregation), 0
     size = next(iter(vectors.values())).size
@@ -312,10 +410,11 @@ def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, roun
         n_steps = plan.n_steps
     n_sessions = next(iter(chunks.values())).shape[0]
     totals = {s: np.zeros(size) for s in vectors}
-    adjacency = plan.adjacency
-    for session in range(n_sessions):
+    for session in range(n_sessions):  # plan.adjacency is the graph on the alive sites, in their own numbering
+        adjacency = plan.adjacency
         if aggregation.relabel:
-            adjacency = relabel(plan.adjacency, session_placement(seed, round, session, n_sites))
+            adjacency = relabel(plan.adjacency, session_placement(seed, round, session, len(alive)))
+        adjacency = _embed(adjacency, alive, n_sites)
         avg = _consensus_session(transport, adjacency, {s: c[session] for s, c in chunks.items()}, plan.eps,
                                  n_steps, spec)
         totals = {s: totals[s] + avg[s] for s in totals}
@@ -323,7 +422,7 @@ def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, roun
     if aggregation.agree:
         totals = _agree(transport, adjacency, totals, plan.diameter, spec)
         exchanges += plan.diameter
-    return {s: n_sites * t for s, t in totals.items()}, exchanges
+    return {s: len(alive) * t for s, t in totals.items()}, exchanges
 
 
 @dataclass
@@ -356,9 +455,31 @@ class PeerResult:
         return self.broadcasts[min(self.broadcasts)]
 
 
+def _remaining_problem(adjacency: np.ndarray | None, alive: Sequence[int], aggregation: PeerAggregation,
+                       n_sites: int) -> str | None:
+    """Why the fit cannot go on with the sites ``alive``, or None."""
+    if aggregation.method == "shamir":
+        threshold = shamir_threshold(aggregation, n_sites)
+        if len(alive) < threshold:
+            return f"{len(alive)} peers remain, fewer than the Shamir threshold {threshold}"
+        return None
+    if len(alive) < 3:
+        return f"only {len(alive)} peer(s) remain; the peer graph needs at least 3"
+    if not connected(adjacency[np.ix_(alive, alive)]):
+        return "the remaining peers no longer form a connected graph (the lost peers split it)"
+    return None
+
+
+def _plan(adjacency: np.ndarray | None, alive: Sequence[int], aggregation: PeerAggregation) -> ConsensusPlan | None:
+    if aggregation.method == "shamir":
+        return None
+    return ConsensusPlan.build(adjacency[np.ix_(alive, alive)], aggregation)
+
+
 def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], transport: Transport, *, n_rounds: int,
                     adjacency: np.ndarray | None, aggregation: PeerAggregation, seed: int,
-                    site_seed: int | None = None, stop: Callable[[Message], bool] | None = None) -> PeerResult:
+                    site_seed: int | None = None, stop: Callable[[Message], bool] | None = None,
+                    on_round: Callable[["PeerResult"], None] | None = None) -> PeerResult:
     """Algorithm 1 on the sites of ``transport`` (shared by the in-process and MPI runtimes).
 
     ``seed`` is the run's public seed, known to every site (graph relabelling);
@@ -367,27 +488,75 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
 
     ``stop(broadcast)`` is evaluated by every site on its own copy after each global
     step; the run ends when it holds at every site (a fixed cap ``n_rounds`` applies, O7).
+    ``on_round(result)`` is called after every round with the local sites' result so far
+    (e.g. to save their state).
+
+    Lost peers: when the transport reports peers that stopped answering
+    (:class:`PeerLost`), the survivors agree on who is lost (:meth:`Transport.agree_lost`)
+    and redo the round's aggregation on the graph that remains, from the replies they
+    already computed: the round's sum is then the sum over the surviving sites (as if the
+    lost ones had been absent), and so is every later round's.  If the remaining graph is
+    split, fewer than 3 peers (or fewer than the Shamir threshold) remain, or the
+    survivors cannot agree, the run stops with :class:`PeerGraphSplit`, which carries
+    every local site's model, state and history after the last completed round.
     """
     if protocol.combine != "sum":
         raise ValueError(f"protocol {protocol.name!r} combines by {protocol.combine!r}; the peer runtime computes sums")
-    plan = None if aggregation.method == "shamir" else ConsensusPlan.build(adjacency, aggregation)
+    n_sites = transport.n_sites
+    alive = list(transport.alive)
+    plan = _plan(adjacency, alive, aggregation)
     for s in transport.local_sites:
         protocol.validate_site_data(s, site_data[s])
     initial = protocol.broadcast_spec.validate(protocol.initial_broadcast())
     broadcasts = {s: dict(initial) for s in transport.local_sites}
     states: dict[int, dict[str, np.ndarray]] = {s: {} for s in transport.local_sites}
     history: list[dict[str, Any]] = []
+    lost_so_far: set[int] = set()
     for rnd in range(1, int(n_rounds) + 1):
         before = dict(transport.bytes_sent)
+        completed = PeerResult(dict(broadcasts), list(history), dict(states), plan, seed)
+        lost_now: set[int] = set()
+
+        def recover(exc: PeerLost) -> None:
+            nonlocal alive, plan
+            try:
+                lost = transport.agree_lost(exc.sites) - lost_so_far
+            except PeerLost as disagreement:
+                raise PeerGraphSplit(rnd, lost_so_far | exc.sites, str(disagreement), completed) from None
+            lost_now.update(lost)
+            lost_so_far.update(lost)
+            alive = [s for s in alive if s not in lost]
+            transport.set_alive(alive)
+            if history and history[-1]["round"] == rnd:  # lost after this round's aggregation
+                history[-1].update(sites=list(alive), lost=sorted(lost_now), absent=sorted(lost_so_far))
+            for s in list(broadcasts):
+                if s not in transport.local_sites:
+                    del broadcasts[s], states[s]
+            problem = _remaining_problem(adjacency, alive, aggregation, n_sites)
+            if problem:
+                keep = transport.local_sites
+                raise PeerGraphSplit(rnd, lost_so_far, problem, PeerResult(
+                    {s: b for s, b in completed.broadcasts.items() if s in keep}, completed.history,
+                    {s: st for s, st in completed.site_states.items() if s in keep}, completed.plan, seed))
+            plan = _plan(adjacency, alive, aggregation)
+
+        transport.start_round(rnd)
         vectors = {}
         for s in transport.local_sites:
-            ctx = SiteContext(site=s, round=rnd, rng=site_rng(site_seed, rnd, s), data=site_data[s], state=states[s])
+            ctx = SiteContext(site=s, round=rnd, rng=site_rng(site_seed, rnd, s), data=site_data[s],
+                              state=dict(states[s]))
             reply = protocol.site_step(ctx, protocol.site_broadcast(broadcasts[s], s))
             check_disclosure(protocol, reply, ctx.releases)
             states[s] = ctx.state
             vectors[s] = protocol.reply_spec.flatten(reply)
-        sums, exchanges = aggregate_sums(transport, vectors, round=rnd, seed=seed, plan=plan, aggregation=aggregation,
-                                         site_seed=site_seed)
+        while True:
+            try:
+                sums, exchanges = aggregate_sums(transport, {s: vectors[s] for s in transport.local_sites}, round=rnd,
+                                                 seed=seed, plan=plan, aggregation=aggregation, site_seed=site_seed)
+                transport.commit()
+                break
+            except PeerLost as exc:
+                recover(exc)
         cache: dict[bytes, Message] = {}
         for s in transport.local_sites:
             key = sums[s].tobytes() + b"|" + encode(protocol.broadcast_spec, broadcasts[s])
@@ -403,16 +572,32 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
             "bytes_sent": {s: transport.bytes_sent.get(s, 0) - before.get(s, 0) for s in transport.local_sites},
             "disagreement": float(np.max(np.abs(stacked - stacked[0]))) if len(stacked) > 1 else 0.0,
             "metrics": protocol.round_metrics(protocol.reply_spec.unflatten(sums[first]), rnd),
+            "sites": list(alive),
+            "lost": sorted(lost_now),
+            "absent": sorted(lost_so_far),
         }
         history.append(record)
-        if stop is not None and transport.all_true({s: stop(broadcasts[s]) for s in transport.local_sites}):
+        result = PeerResult(broadcasts, history, states, plan, seed)
+        if on_round is not None:
+            on_round(result)
+        if stop is None:
+            continue
+        while True:
+            try:
+                done = transport.all_true({s: stop(broadcasts[s]) for s in transport.local_sites})
+                break
+            except PeerLost as exc:
+                completed = result
+                recover(exc)
+        if done:
             break
     return PeerResult(broadcasts, history, states, plan, seed)
 
 
 def simulate_peers(protocol: RoundProtocol, sites: Sequence[Any], *, n_rounds: int, graph: np.ndarray | None = None,
                    aggregation: PeerAggregation | None = None, random_state: int | None = None,
-                   stop: Callable[[Message], bool] | None = None) -> PeerResult:
+                   stop: Callable[[Message], bool] | None = None,
+                   lose: Mapping[int, Sequence[int]] | None = None) -> PeerResult:
     """Run ``protocol`` on ``S = len(sites)`` peers in this process (spec Algorithm 1).
 
     Parameters
@@ -432,6 +617,10 @@ def simulate_peers(protocol: RoundProtocol, sites: Sequence[Any], *, n_rounds: i
         does.  None: a public seed is drawn and every site's secrets come from the operating system.
     stop : callable, optional
         ``stop(broadcast) -> bool``, see :func:`run_peer_rounds`.
+    lose : mapping round -> sites, optional
+        Fault injection: these sites stop answering in that round, after their site step
+        (as a killed or frozen peer would); the others go on without them, or stop with
+        :class:`PeerGraphSplit` (see :func:`run_peer_rounds`).
     """
     n_sites = len(sites)
     seed = int(np.random.SeedSequence(random_state).entropy if random_state is None else random_state)
@@ -439,6 +628,6 @@ def simulate_peers(protocol: RoundProtocol, sites: Sequence[Any], *, n_rounds: i
     adjacency = default_graph(n_sites, seed) if graph is None else check_adjacency(graph)
     if adjacency.shape[0] != n_sites:
         raise ValueError(f"peer graph has {adjacency.shape[0]} vertices but there are {n_sites} sites")
-    transport = InProcessTransport(n_sites)
+    transport = InProcessTransport(n_sites, lose)
     return run_peer_rounds(protocol, dict(enumerate(sites)), transport, n_rounds=n_rounds, adjacency=adjacency,
                            aggregation=aggregation, seed=seed, site_seed=None if random_state is None else seed, stop=stop)

@@ -23,6 +23,10 @@ the results:
 * partial participation: a site may miss a round (scheduled, random, or because its
   step raised); the global step sees only the sites that replied.  The first failure of
   each site raises a :class:`SiteFailedWarning`; every failure is in the history;
+* a site step may run under a deadline (``site_timeout``, in worker processes): a step
+  that overruns it, or whose worker process dies, is a failed site for that round (the
+  worker is replaced, the fit goes on); no worker process outlives the run
+  (:mod:`fedhier.runtime.workers`);
 * a round with fewer than ``min_sites`` replies stops the fit with
   :class:`RoundFailed` -- no partial global update is ever broadcast;
 * callbacks run after every round (progress bar, history, checkpoint).
@@ -35,7 +39,6 @@ import time
 import uuid
 import traceback
 import warnings
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Sequence
@@ -45,6 +48,7 @@ import numpy as np
 from ..protocol.base import RoundProtocol, SiteContext, check_disclosure, sum_messages
 from .checkpoint import Checkpoint, Fingerprint, read_checkpoint, write_checkpoint
 from ..protocol.messages import Field, Message, MessageError, MessageSpec, decode, encode, header_fields
+from .workers import SiteWorkers
 
 if TYPE_CHECKING:
     from ..privacy.policy import SitePolicy
@@ -221,6 +225,13 @@ def _site_step_in_worker(site: int, round: int, site_seed: int | None, broadcast
     return status, payload, encode_state(new_state)
 
 
+#: what the runner records for a step that produced no answer in its worker process
+_LOST = {
+    "lost": "WorkerLost: the site's worker process ended during its step (killed or crashed)",
+    "timeout": "SiteTimeout: the site's step did not answer within its deadline of {} s",
+}
+
+
 def encode_site_broadcast(protocol: RoundProtocol, broadcast: Message, site: int) -> bytes:
     """The bytes sent to ``site``: its :meth:`~fedhier.protocol.base.RoundProtocol.site_broadcast`, encoded."""
     return encode(protocol.site_broadcast_spec, protocol.site_broadcast(broadcast, site))
@@ -344,6 +355,7 @@ def simulate(
     stop: Callable[[RoundRecord, Message], bool] | None = None,
     site_policies: Sequence["SitePolicy | None"] | None = None,
     analysis: str | None = None,
+    site_timeout: float | None = None,
 ) -> SimulationResult:
     """Run ``n_rounds`` rounds of ``protocol`` over ``sites`` in this process.
 
@@ -360,8 +372,10 @@ def simulate(
         is drawn (recorded in the result) and every site draws its secrets from the
         operating system, as in a deployment (see the module docstring).
     n_jobs : int
-        Number of worker processes for the site steps (1 = no pool).  Results are
-        bit-identical with and without the pool.
+        Number of worker processes for the site steps (1 = no pool, unless
+        ``site_timeout`` is given).  Results are bit-identical with and without the pool.
+        A worker process that dies during a step (killed, crashed) makes that site a
+        failed site of the round; the worker is replaced and the fit goes on.
     participation : see :data:`Participation`
     min_sites : int
         Fewest replies a round needs; fewer raise :class:`RoundFailed`.
@@ -394,6 +408,14 @@ def simulate(
         site makes is appended to its policy's ledger.
     analysis : str, optional
         The analysis' name in the sites' ledgers (default: a fresh random id).
+    site_timeout : float, optional
+        Deadline of one site step, in seconds (None: no deadline).  A step that has not
+        answered ``site_timeout`` seconds after it was handed to its worker is a failed site
+        of that round (like a step that raised): its worker is killed and replaced, and the
+        round goes on with the other sites.  A running step can only be stopped safely in
+        another process, so with a deadline the steps always run in worker processes
+        (``max(n_jobs, 1)`` of them, also for ``n_jobs=1``).  Choose it well above the
+        slowest normal step on a loaded machine: a missed deadline drops the site's reply.
 
     Returns
     -------
@@ -408,6 +430,8 @@ def simulate(
         raise ValueError(f"n_rounds must be a positive integer, got {n_rounds!r}")
     if int(n_jobs) != n_jobs or n_jobs < 1:
         raise ValueError(f"n_jobs must be a positive integer, got {n_jobs!r}")
+    if site_timeout is not None and (isinstance(site_timeout, bool) or not float(site_timeout) > 0):
+        raise ValueError(f"site_timeout must be a positive number of seconds or None, got {site_timeout!r}")
     if not 1 <= min_sites <= n_sites:
         raise ValueError(f"min_sites must be between 1 and the number of sites ({n_sites}), got {min_sites}")
     if aggregation not in ("plain", "secure"):
@@ -452,7 +476,8 @@ def simulate(
         if stop is not None and history and stop(history[-1], broadcast):
             first_round = n_rounds + 1  # the checkpointed run had already stopped: resume to its end
 
-    pool = ProcessPoolExecutor(max_workers=n_jobs, initializer=_pool_init, initargs=(protocol, sites)) if n_jobs > 1 else None
+    pool = (SiteWorkers(n_jobs, _site_step_in_worker, _pool_init, (protocol, sites), timeout=site_timeout)
+            if n_jobs > 1 or site_timeout is not None else None)
     warned: set[int] = set()  # sites whose failure has been reported by a warning
     try:
         for rnd in range(first_round, n_rounds + 1):
@@ -464,13 +489,11 @@ def simulate(
                 for s in active:
                     outcomes[s] = run_site_step(protocol, sites[s], s, rnd, site_seed, down[s], states[s], guards[s])
             else:
-                futures = {
-                    s: pool.submit(_site_step_in_worker, s, rnd, site_seed, down[s], encode_state(states[s]), guards[s])
-                    for s in active
-                }
-                for s, fut in futures.items():
-                    status, payload, state_bytes = fut.result()
-                    outcomes[s] = (status, payload, decode_state(state_bytes))
+                done = pool.run({s: (s, rnd, site_seed, down[s], encode_state(states[s]), guards[s]) for s in active},
+                                describe_lost=lambda why: _LOST[why].format(site_timeout))
+                for s in active:
+                    status, payload, state_bytes = done[s]
+                    outcomes[s] = (status, payload, states[s] if status != "ok" else decode_state(state_bytes))
 
             replies: dict[int, Message] = {}
             failed: dict[int, str] = dict(refused)  # a site that refused the analysis, every round
@@ -524,5 +547,5 @@ def simulate(
                 break
     finally:
         if pool is not None:
-            pool.shutdown(cancel_futures=True)
+            pool.close()
     return SimulationResult(broadcast=broadcast, history=history, site_states=states, seed=seed)

@@ -1,0 +1,109 @@
+"""MPI runtime under faults: a frozen peer is left out and the others finish; a killed peer
+ends the job (MPICH's process manager stops every rank) with every site's last completed
+round saved.  Deadlines below bound a broken test, they are not speed requirements."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install 'fedhier[mpi]')")
+
+from fedhier.collab import CollabDict  # noqa: E402
+from fedhier.runtime.checkpoint import read_checkpoint  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from procs import descendants  # noqa: E402
+from test_mpi import N_SITES, _frame, _mpiexec  # noqa: E402
+
+pytestmark = pytest.mark.integration
+BOUND = 600  # seconds: only a hung job reaches it
+
+
+def _rank_pid(root, rank):
+    for pid in descendants(root):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in env and b"fedhier.collab" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    return None
+
+
+def _wait(condition, proc):
+    deadline = time.monotonic() + BOUND
+    while not condition() and time.monotonic() < deadline:
+        if proc.poll() is not None and not condition():
+            return condition()
+        time.sleep(0.2)
+    return condition()
+
+
+def _start(tmp_path, extra=()):
+    _frame().to_csv(tmp_path / "data.csv", index=False)
+    args = [_mpiexec(), "-n", str(N_SITES), "-disable-auto-cleanup", sys.executable, "-m", "fedhier.collab", "fit",
+            "--runtime", "mpi", "--csv", "data.csv", "--site-column", "site", "--components", "3", "--max-iter", "8",
+            "--aggregation", "chunked", "--seed", "5", "--site-seed", "5", "--peer-timeout", "60",
+            "--out", "model_{site}.npz", *extra]
+    return subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _stop(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.communicate()
+
+
+def test_a_frozen_peer_is_left_out_and_the_others_finish(tmp_path):
+    proc = _start(tmp_path)
+    frozen = 3
+    try:
+        assert _wait(lambda: (tmp_path / f"model_{frozen}.state.npz").exists(), proc), "round 1 never finished"
+        pid = _rank_pid(proc.pid, frozen)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        survivors = [s for s in range(N_SITES) if s != frozen]
+        done = _wait(lambda: all((tmp_path / f"model_{s}.npz").exists() for s in survivors), proc)
+    finally:
+        out, err = _stop(proc)
+    assert done, f"the other sites did not finish\nstdout:\n{out}\nstderr:\n{err}"
+    assert not (tmp_path / f"model_{frozen}.npz").exists()
+    assert out.count(f"sites [{frozen}] stopped answering") == len(survivors)
+    models = [CollabDict.load(tmp_path / f"model_{s}.npz") for s in survivors]
+    for m in models[1:]:  # every survivor holds the same global model
+        np.testing.assert_allclose(m.mu_, models[0].mu_, rtol=0, atol=1e-10)
+        np.testing.assert_array_equal(m.active_, models[0].active_)
+    for s in survivors:  # each site's state after every round was saved, with who took part
+        saved = read_checkpoint(tmp_path / f"model_{s}.state.npz")
+        assert saved.round == models[0].n_iter_
+        lost_rounds = [h["round"] for h in saved.history if h["lost"]]
+        assert len(lost_rounds) == 1 and saved.history[-1]["absent"] == [frozen]
+        assert saved.history[-1]["sites"] == survivors
+
+
+def test_a_killed_peer_ends_the_job_with_every_sites_last_round_saved(tmp_path):
+    proc = _start(tmp_path)
+    killed = 5
+    try:
+        assert _wait(lambda: all((tmp_path / f"model_{s}.state.npz").exists() for s in range(N_SITES)), proc)
+        pid = _rank_pid(proc.pid, killed)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + BOUND
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ended = proc.poll() is not None
+    finally:
+        out, err = _stop(proc)
+    # MPICH ends every rank once one is killed (or, where it does not, the others finish without it)
+    assert ended, f"the job hung after a peer was killed\nstdout:\n{out}\nstderr:\n{err}"
+    for s in range(N_SITES):
+        saved = read_checkpoint(tmp_path / f"model_{s}.state.npz")
+        assert saved.round >= 1 and saved.site_states[0]  # the site's model and private state after a round
