@@ -26,7 +26,8 @@ import numpy as np
 
 from fedhier.data import load_alzheimer, partition
 from fedhier.flower_cli import LoopbackFederation, submit, write_demo_sites
-from fedhier.runtime.flower import FlowerFitConfig, read_result
+from fedhier.deploy.mvppca import FlowerFitConfig
+from fedhier.runtime.flower import read_result
 from fedhier.runtime.simulate import simulate
 
 SITES = ("hospital-a", "hospital-b", "hospital-c")

@@ -10,7 +10,8 @@ Commands (``cli_flower(argv)``; the lead wires ``fedhier flower`` to it):
   [--root-certificates ca.pem | --insecure]`` -- start a site's SuperNode on its own file;
 * ``fedhier flower run --config fit.toml (--superlink HOST:PORT [...] | --federation NAME)`` --
   submit the fit to the SuperLink and wait for it;
-* ``fedhier flower demo-data --out DIR`` -- three hospitals cut from the bundled Alzheimer data.
+* ``fedhier flower demo-data --out DIR [--model fedlin-hm2]`` -- three hospitals cut from the bundled Alzheimer
+  data, or a fleet of machines (C-MAPSS engines) for FedLin.
 
 Every command that starts a Flower process builds its command line with one of the
 functions below (:func:`superlink_command`, :func:`supernode_command`, :func:`flwr_run_command`);
@@ -50,6 +51,7 @@ __all__ = [
     "make_site_key",
     "register_site_key",
     "write_demo_sites",
+    "write_fleet_sites",
     "submit",
     "LoopbackFederation",
     "free_ports",
@@ -316,6 +318,52 @@ def write_demo_sites(
     return atomic_write_text(out / "fit.toml", text)
 
 
+def write_fleet_sites(
+    out: str | Path,
+    *,
+    model: str = "fedlin-hm2",
+    n_sites: int = 4,
+    sensor: int = 2,
+    n_rounds: int = 10,
+    seed: int = 0,
+    min_sites: int = 2,
+    round_timeout: float = 300.0,
+) -> Path:
+    """A fleet of ``n_sites`` machines from the bundled C-MAPSS FD001 turbofan engines, for a FedLin fit.
+
+    Machine ``k`` is engine ``k + 1``: one row per cycle, columns ``t, t2, t3, t4`` (the
+    polynomial design of the FedLin paper, ``t = (cycle - 1) / 299``) and ``sensor`` (sensor
+    ``sensor``, min-max scaled on the engine's own cycles), written to ``machine-<k>.csv``
+    with a ``fit.toml`` for ``model`` ("fedlin-hm1" or "fedlin-hm2"); returns its path.
+    """
+    from .models.fedlin.datasets import load_cmapss
+    from .utils.io import atomic_write_text, write_csv
+
+    if model not in ("fedlin-hm1", "fedlin-hm2"):
+        raise ValueError(f"model must be 'fedlin-hm1' or 'fedlin-hm2', got {model!r}")
+    engines = load_cmapss(sensor)
+    if not 2 <= n_sites <= len(engines):
+        raise ValueError(f"a fleet needs between 2 and {len(engines)} machines, got {n_sites}")
+    out = Path(out)
+    names = [f"machine-{k + 1:02d}" for k in range(n_sites)]
+    columns = ["t", "t2", "t3", "t4", "sensor"]
+    for name, (cycle, value) in zip(names, engines):
+        t = (cycle - 1) / 299.0
+        span = value.max() - value.min()
+        y = (value - value.min()) / (span if span > 0 else 1.0)
+        write_csv(out / f"{name}.csv", [dict(zip(columns, map(float, row))) for row in np.column_stack([t, t**2, t**3, t**4, y])], columns)
+    options = 'prior = "gaussian"\nmu_scale = 10.0\n' if model == "fedlin-hm2" else "eta = 0.0002\nn_local_steps = 20\n"
+    text = (
+        f"# FedLin ({model}) over Flower on the bundled C-MAPSS engines, one machine per SuperNode "
+        "(written by `fedhier flower demo-data --model ...`)\n"
+        f'model = "{model}"\ntarget = "sensor"\nfeatures = ["t", "t2", "t3", "t4"]\nintercept = true\n'
+        f"n_rounds = {n_rounds}\nseed = {seed}\n{options}\n[flower]\n"
+        f"sites = {json.dumps(names)}\nmin_sites = {min_sites}\nround_timeout = {float(round_timeout)}\n"
+        'out = "fedhier-flower-fit"\n'
+    )
+    return atomic_write_text(out / "fit.toml", text)
+
+
 # --------------------------------------------------------------------------- one-machine federation
 
 
@@ -545,7 +593,7 @@ def submit(
 
     Parameters
     ----------
-    config_path : the coordinator's ``fit.toml`` (see :class:`fedhier.runtime.flower.FlowerFitConfig`).
+    config_path : the coordinator's ``fit.toml`` (any family, :func:`fedhier.deploy.read_fit`).
     superlink : ``HOST:PORT`` of the SuperLink; a private Flower configuration with one
         connection is written for this call (with ``root_certificates`` or ``insecure``).
     federation : instead of ``superlink``, the name of a SuperLink connection in your own
@@ -564,12 +612,13 @@ def submit(
     ValueError : bad configuration or options; TimeoutError : the run did not end in time;
     RuntimeError : ``flwr run`` failed.
     """
-    from .runtime.flower import RUN_CONFIG_KEY, FlowerFitConfig
+    from .deploy import read_fit
+    from .runtime.flower import RUN_CONFIG_KEY
 
-    config = FlowerFitConfig.read(config_path)
+    config = read_fit(config_path)
     if out is not None:
         config = config.replace(out=str(Path(out).resolve()))
-    results = ("summary.json", "history.json", "model.npz", "broadcast.fhm")
+    results = ("summary.json", "history.json", "model.npz", "broadcast.fhm", "coefficients.csv", "phi.csv")
     check_outputs_spare_inputs([Path(config.out) / name for name in results], [config_path])
     if (superlink is None) == (federation is None):
         raise ValueError("give exactly one of --superlink HOST:PORT or --federation NAME")
@@ -655,12 +704,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, help="seconds to wait for the fit")
     p.add_argument("--out", help="result folder on the SuperLink host (overrides fit.toml)")
 
-    p = sub.add_parser("demo-data", help="three hospitals from the bundled Alzheimer data, with fit.toml")
+    p = sub.add_parser("demo-data", help="example sites with a fit.toml: hospitals (Alzheimer data) or a fleet of engines (FedLin)")
     p.add_argument("--out", required=True)
-    p.add_argument("--sites", type=int, default=3)
+    p.add_argument("--model", choices=["fed-mv-ppca", "fedlin-hm1", "fedlin-hm2"], default="fed-mv-ppca",
+                   help="fed-mv-ppca: hospitals cut from the bundled Alzheimer data; fedlin-*: C-MAPSS engines, one per machine")
+    p.add_argument("--sites", type=int, default=None, help="number of sites (default 3 hospitals, 4 machines)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default 20 for fed-mv-ppca, 10 for FedLin)")
     return parser
+
+
+def _describe(data) -> str:
+    """What a site's file holds, as its deployment read it (shapes only, never values)."""
+    if isinstance(data, dict):  # Fed-mv-PPCA: view -> (n, d)
+        return ", ".join(f"{v} {X.shape[0]}x{X.shape[1]}" for v, X in data.items())
+    if isinstance(data, tuple):  # FedLin HM1: (X, y)
+        return f"{data[0].shape[0]} rows, {data[0].shape[1]} coefficients"
+    return f"{data.n} rows, {data.d} coefficients"  # FedLin HM2: the site's sufficient statistics
 
 
 def _run(cmd: list[str], print_only: bool) -> int:
@@ -692,10 +752,9 @@ def cli_flower(argv: Sequence[str] | None = None) -> int:
             return _run(cmd, args.print_command)
         if args.command == "site":
             if args.config:
-                from .runtime.flower import FlowerFitConfig, load_site
+                from .deploy import read_fit
 
-                data = load_site(FlowerFitConfig.read(args.config), args.data, args.site)
-                print(f"site {args.site!r}: " + ", ".join(f"{v} {X.shape[0]}x{X.shape[1]}" for v, X in data.items()))
+                print(f"site {args.site!r}: " + _describe(read_fit(args.config).load_site(args.site, args.data)))
             cmd = supernode_command(
                 superlink=args.superlink, site=args.site, data=args.data, root_certificates=args.root_certificates,
                 insecure=args.insecure, port=args.port, auth_key=args.auth_key, seed=args.seed,
@@ -709,8 +768,14 @@ def cli_flower(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(summary, indent=2))
             return 0 if summary.get("status") in ("completed", "ended") else 1
         if args.command == "demo-data":
-            path = write_demo_sites(args.out, n_sites=args.sites, seed=args.seed, n_rounds=args.rounds)
-            print(f"wrote {args.sites} site files and {path}")
+            if args.model == "fed-mv-ppca":
+                n_sites = 3 if args.sites is None else args.sites
+                path = write_demo_sites(args.out, n_sites=n_sites, seed=args.seed, n_rounds=20 if args.rounds is None else args.rounds)
+            else:
+                n_sites = 4 if args.sites is None else args.sites
+                path = write_fleet_sites(args.out, model=args.model, n_sites=n_sites, seed=args.seed,
+                                         n_rounds=10 if args.rounds is None else args.rounds)
+            print(f"wrote {n_sites} site files and {path}")
             return 0
     except (ValueError, FileNotFoundError, TimeoutError, RuntimeError) as exc:
         print(f"fedhier flower: error: {exc}", file=sys.stderr)
