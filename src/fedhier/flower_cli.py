@@ -729,7 +729,17 @@ def _run(cmd: list[str], print_only: bool) -> int:
         return 0
     # Flower starts helpers (flower-superexec) by name: put this environment's bin first on PATH
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return subprocess.call(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum, _frame) -> None:  # `kill PID` of this command stops the Flower process it runs
+        proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def cli_flower(argv: Sequence[str] | None = None) -> int:

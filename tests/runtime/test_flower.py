@@ -804,3 +804,61 @@ def test_the_flower_runtime_imports_no_model_estimator_or_cli_module():
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert "fedhier.runtime.flower" in loaded
     assert not [m for m in loaded if m.startswith(forbidden)]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("model", ["fedlin-hm2", "fedlin-hm1"])
+def test_fedlin_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, fleet, model):
+    """FedLin on a real SuperLink and three SuperNodes: the estimator's simulate() fit to 1e-10; then with
+    machine-03's SuperNode killed after round 1, simulate() with machine-03 absent from its lost round on."""
+    from fedhier.fedlin import load
+
+    folder, configs, sites = fleet
+    config = configs[model]
+    path = folder / model / "fit.toml"
+    cluster = LoopbackFederation(tmp_path, {name: folder / model / f"{name}.csv" for name in FLEET}, site_seed=config.seed)
+    estimator = config.estimator()
+    data = sites if model == "fedlin-hm1" else [estimator.site_stats(X, y, site=k)[0] for k, (X, y) in enumerate(sites)]
+
+    def reference(absent_from=None):
+        stop = estimator.tracker(estimator.protocol(5))[0] if model == "fedlin-hm2" else None
+        participation = None if absent_from is None else {r: [2] for r in range(absent_from, config.n_rounds + 1)}
+        return simulate(config.protocol(), data, n_rounds=config.n_rounds, random_state=config.seed, stop=stop,
+                        participation=participation)
+
+    try:
+        out = tmp_path / "fit-all"
+        assert _flower_fit(cluster, path, out) == 0, cluster.logs()
+        broadcast, history, summary = read_result(out, config)
+        expected = reference()
+        assert _max_diff(broadcast, expected.broadcast) <= 1e-10
+        assert [r["sites"] for r in history] == [[0, 1, 2]] * len(expected.history)
+        assert summary["lost"] == {} and set(summary["nodes"]) == set(FLEET)
+        assert load(out / "model.npz").n_sites_ == 3
+
+        dropout = tmp_path / "fit-dropout.toml"
+        dropout.write_text(path.read_text().replace("round_timeout = 300.0", "round_timeout = 25.0"))
+        out = tmp_path / "fit-dropout"
+        codes: list[int] = []
+        runner = threading.Thread(target=lambda: codes.append(_flower_fit(cluster, dropout, out)), daemon=True)
+        runner.start()
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and runner.is_alive():
+            rows = json.loads((out / "history.json").read_text()) if (out / "history.json").is_file() else []
+            if rows:
+                cluster.kill("machine-03")
+                break
+            time.sleep(0.2)
+        runner.join(timeout=330)
+        assert codes == [0], cluster.logs()
+        broadcast, history, summary = read_result(out, config)
+        assert history[0]["sites"] == [0, 1, 2] and summary["lost"].keys() == {"machine-03"}
+        dropped = summary["lost"]["machine-03"]
+        assert history[dropped - 1]["failed"]["2"].startswith(("no reply within 25 s", "Flower error 3", "Flower error 5"))
+        assert all(row["sites"] == [0, 1] for row in history[dropped - 1:])
+        expected = reference(absent_from=dropped)
+        assert len(history) == len(expected.history)
+        assert _max_diff(broadcast, expected.broadcast) <= 1e-10
+    finally:
+        stopped = cluster.stop()
+    assert not [pid for pid in stopped if _alive(pid)]
