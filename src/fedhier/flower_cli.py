@@ -588,6 +588,7 @@ def submit(
     timeout: float | None = None,
     out: str | Path | None = None,
     env: dict[str, str] | None = None,
+    resume: bool = False,
 ) -> dict:
     """Submit the fit of ``fit.toml`` to a SuperLink with ``flwr run`` and wait for it.
 
@@ -601,6 +602,11 @@ def submit(
     timeout : seconds to wait for the run (None: wait until it ends).
     out : overrides ``out`` of ``fit.toml`` (the result folder on the SuperLink host).
     env : environment of ``flwr run`` (default: this process's).
+    resume : go on from the coordinator checkpoint in the result folder (a fit whose SuperLink
+        or ServerApp stopped), as :func:`fedhier.runtime.flower.coordinate` with ``resume=True``.
+
+    When the run ends (or this call fails) and the result folder is readable from here but its
+    ``summary.json`` still says "running" (the ServerApp was killed), it is rewritten as "failed".
 
     Returns
     -------
@@ -613,12 +619,12 @@ def submit(
     RuntimeError : ``flwr run`` failed.
     """
     from .deploy import read_fit
-    from .runtime.flower import RUN_CONFIG_KEY
+    from .runtime.flower import CHECKPOINT, RESUME_KEY, RUN_CONFIG_KEY
 
     config = read_fit(config_path)
     if out is not None:
         config = config.replace(out=str(Path(out).resolve()))
-    results = ("summary.json", "history.json", "model.npz", "broadcast.fhm", "coefficients.csv", "phi.csv")
+    results = ("summary.json", "history.json", "model.npz", "broadcast.fhm", "coefficients.csv", "phi.csv", CHECKPOINT)
     check_outputs_spare_inputs([Path(config.out) / name for name in results], [config_path])
     if (superlink is None) == (federation is None):
         raise ValueError("give exactly one of --superlink HOST:PORT or --federation NAME")
@@ -630,26 +636,43 @@ def submit(
         app = tmp / "app"
         shutil.copytree(APP_TEMPLATE, app, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "fit.toml"))
         overrides = tmp / "run-config.toml"
-        overrides.write_text(f"{RUN_CONFIG_KEY} = {_toml_string(config.to_json())}\n")
+        overrides.write_text(f"{RUN_CONFIG_KEY} = {_toml_string(config.to_json())}\n{RESUME_KEY} = {_toml_string('yes' if resume else '')}\n")
         connection = federation
         if superlink is not None:
             if insecure == (root_certificates is not None):
                 raise ValueError("with --superlink give either --root-certificates ca.pem or --insecure")
             env["FLWR_HOME"] = str(_connection_home(tmp / "flwr-home", superlink, root_certificates))
             connection = _CONNECTION
-        (Path(config.out) / "summary.json").unlink(missing_ok=True)  # a stale result must not pass for this run's
-        code, output = _run_streaming(flwr_run_command(app, connection, overrides), env, timeout)
-        if code is None:
-            run_id = re.search(r"started run (\d+)", output)
-            if run_id:
-                subprocess.run([_bin("flwr"), "stop", run_id.group(1), connection], env=env, timeout=60, capture_output=True)
-            raise TimeoutError(f"the fit did not end within {timeout:g} s (run stopped)")
-        if code != 0 or "started run" not in output:
-            raise RuntimeError(f"flwr run failed (exit code {code}): {output.strip()[-2000:]}")
-    summary_path = Path(config.out) / "summary.json"
+        summary_path = Path(config.out) / "summary.json"
+        summary_path.unlink(missing_ok=True)  # a stale result must not pass for this run's
+        try:
+            code, output = _run_streaming(flwr_run_command(app, connection, overrides), env, timeout)
+            if code is None:
+                run_id = re.search(r"started run (\d+)", output)
+                if run_id:
+                    subprocess.run([_bin("flwr"), "stop", run_id.group(1), connection], env=env, timeout=60, capture_output=True)
+                raise TimeoutError(f"the fit did not end within {timeout:g} s (run stopped)")
+            if code != 0 or "started run" not in output:
+                raise RuntimeError(f"flwr run failed (exit code {code}): {output.strip()[-2000:]}")
+        finally:
+            _close_summary(summary_path)
     if summary_path.is_file():
         return json.loads(summary_path.read_text())
     return {"status": "ended", "out": config.out, "note": "the result folder is on the SuperLink host"}
+
+
+def _close_summary(path: Path) -> None:
+    """A ``summary.json`` left at "running" by a run that ended (its ServerApp or SuperLink was killed) becomes "failed"."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(summary, dict) and summary.get("status") == "running":
+        from .utils.io import write_json
+
+        summary.update(status="failed", error="the run ended before the fit did (its ServerApp or the SuperLink stopped); "
+                                              "`fedhier flower run --resume` goes on from the last completed round")
+        write_json(path, summary)
 
 
 # --------------------------------------------------------------------------- command line
@@ -703,6 +726,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true", help="no TLS (with --superlink; loopback tests only)")
     p.add_argument("--timeout", type=float, default=None, help="seconds to wait for the fit")
     p.add_argument("--out", help="result folder on the SuperLink host (overrides fit.toml)")
+    p.add_argument("--resume", action="store_true", help="go on from the checkpoint of an interrupted run of this fit")
 
     p = sub.add_parser("demo-data", help="example sites with a fit.toml: hospitals (Alzheimer data) or a fleet of engines (FedLin)")
     p.add_argument("--out", required=True)
@@ -773,7 +797,7 @@ def cli_flower(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             summary = submit(
                 args.config, superlink=args.superlink, federation=args.federation, root_certificates=args.root_certificates,
-                insecure=args.insecure, timeout=args.timeout, out=args.out,
+                insecure=args.insecure, timeout=args.timeout, out=args.out, resume=args.resume,
             )
             print(json.dumps(summary, indent=2))
             return 0 if summary.get("status") in ("completed", "ended") else 1

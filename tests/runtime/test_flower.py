@@ -862,3 +862,89 @@ def test_fedlin_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, fl
     finally:
         stopped = cluster.stop()
     assert not [pid for pid in stopped if _alive(pid)]
+
+
+# --------------------------------------------------------------------------- coordinator checkpoint, resume
+
+
+def _coordinator_context(config, resume=False):
+    from fedhier.runtime.flower import RESUME_KEY
+
+    return Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                   run_config={RUN_CONFIG_KEY: config.to_json(), RESUME_KEY: "yes" if resume else ""})
+
+
+def _interrupt_before_round(grid, rnd):
+    """The SuperLink disappears when the server pushes round ``rnd``: the ServerApp dies there."""
+    push = grid.push_messages
+
+    def push_or_die(messages):
+        messages = list(messages)
+        if any(m.metadata.message_type == "train" and m.metadata.group_id == str(rnd) for m in messages):
+            raise ConnectionError("the SuperLink is gone")
+        return push(messages)
+
+    grid.push_messages = push_or_die
+
+
+@pytest.mark.parametrize("family", ["fed-mv-ppca", "fedlin-hm1"])
+def test_a_fit_resumed_from_the_coordinator_checkpoint_equals_an_uninterrupted_one(demo, fleet, tmp_path, family):
+    from fedhier.runtime.flower import CHECKPOINT
+
+    if family == "fed-mv-ppca":
+        folder, config, _ = demo
+        make_grid = lambda c: _grid(folder, c)[0]  # noqa: E731
+    else:
+        folder, configs, _ = fleet
+        config = configs["fedlin-hm1"]
+        make_grid = lambda c: _fleet_grid(folder, c)[0]  # noqa: E731
+    config = config.replace(round_timeout=5.0, connect_timeout=1.0, poll_interval=0.01, n_rounds=3)
+    whole = config.replace(out=str(tmp_path / "whole"))
+    server_app(make_grid(whole), _coordinator_context(whole))
+    reference, reference_history, _ = read_result(whole.out, whole)
+
+    broken = config.replace(out=str(tmp_path / "broken"))
+    grid = make_grid(broken)
+    _interrupt_before_round(grid, 3)
+    with pytest.raises(ConnectionError):
+        server_app(grid, _coordinator_context(broken))
+    summary = json.loads((tmp_path / "broken" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "the SuperLink is gone" in summary["error"]
+    assert (tmp_path / "broken" / CHECKPOINT).is_file()
+
+    server_app(make_grid(broken), _coordinator_context(broken, resume=True))  # a new run: fresh SuperNode states
+    broadcast, history, summary = read_result(broken.out, broken)
+    assert _max_diff(broadcast, reference) == 0
+    assert summary["resumed_after_round"] == 2 and [h["round"] for h in history] == [1, 2, 3]
+    assert [h["metrics"] for h in history] == [h["metrics"] for h in reference_history]
+
+
+def test_resume_is_refused_with_the_reason(demo, fleet, tmp_path):
+    folder, config, _ = demo
+    config = config.replace(out=str(tmp_path / "fit"), round_timeout=5.0, connect_timeout=1.0, poll_interval=0.01)
+    with pytest.raises(ValueError, match="nothing to resume: .*checkpoint.npz does not exist"):
+        server_app(_grid(folder, config)[0], _coordinator_context(config, resume=True))
+    assert json.loads((tmp_path / "fit" / "summary.json").read_text())["status"] == "failed"
+    server_app(_grid(folder, config)[0], _coordinator_context(config))
+    other = config.replace(n_local_iter=config.n_local_iter + 1)
+    with pytest.raises(ValueError, match="written by another fit .*n_local_iter"):
+        server_app(_grid(folder, other)[0], _coordinator_context(other, resume=True))
+    with pytest.raises(ValueError, match="written with seed 3, not 4"):
+        server_app(_grid(folder, config)[0], _coordinator_context(config.replace(seed=4), resume=True))
+    folder, configs, _ = fleet
+    hm2 = configs["fedlin-hm2"].replace(out=str(tmp_path / "hm2"))
+    with pytest.raises(ValueError, match="a fedlin-hm2 fit cannot be resumed: its sites keep state"):
+        server_app(_fleet_grid(folder, hm2)[0], _coordinator_context(hm2, resume=True))
+
+
+def test_a_summary_left_running_by_a_killed_run_is_closed(tmp_path):
+    from fedhier.flower_cli import _close_summary
+
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"status": "running", "sites": ["a"]}))
+    _close_summary(path)
+    summary = json.loads(path.read_text())
+    assert summary["status"] == "failed" and "--resume" in summary["error"] and summary["sites"] == ["a"]
+    path.write_text(json.dumps({"status": "completed"}))
+    _close_summary(path)
+    assert json.loads(path.read_text()) == {"status": "completed"}

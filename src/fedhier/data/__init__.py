@@ -7,24 +7,18 @@ is not measured by the site; an entirely-NaN row within a view means that subjec
 
 from importlib import import_module
 
-#: name -> submodule; imported on first use, so that importing one submodule (e.g. the site-data
-#: checks a Flower site step needs) does not import the data sets, partitions and synthetic data
-_LAZY = {
-    **dict.fromkeys(["HeartDisease", "MultiViewDataset", "load_alzheimer", "load_heart_disease", "load_mfeat"], "datasets"),
-    **dict.fromkeys(["SCENARIOS", "Partition", "mask_test_views", "partition", "repeated_stratified_folds",
-                     "split_by_column"], "partition"),
-    **dict.fromkeys(["MinMaxScaling", "combine_ranges", "per_dataset_minmax", "site_ranges"], "scaling"),
-    "ViewSchema": "schema",
-    **dict.fromkeys(["FederatedSynthetic", "SyntheticData", "make_federated_ppca", "make_multiview_ppca"], "synthetic"),
-    **dict.fromkeys(["check_sites", "check_views"], "validation"),
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(import_module(f"fedhier.data.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'fedhier.data' has no attribute {name!r}")
-
+from fedhier.data.datasets import HeartDisease, MultiViewDataset, load_alzheimer, load_heart_disease, load_mfeat
+from fedhier.data.partition import (
+    SCENARIOS,
+    Partition,
+    mask_test_views,
+    partition,
+    repeated_stratified_folds,
+    split_by_column,
+)
+from fedhier.data.scaling import MinMaxScaling, combine_ranges, per_dataset_minmax, site_ranges
+from fedhier.data.schema import ViewSchema
+from fedhier.data.validation import check_sites, check_views
 
 __all__ = [
     "ViewSchema",
@@ -50,3 +44,13 @@ __all__ = [
     "make_multiview_ppca",
     "make_federated_ppca",
 ]
+
+#: the synthetic multi-view PPCA data import the model's parameters (and scipy): imported on first use, so
+#: that the site-data checks a Flower site step needs stay light
+_SYNTHETIC = ("FederatedSynthetic", "SyntheticData", "make_federated_ppca", "make_multiview_ppca")
+
+
+def __getattr__(name: str):
+    if name in _SYNTHETIC:
+        return getattr(import_module("fedhier.data.synthetic"), name)
+    raise AttributeError(f"module 'fedhier.data' has no attribute {name!r}")

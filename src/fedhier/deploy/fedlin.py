@@ -240,7 +240,12 @@ class FedLinFitConfig(TomlFit, Deployment):
         return stats
 
     # ------------------------------------------------------------------ the result
-    def hooks(self) -> FitHooks:
+    @property
+    def sites_keep_state(self) -> bool:
+        """HM2 sites keep their EP factor between rounds (a resumed Flower run would lose it); HM1 sites keep nothing."""
+        return self.model == "fedlin-hm2"
+
+    def hooks(self, previous=None) -> FitHooks:
         """HM2: the estimator's tracker (moments of q(phi) per round, the EP stopping rule); HM1: none."""
         if self.model == "fedlin-hm1":
             return FitHooks()

@@ -237,11 +237,11 @@ class FlowerFitConfig(TomlFit, Deployment):
             raise SiteDataError(str(exc)) from None
         return checked[0]
 
-    def hooks(self) -> FitHooks:
+    def hooks(self, previous=None) -> FitHooks:
         """The metrics :meth:`FedMVPPCA.fit` records (global sds, relative change of theta~) and its ``tol`` rule."""
         from ..protocol.mvppca import BroadcastMetrics, theta_settled
 
-        return FitHooks(callbacks=[BroadcastMetrics(self.schema())], stop=None if self.tol is None else theta_settled(self.tol))
+        return FitHooks(callbacks=[BroadcastMetrics(self.schema(), previous)], stop=None if self.tol is None else theta_settled(self.tol))
 
     def write_model(self, out: Path, result: FlowerFitResult, hooks: FitHooks) -> dict[str, Any]:
         """``model.npz``: a :class:`fedhier.mvppca.FedMVPPCA` file of the final broadcast; the privacy spent per site."""

@@ -107,6 +107,8 @@ __all__ = [
     "MESSAGE_TYPE",
     "HELLO_TYPE",
     "RUN_CONFIG_KEY",
+    "RESUME_KEY",
+    "CHECKPOINT",
     "SECURE_STEPS",
     "FLOWER_KEYS",
     "SECURE_KEYS",
@@ -120,6 +122,10 @@ MESSAGE_TYPE = "train"
 HELLO_TYPE = "query"
 #: run-config key holding the fit configuration (JSON) in the Flower app.
 RUN_CONFIG_KEY = "fedhier-fit"
+#: run-config key: "yes" resumes the fit from the coordinator checkpoint in its result folder.
+RESUME_KEY = "fedhier-resume"
+#: the coordinator checkpoint in the result folder (written after every round).
+CHECKPOINT = "checkpoint.npz"
 _RECORD = "fedhier"
 #: Flower error codes meaning that the SuperNode or the message cannot be reached.
 _UNREACHABLE = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE})
@@ -192,8 +198,13 @@ class Deployment(ABC):
         its category only.
         """
 
-    def hooks(self) -> FitHooks:
-        """Callbacks and stopping rule of one fit (called once per fit, on the server)."""
+    #: True when a site keeps state between rounds (``ctx.state``); Flower keeps it only within one run,
+    #: so such a fit cannot be resumed in a new run
+    sites_keep_state: bool = False
+
+    def hooks(self, previous: Message | None = None) -> FitHooks:
+        """Callbacks and stopping rule of one fit (called once per fit, on the server); ``previous``: the
+        broadcast a resumed fit starts from (None: the initial one)."""
         return FitHooks()
 
     @abstractmethod
@@ -496,6 +507,7 @@ def run_rounds(
     aggregator: Any = None,
     callbacks: Sequence[Callable[[RoundRecord, Message], None]] = (),
     stop: Callable[[RoundRecord, Message], bool] | None = None,
+    start: tuple[int, Message, Sequence[RoundRecord]] | None = None,
 ) -> FlowerFitResult:
     """Run ``n_rounds`` rounds of ``protocol`` over the SuperNodes connected to ``grid``.
 
@@ -525,6 +537,9 @@ def run_rounds(
     stop : callable ``(record, broadcast) -> bool``, optional
         Called after the callbacks; True ends the fit after this round, as in
         :func:`fedhier.runtime.simulate`.
+    start : (round, broadcast, history), optional
+        Resume after ``round`` from its ``broadcast`` and the records of the rounds run so
+        far (a coordinator checkpoint, :func:`coordinate`); the sites are identified again.
 
     Returns
     -------
@@ -551,20 +566,21 @@ def run_rounds(
         raise ValueError(f"n_rounds must be a positive integer, got {n_rounds!r}")
     seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else int(seed)
     per_site = not protocol.broadcast_is_common
-    broadcast = protocol.broadcast_spec.validate(protocol.initial_broadcast())
+    first, broadcast, history = (0, protocol.initial_broadcast(), []) if start is None else start
+    broadcast = protocol.broadcast_spec.validate(broadcast)
 
     connected = _wait_for_nodes(grid, len(sites), connect_timeout, poll_interval)
     if len(connected) < min_sites:
         raise RoundFailed(1, f"{len(connected)} SuperNode(s) connected within {connect_timeout:g} s, at least {min_sites} needed")
     log.info("round loop: %d SuperNode(s) connected for %d listed site(s)", len(connected), len(sites))
 
-    result = FlowerFitResult(broadcast=broadcast, history=[], seed=seed)
+    result = FlowerFitResult(broadcast=broadcast, history=list(history), seed=seed)
     registered = _registered_names(grid)
     if per_site:
         _identify(grid, connected, sites, registered, round_timeout, poll_interval, result)
-    for rnd in range(1, n_rounds + 1):
+    for rnd in range(int(first) + 1, n_rounds + 1):
         t0 = time.perf_counter()
-        if rnd == 1 and not per_site:
+        if rnd == first + 1 and not per_site:
             targets: dict[int, int | None] = dict.fromkeys(connected)  # node -> site, learnt from the replies
         else:
             targets = {n: s for s, n in sorted(result.nodes.items()) if s not in result.lost}
@@ -606,7 +622,7 @@ def run_rounds(
                 index = site_of_node[node]
                 failed[index] = reason
                 result.lost[index] = rnd
-            elif rnd == 1:
+            elif rnd == first + 1:
                 result.ignored[node] = reason
         ready = sorted([*replies, *held])
         absent = [s for s in range(len(sites)) if s not in ready and s not in failed]
@@ -864,44 +880,67 @@ def make_server_app(resolve: Resolver) -> ServerApp:
 
     @app.main()
     def _main(grid: Grid, context: Context) -> None:
-        coordinate(grid, resolve(str(context.run_config[RUN_CONFIG_KEY])))
+        resume = str(context.run_config.get(RESUME_KEY, "")) == "yes"
+        coordinate(grid, resolve(str(context.run_config[RUN_CONFIG_KEY])), resume=resume)
 
     return app
 
 
-def coordinate(grid: Grid, deployment: Deployment) -> FlowerFitResult:
+def coordinate(grid: Grid, deployment: Deployment, *, resume: bool = False) -> FlowerFitResult:
     """Run ``deployment``'s fit over ``grid`` and write its result folder (``deployment.out``).
 
-    ``summary.json`` says "running" from the start, is rewritten after the fit and always
-    ends in "completed" or "failed" (with the error and, for a failed round, its number);
-    ``history.json`` is rewritten after every round.
+    ``summary.json`` says "running" from the start, is rewritten after the fit and ends in
+    "completed" or "failed" (with the error and, for a failed round, its number);
+    ``history.json`` and the coordinator checkpoint (:data:`CHECKPOINT`: the broadcast, the
+    seed and the history after the last round) are rewritten after every round.
+
+    ``resume``: go on from the checkpoint of an interrupted run of the same fit (a SuperLink
+    that was stopped or crashed): the rounds after it are those an uninterrupted fit runs,
+    so with the sites' test seeds the result is the same.  Refused, with the reason, when
+    there is no checkpoint, when it belongs to another fit (protocol settings, sites or
+    seed), or when the sites keep state between rounds (``Deployment.sites_keep_state``:
+    a SuperNode keeps it only within one Flower run).
     """
+    from .checkpoint import Checkpoint, Fingerprint, write_checkpoint
+
     out = Path(deployment.out)
-    history: list[RoundRecord] = []
-
-    def progress(record: RoundRecord, _broadcast: Message) -> None:
-        history.append(record)
-        write_json(out / "history.json", [r.to_dict() for r in history])
-
     sites = list(deployment.sites)
+    protocol = deployment.protocol()
     write_json(out / "summary.json", {"status": "running", "model": deployment.model, "sites": sites})
     try:
-        hooks = deployment.hooks()
-        result = run_rounds(
-            grid,
-            deployment.protocol(),
-            deployment.sites,
-            n_rounds=deployment.n_rounds,
-            seed=deployment.seed,
-            min_sites=deployment.min_sites,
-            round_timeout=deployment.round_timeout,
-            connect_timeout=deployment.connect_timeout,
-            poll_interval=deployment.poll_interval,
-            aggregator=deployment.aggregator(),
-            callbacks=[*hooks.callbacks, progress],
-            stop=hooks.stop,
-        )
-        write_result(out, deployment, result, hooks)
+        start = _resume_point(out / CHECKPOINT, deployment, protocol) if resume else None
+        seed = deployment.seed if start is None else start[3]
+        seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else int(seed)
+        fingerprint = Fingerprint(b"", tuple(sites), Fingerprint.of(protocol, []).config)
+        history: list[RoundRecord] = [] if start is None else list(start[2])
+
+        def progress(record: RoundRecord, broadcast: Message) -> None:
+            history.append(record)
+            rows = [r.to_dict() for r in history]
+            write_json(out / "history.json", rows)
+            write_checkpoint(out / CHECKPOINT, Checkpoint(protocol.name, record.round, seed, broadcast, [{} for _ in sites], rows,
+                                                          fingerprint))
+
+        hooks = deployment.hooks(None if start is None else start[1])
+        if start is not None and hooks.stop is not None and start[2] and hooks.stop(start[2][-1], start[1]):
+            result = FlowerFitResult(broadcast=start[1], history=list(start[2]), seed=seed)  # it had already stopped
+        else:
+            result = run_rounds(
+                grid,
+                protocol,
+                deployment.sites,
+                n_rounds=deployment.n_rounds,
+                seed=seed,
+                min_sites=deployment.min_sites,
+                round_timeout=deployment.round_timeout,
+                connect_timeout=deployment.connect_timeout,
+                poll_interval=deployment.poll_interval,
+                aggregator=deployment.aggregator(),
+                callbacks=[*hooks.callbacks, progress],
+                stop=hooks.stop,
+                start=None if start is None else start[:3],
+            )
+        write_result(out, deployment, result, hooks, resumed_after=None if start is None else start[0])
     except BaseException as exc:
         error = str(exc) if isinstance(exc, RoundFailed) else f"{type(exc).__name__}: {exc}"
         write_json(out / "summary.json", {"status": "failed", "model": deployment.model, "error": error,
@@ -910,12 +949,40 @@ def coordinate(grid: Grid, deployment: Deployment) -> FlowerFitResult:
     return result
 
 
+def _resume_point(path: Path, deployment: Deployment, protocol: RoundProtocol):
+    """(round, broadcast, history records, seed) of the coordinator checkpoint ``path``; ValueError saying why not."""
+    from .checkpoint import Fingerprint, read_checkpoint
+
+    if deployment.sites_keep_state:
+        raise ValueError(f"a {deployment.model} fit cannot be resumed: its sites keep state between rounds, which a "
+                         "SuperNode holds only within one run; start the fit again")
+    if not path.is_file():
+        raise ValueError(f"nothing to resume: {path} does not exist (run the fit without --resume)")
+    saved = read_checkpoint(path, n_sites=len(deployment.sites))
+    expected = Fingerprint.of(protocol, []).config
+    if saved.protocol != protocol.name or saved.fingerprint is None or saved.fingerprint.config != expected:
+        differ = sorted(k for k in set(expected) | set(saved.fingerprint.config if saved.fingerprint else {})
+                        if saved.fingerprint is None or saved.fingerprint.config.get(k) != expected.get(k))
+        raise ValueError(f"{path} was written by another fit ({', '.join(differ) or saved.protocol} differ); "
+                         "resume with the fit.toml it was written with")
+    if list(saved.fingerprint.sites) != list(deployment.sites):
+        raise ValueError(f"{path} was written for the sites {list(saved.fingerprint.sites)}, not {list(deployment.sites)}")
+    if deployment.seed is not None and saved.seed != deployment.seed:
+        raise ValueError(f"{path} was written with seed {saved.seed}, not {deployment.seed}")
+    if saved.round > deployment.n_rounds:
+        raise ValueError(f"{path} is after round {saved.round}, beyond this fit's n_rounds={deployment.n_rounds}")
+    history = [RoundRecord.from_dict(h) for h in saved.history]
+    return saved.round, protocol.broadcast_spec.validate(saved.broadcast), history, saved.seed
+
+
 # --------------------------------------------------------------------------- result folder
 
 
-def write_result(out: str | Path, deployment: Deployment, result: FlowerFitResult, hooks: FitHooks | None = None) -> Path:
+def write_result(out: str | Path, deployment: Deployment, result: FlowerFitResult, hooks: FitHooks | None = None,
+                 resumed_after: int | None = None) -> Path:
     """Write the result folder: ``broadcast.fhm`` (the final broadcast, encoded), ``history.json``,
-    the family's model (``deployment.write_model``) and, last, ``summary.json`` (status "completed")."""
+    the family's model (``deployment.write_model``) and, last, ``summary.json`` (status "completed";
+    ``resumed_after``: the round of the checkpoint a resumed fit went on from)."""
     out = Path(out)
     protocol = deployment.protocol()
     atomic_write_bytes(out / "broadcast.fhm", encode(protocol.broadcast_spec, result.broadcast))
@@ -937,6 +1004,7 @@ def write_result(out: str | Path, deployment: Deployment, result: FlowerFitResul
             "final_metrics": result.history[-1].metrics if result.history else {},
             "bytes_up": int(sum(sum(r.bytes_up.values()) for r in result.history)),
             "bytes_down": int(sum(sum(r.bytes_down.values()) for r in result.history)),
+            **({} if resumed_after is None else {"resumed_after_round": resumed_after}),
             **extra,
         },
     )
