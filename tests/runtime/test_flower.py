@@ -948,3 +948,34 @@ def test_a_summary_left_running_by_a_killed_run_is_closed(tmp_path):
     path.write_text(json.dumps({"status": "completed"}))
     _close_summary(path)
     assert json.loads(path.read_text()) == {"status": "completed"}
+
+
+def test_the_deadline_follows_progress_and_the_ttl_covers_it(demo):
+    """Replies 0.25 s apart with a 0.4 s round_timeout: all three are waited for (0.75 s in all, which a fixed
+    0.4 s deadline would cut), and a node that never answers is given up; each message's TTL covers the longest wait."""
+    folder, config, _ = demo
+    grid, nodes = _grid(folder, config)
+    pushed: dict[str, float] = {}
+    ttls = []
+    push, pull = grid.push_messages, grid.pull_messages
+
+    def push_timed(messages):
+        messages = list(messages)
+        ttls.extend(m.metadata.ttl for m in messages)
+        ids = push(messages)
+        pushed.update(dict.fromkeys(ids, time.monotonic()))
+        return ids
+
+    def pull_when_ready(ids):  # node k's reply is ready 0.25 * (k + 1) s after its request
+        ready = [i for i in ids if time.monotonic() - pushed[i] >= 0.25 * (nodes.index(grid.inbox[i].metadata.dst_node_id) + 1)
+                 if i in grid.inbox]
+        return pull(ready)
+
+    grid.push_messages, grid.pull_messages = push_timed, pull_when_ready
+    result = _run(grid, config, n_rounds=1, round_timeout=0.4)
+    assert result.history[0].sites == [0, 1, 2]
+    assert ttls == [0.4 * 4] * 3
+    grid, nodes = _grid(folder, config)
+    grid.behaviour[nodes[2]] = "silent"
+    result = _run(grid, config, n_rounds=1, round_timeout=0.4)
+    assert result.history[0].sites == [0, 1] and result.ignored == {nodes[2]: "no reply within 0.4 s"}

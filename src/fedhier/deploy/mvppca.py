@@ -49,7 +49,8 @@ class FlowerFitConfig(TomlFit, Deployment):
     min_sites : int
         Fewest replies a round needs; fewer stop the fit.
     round_timeout : float
-        Seconds the server waits for the replies of one round.
+        Seconds the server waits for a new reply before it gives up on the sites that have not
+        answered (each reply restarts the wait).
     connect_timeout : float
         Seconds the server waits, before round 1, for a SuperNode per listed site.
     poll_interval : float

@@ -37,7 +37,10 @@ final broadcast becomes a fitted model), which the estimator layer provides
 
 Robustness:
 
-* every exchange has a deadline (``round_timeout``); the server never waits longer;
+* every exchange has a deadline that follows progress: the server waits until every
+  reply came or ``round_timeout`` seconds passed without a new one (so a round is not cut
+  while slow ClientApps keep answering, and a dead site costs ``round_timeout`` after the
+  last reply); Flower's message TTL covers that longest wait;
 * a site whose step raises is dropped from that round (its error is recorded) and asked
   again in the next round;
 * a site that does not answer before the deadline, or that Flower reports unreachable
@@ -311,13 +314,19 @@ def _wait_for_nodes(grid: Grid, n_wanted: int, timeout: float, poll: float) -> l
 
 
 def _exchange(grid: Grid, contents: Mapping[int, RecordDict], message_type: str, round: int, timeout: float, poll: float):
-    """Push one message per node and pull the replies until all came or the deadline passed.
+    """Push one message per node and pull the replies until all came or ``timeout`` seconds passed without a new one.
+
+    The deadline follows progress: every reply restarts the wait, so a round whose
+    ClientApps start one after the other on a loaded machine is not cut while replies keep
+    coming, and a node that died costs ``timeout`` seconds after the last reply.  Each
+    message's Flower TTL covers the longest such wait, ``timeout * (nodes + 1)`` seconds.
 
     Returns ({node: reply Flower message}, {node: reason} for nodes without a reply).
     """
     nodes = list(contents)
+    ttl = timeout * (len(nodes) + 1)
     messages = [
-        FlowerMessage(contents[n], dst_node_id=n, message_type=message_type, group_id=str(round), ttl=timeout)
+        FlowerMessage(contents[n], dst_node_id=n, message_type=message_type, group_id=str(round), ttl=ttl)
         for n in nodes
     ]
     ids = list(grid.push_messages(messages))
@@ -330,6 +339,7 @@ def _exchange(grid: Grid, contents: Mapping[int, RecordDict], message_type: str,
             node = pending.pop(msg.metadata.reply_to_message_id, None)
             if node is not None:
                 replies[node] = msg
+                deadline = time.monotonic() + timeout
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(poll)
