@@ -530,6 +530,22 @@ def _flower_fit(cluster: LoopbackFederation, config_path: Path, out: Path) -> in
     return cli_flower(["run", "--config", str(config_path), "--superlink", cluster.address, *tls, "--timeout", "300", "--out", str(out)])
 
 
+def _flower_fit_killing_after_round_1(cluster: LoopbackFederation, config_path: Path, out: Path, site: str) -> list[int]:
+    """Run the fit of ``config_path`` and SIGKILL ``site``'s SuperNode once round 1 is in the history; the exit codes."""
+    codes: list[int] = []
+    runner = threading.Thread(target=lambda: codes.append(_flower_fit(cluster, config_path, out)), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and runner.is_alive():
+        rows = json.loads((out / "history.json").read_text()) if (out / "history.json").is_file() else []
+        if rows:
+            cluster.kill(site)
+            break
+        time.sleep(0.2)
+    runner.join(timeout=330)
+    return codes
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("transport", ["insecure", "tls+node-auth"])
 def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, transport):
@@ -551,18 +567,7 @@ def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, tra
         dropout = tmp_path / "fit-dropout.toml"
         dropout.write_text((folder / "fit.toml").read_text().replace("round_timeout = 300.0", "round_timeout = 25.0").replace("min_sites = 2", "min_sites = 1"))
         out = tmp_path / "fit-dropout"
-        codes: list[int] = []
-        runner = threading.Thread(target=lambda: codes.append(_flower_fit(cluster, dropout, out)), daemon=True)
-        runner.start()
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and runner.is_alive():
-            rows = json.loads((out / "history.json").read_text()) if (out / "history.json").is_file() else []
-            if rows:
-                cluster.kill("hospital-c")
-                break
-            time.sleep(0.2)
-        runner.join(timeout=330)
-        assert codes == [0], cluster.logs()
+        assert _flower_fit_killing_after_round_1(cluster, dropout, out, "hospital-c") == [0], cluster.logs()
         broadcast, history, summary = read_result(out, config)
         assert history[0]["sites"] == [0, 1, 2]
         assert summary["lost"].keys() == {"hospital-c"}
@@ -839,18 +844,7 @@ def test_fedlin_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, fl
         dropout = tmp_path / "fit-dropout.toml"
         dropout.write_text(path.read_text().replace("round_timeout = 300.0", "round_timeout = 25.0"))
         out = tmp_path / "fit-dropout"
-        codes: list[int] = []
-        runner = threading.Thread(target=lambda: codes.append(_flower_fit(cluster, dropout, out)), daemon=True)
-        runner.start()
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and runner.is_alive():
-            rows = json.loads((out / "history.json").read_text()) if (out / "history.json").is_file() else []
-            if rows:
-                cluster.kill("machine-03")
-                break
-            time.sleep(0.2)
-        runner.join(timeout=330)
-        assert codes == [0], cluster.logs()
+        assert _flower_fit_killing_after_round_1(cluster, dropout, out, "machine-03") == [0], cluster.logs()
         broadcast, history, summary = read_result(out, config)
         assert history[0]["sites"] == [0, 1, 2] and summary["lost"].keys() == {"machine-03"}
         dropped = summary["lost"]["machine-03"]

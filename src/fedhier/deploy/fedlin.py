@@ -43,7 +43,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..protocol.base import RoundProtocol
-from ..runtime.flower import Deployment, FitHooks, FlowerFitResult, check_flower_settings, read_fit_tables
+from ..runtime.flower import Deployment, FitHooks, FlowerFitResult, check_flower_settings, check_secure_settings, read_fit_tables
 from ._toml import TomlFit
 
 __all__ = ["FedLinFitConfig", "OPTIONS"]
@@ -123,20 +123,9 @@ class FedLinFitConfig(TomlFit, Deployment):
         unknown = sorted(set(self.options) - OPTIONS[self.model])
         if unknown:
             raise ValueError(f"fit configuration: unknown option(s) {unknown} for {self.model}; allowed: {sorted(OPTIONS[self.model])}")
-        if self.aggregation not in ("plain", "secure"):
-            raise ValueError(f"fit configuration: aggregation must be 'plain' or 'secure', got {self.aggregation!r}")
+        check_secure_settings(self)
         if self.aggregation == "secure" and self.model != "fedlin-hm2":
             raise ValueError("fit configuration: aggregation = 'secure' needs model = 'fedlin-hm2' (HM1 gathers every site's reply)")
-        for name, value in (("threshold", self.threshold), ("frac_bits", self.frac_bits)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"fit configuration: [secure] {name} must be an integer, got {value!r}")
-        if self.aggregation == "secure":
-            if len(self.sites) < 2:
-                raise ValueError("fit configuration: aggregation = 'secure' needs at least 2 sites")
-            try:
-                self.aggregator()
-            except ValueError as exc:
-                raise ValueError(f"fit configuration: [secure] {exc}") from None
         try:  # the estimator checks its own options, as in simulate()
             self.protocol()
         except (TypeError, ValueError) as exc:

@@ -19,7 +19,7 @@ import numpy as np
 from ..protocol.base import RoundProtocol
 from ..protocol.messages import MessageSpec
 from ._toml import TomlFit
-from ..runtime.flower import Deployment, FitHooks, FlowerFitResult, check_flower_settings, read_fit_tables
+from ..runtime.flower import Deployment, FitHooks, FlowerFitResult, check_flower_settings, check_secure_settings, read_fit_tables
 
 __all__ = ["FlowerFitConfig"]
 
@@ -131,18 +131,7 @@ class FlowerFitConfig(TomlFit, Deployment):
             raise ValueError(f"fit configuration: epsilon must be a positive number, got {self.epsilon!r}")
         if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not 0 < self.delta < 1:
             raise ValueError(f"fit configuration: delta must be in (0, 1), got {self.delta!r}")
-        if self.aggregation not in ("plain", "secure"):
-            raise ValueError(f"fit configuration: aggregation must be 'plain' or 'secure', got {self.aggregation!r}")
-        for name, value in (("threshold", self.threshold), ("frac_bits", self.frac_bits)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"fit configuration: [secure] {name} must be an integer, got {value!r}")
-        if self.aggregation == "secure":
-            if len(self.sites) < 2:
-                raise ValueError("fit configuration: aggregation = 'secure' needs at least 2 sites")
-            try:
-                self.aggregator()
-            except ValueError as exc:
-                raise ValueError(f"fit configuration: [secure] {exc}") from None
+        check_secure_settings(self)
 
     # ------------------------------------------------------------------ reading / writing
     @classmethod

@@ -98,6 +98,7 @@ __all__ = [
     "FitHooks",
     "FlowerFitResult",
     "check_flower_settings",
+    "check_secure_settings",
     "read_fit_tables",
     "run_rounds",
     "coordinate",
@@ -246,6 +247,23 @@ def check_flower_settings(config: Any) -> None:
             raise ValueError(f"fit configuration: {name} must be a positive number of seconds, got {value!r}")
     if not isinstance(config.out, str) or not config.out:
         raise ValueError("fit configuration: out must be a folder name")
+
+
+def check_secure_settings(config: Any) -> None:
+    """Check ``aggregation`` and the ``[secure]`` settings (``threshold``, ``frac_bits``) of a deployment; a secure
+    fit's ``config.aggregator()`` must build.  ValueError naming the key."""
+    if config.aggregation not in ("plain", "secure"):
+        raise ValueError(f"fit configuration: aggregation must be 'plain' or 'secure', got {config.aggregation!r}")
+    for name, value in (("threshold", config.threshold), ("frac_bits", config.frac_bits)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"fit configuration: [secure] {name} must be an integer, got {value!r}")
+    if config.aggregation == "secure":
+        if len(config.sites) < 2:
+            raise ValueError("fit configuration: aggregation = 'secure' needs at least 2 sites")
+        try:
+            config.aggregator()
+        except ValueError as exc:
+            raise ValueError(f"fit configuration: [secure] {exc}") from None
 
 
 def read_fit_tables(raw: dict[str, Any], source: str, allowed: set[str] | frozenset[str]) -> tuple[dict, dict, dict]:
