@@ -977,3 +977,24 @@ def test_the_deadline_follows_progress_and_the_ttl_covers_it(demo):
     grid.behaviour[nodes[2]] = "silent"
     result = _run(grid, config, n_rounds=1, round_timeout=0.4)
     assert result.history[0].sites == [0, 1] and result.ignored == {nodes[2]: "no reply within 0.4 s"}
+
+
+def test_fedlin_hm2_with_secure_summation_over_flower_equals_simulate(fleet, tmp_path):
+    """The EP deltas summed securely (the coordinator learns only their sum): the same global posterior as
+    simulate(..., aggregation="secure"), bit for bit; no message the server receives decodes as a reply."""
+    folder, configs, sites = fleet
+    config = configs["fedlin-hm2"].replace(aggregation="secure", n_rounds=2)
+    grid, _ = _fleet_grid(folder, config)
+    estimator = config.estimator()
+    protocol = config.protocol()
+    result = run_rounds(grid, protocol, config.sites, n_rounds=2, seed=config.seed, round_timeout=5.0, connect_timeout=1.0,
+                        poll_interval=0.01, aggregator=config.aggregator())
+    data = [estimator.site_stats(X, y, site=k)[0] for k, (X, y) in enumerate(sites)]
+    reference = simulate(protocol, data, n_rounds=2, random_state=config.seed, aggregation="secure",
+                         aggregator=config.aggregator())
+    assert _max_diff(result.broadcast, reference.broadcast) == 0
+    for kind, reply in grid.received:
+        for value in dict(reply.content.config_records["fedhier"]).values():
+            if isinstance(value, bytes) and value:
+                with pytest.raises(ValueError):
+                    decode(protocol.reply_spec, value)
