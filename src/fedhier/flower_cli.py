@@ -436,6 +436,7 @@ class LoopbackFederation:
         self.root.mkdir(parents=True, exist_ok=True)
         self.tls = tls
         self.procs: dict[str, subprocess.Popen] = {}
+        self.commands: dict[str, list[str]] = {}
         link_port, *site_ports = free_ports(1 + len(sites))
         self.address = f"127.0.0.1:{link_port}"
         self.certificates = make_certificates(self.root / "certs") if tls else None
@@ -466,8 +467,20 @@ class LoopbackFederation:
         return {**os.environ, "FLWR_HOME": str(home), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
     def _start(self, name: str, cmd: list[str]) -> None:
-        with open(self.root / f"{name}.log", "w") as log:
+        self.commands[name] = cmd
+        with open(self.root / f"{name}.log", "a") as log:
             self.procs[name] = subprocess.Popen(cmd, env=self.env(name), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def restart(self, name: str, timeout: float = 60.0) -> None:
+        """Start again a process that was killed (:meth:`kill`), with its command line; the SuperLink on its port.
+
+        PIDs of the earlier process are not reused: :meth:`stop` ends the new one (the old one is gone)."""
+        proc = self.procs[name]
+        if proc.poll() is None:
+            raise RuntimeError(f"{name} is still running; kill it first")
+        self._start(name, self.commands[name])
+        if name == "superlink":
+            self._wait_for_port(int(self.address.rsplit(":", 1)[1]), timeout)
 
     def _wait_for_port(self, port: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout

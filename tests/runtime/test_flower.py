@@ -998,3 +998,31 @@ def test_fedlin_hm2_with_secure_summation_over_flower_equals_simulate(fleet, tmp
             if isinstance(value, bytes) and value:
                 with pytest.raises(ValueError):
                     decode(protocol.reply_spec, value)
+
+
+@pytest.mark.integration
+def test_a_fit_whose_superlink_is_killed_resumes_to_the_uninterrupted_result(tmp_path, demo):
+    """The SuperLink (and its ServerApp) is SIGKILLed once round 1 is done; summary.json is closed as failed; a new
+    SuperLink on the same port, the same SuperNodes reconnecting, and `fedhier flower run --resume` finish the fit
+    with the parameters of an uninterrupted simulate() fit."""
+    folder, config, sites = demo
+    cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES}, site_seed=config.seed,
+                                 startup_timeout=300)
+    try:
+        out = tmp_path / "fit"
+        assert _flower_fit_killing_after_round_1(cluster, folder / "fit.toml", out, "superlink") not in ([], [0])
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"] == "failed" and "--resume" in summary["error"], summary
+        done = len(json.loads((out / "history.json").read_text()))
+        assert 1 <= done < config.n_rounds
+        cluster.restart("superlink")
+        tls = ["--insecure"]
+        assert cli_flower(["run", "--config", str(folder / "fit.toml"), "--superlink", cluster.address, *tls,
+                           "--timeout", "300", "--out", str(out), "--resume"]) == 0, cluster.logs()
+        broadcast, history, summary = read_result(out, config)
+        assert summary["resumed_after_round"] == done and [r["round"] for r in history] == list(range(1, config.n_rounds + 1))
+        reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed)
+        assert _max_diff(broadcast, reference.broadcast) <= 1e-10
+    finally:
+        stopped = cluster.stop()
+    assert not [pid for pid in stopped if _alive(pid)]
