@@ -424,11 +424,13 @@ class LoopbackFederation:
         made in ``root/keys`` (:func:`make_site_key`) and registered before the SuperNode starts.
     site_seed : every SuperNode's secret seed (:func:`supernode_command`), so that a fit equals
         :func:`fedhier.runtime.simulate` with ``random_state=site_seed``; None: each site's own entropy.
+    database : SQLite file of the SuperLink's state, so that a restarted SuperLink (:meth:`restart`) knows the
+        SuperNodes again (with the default in-memory state they cannot reconnect).
     """
 
     def __init__(
         self, root: str | Path, sites: dict[str, str | Path], *, tls: bool = False, node_auth: bool = False,
-        startup_timeout: float = 60.0, site_seed: int | None = None,
+        startup_timeout: float = 60.0, site_seed: int | None = None, database: str | Path | None = None,
     ):
         for name in sites:  # each names files under root (log, Flower home, keys)
             check_site_name(name, "FlowerCluster")
@@ -442,7 +444,8 @@ class LoopbackFederation:
         self.certificates = make_certificates(self.root / "certs") if tls else None
         try:
             link = {"certificates": self.root / "certs"} if tls else {"insecure": True}
-            self._start("superlink", superlink_command(host="127.0.0.1", port=link_port, node_auth=node_auth, **link))
+            self._start("superlink", superlink_command(host="127.0.0.1", port=link_port, node_auth=node_auth, database=database,
+                                                       **link))
             self._wait_for_port(link_port, startup_timeout)
             for (name, data), port in zip(sites.items(), site_ports):
                 key = None

@@ -1007,7 +1007,7 @@ def test_a_fit_whose_superlink_is_killed_resumes_to_the_uninterrupted_result(tmp
     with the parameters of an uninterrupted simulate() fit."""
     folder, config, sites = demo
     cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES}, site_seed=config.seed,
-                                 startup_timeout=300)
+                                 startup_timeout=300, database=tmp_path / "superlink.db")
     try:
         out = tmp_path / "fit"
         assert _flower_fit_killing_after_round_1(cluster, folder / "fit.toml", out, "superlink") not in ([], [0])
