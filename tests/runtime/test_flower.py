@@ -1026,3 +1026,30 @@ def test_a_fit_whose_superlink_is_killed_resumes_to_the_uninterrupted_result(tmp
     finally:
         stopped = cluster.stop()
     assert not [pid for pid in stopped if _alive(pid)]
+
+
+def test_a_secure_step_imports_neither_the_model_nor_dp_accounting(demo):
+    """What a ClientApp process of a secure-sum step loads: the reply's declaration kept by the site's round step
+    spares it the model (and scipy), the lazy privacy package spares it dp_accounting."""
+    import subprocess
+    import sys
+
+    from fedhier.runtime.flower import _spec_from_text, _spec_text
+
+    _, config, _ = demo
+    config = config.replace(aggregation="secure")
+    spec = config.reply_spec()
+    assert _spec_from_text(_spec_text(spec)) == spec and any(f.optional for f in spec.fields.values())
+    code = (
+        "import sys\n"
+        "from fedhier.deploy import fit_from_json\n"
+        "from fedhier.runtime.flower import secure_site_step\n"
+        f"config = fit_from_json({config.to_json()!r})\n"
+        f"kept = {{'round': 2, 'reply': b'', 'spec': {_spec_text(spec)!r}}}\n"
+        "fields, kept = secure_site_step(config, 'hospital-a', 'advertise_keys', {'round': 2}, kept)\n"
+        "assert fields['status'] == 'ok', fields\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "fedhier.privacy.secagg" in loaded
+    assert not [m for m in loaded if m.split(".")[0] in ("scipy", "dp_accounting", "sklearn") or m.startswith("fedhier.models")]

@@ -79,7 +79,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..protocol.base import RoundProtocol, SiteError
-from ..protocol.messages import Message, MessageSpec, decode, encode
+from ..protocol.messages import Field, Message, MessageSpec, decode, encode
 from ..utils.io import atomic_write_bytes, write_json
 from ..utils.untrusted import check_site_name
 from .simulate import (RoundFailed, RoundRecord, decode_state, encode_site_broadcast, encode_state, failure_report,
@@ -762,7 +762,8 @@ def secure_site_step(deployment: Deployment, site: str, step: str, request: Mapp
         (the server's bytes of the previous step: roster, routed shares, survivor list).
     kept : mapping or None
         What the site keeps for this round and never sends: ``round``, ``reply`` (its
-        encoded reply, from the site step) and, from ``advertise_keys`` on, ``secagg``
+        encoded reply, from the site step), ``spec`` (the reply's declaration; without it
+        ``deployment.reply_spec()`` is built) and, from ``advertise_keys`` on, ``secagg``
         (its secrets, :meth:`fedhier.privacy.secagg.SecAggSite.to_state`).
 
     Returns
@@ -780,7 +781,8 @@ def secure_site_step(deployment: Deployment, site: str, step: str, request: Mapp
             raise SecAggProtocolError(f"site {site!r} holds no reply for round {rnd}")
         if step == "advertise_keys" and "secagg" in kept:
             raise SecAggProtocolError(f"site {site!r} already advertised its keys for round {rnd}")
-        spec = deployment.reply_spec()
+        # the reply's declaration, kept by the site's round step: the secure steps then need not import the model
+        spec = _spec_from_text(str(kept["spec"])) if "spec" in kept else deployment.reply_spec()
         params = deployment.aggregator().params(spec, rnd)
         if step == "advertise_keys":
             secagg = SecAggSite(deployment.sites.index(site), params)
@@ -799,6 +801,16 @@ def secure_site_step(deployment: Deployment, site: str, step: str, request: Mapp
         return {"site": site, "status": "error", "error": failure_report(exc)}, None
     fields = {"site": site, "status": "ok", "reply": message}
     return fields, None if step == SECURE_STEPS[-1] else {**kept, "secagg": secagg.to_state()}
+
+
+def _spec_text(spec: MessageSpec) -> str:
+    """A reply's declaration as text (kept by a site between the steps of a secure round)."""
+    return json.dumps([spec.name, [[k, list(f.shape), f.dtype, f.optional] for k, f in spec.fields.items()]])
+
+
+def _spec_from_text(text: str) -> MessageSpec:
+    name, fields = json.loads(text)
+    return MessageSpec(name, {k: Field(tuple(shape), dtype, optional) for k, shape, dtype, optional in fields})
 
 
 # --------------------------------------------------------------------------- Flower apps
@@ -874,7 +886,8 @@ def make_client_app(resolve: Resolver) -> ClientApp:
         if deployment.aggregator() is not None:
             context.state.pop(_SECURE, None)
             if fields["status"] == "ok":
-                context.state[_SECURE] = ConfigRecord({"round": int(request["round"]), "reply": fields["reply"]})
+                context.state[_SECURE] = ConfigRecord({"round": int(request["round"]), "reply": fields["reply"],
+                                                       "spec": _spec_text(deployment.reply_spec())})
                 fields = {"site": site, "status": "held"}
         return _reply(msg, fields)
 
