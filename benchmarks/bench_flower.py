@@ -1,23 +1,37 @@
-"""Per-round overhead of the Flower runtime against simulate() on the same Fed-mv-PPCA fit.
+"""Seconds per round of fedhier over Flower against Flower's own floor and against simulate().
 
-Run:  python benchmarks/bench_flower.py [--rounds 5] [--tls]      (about two minutes; needs fedhier[flower])
+Run:  python benchmarks/bench_flower.py [--rounds 5] [--repeats 2] [--tls] [--secure]   (about 2 minutes per repeat)
 
 The bundled Alzheimer data (333 subjects, views of 124 + 3 + 4 features) is split into three
-hospitals (iid, ``fedhier flower demo-data``) and fitted twice in this run with the same seed:
+hospitals (iid, ``fedhier flower demo-data``); on one federation of a real ``flower-superlink``
+and three ``flower-supernode`` processes on 127.0.0.1 (:class:`fedhier.flower_cli.LoopbackFederation`),
+in this run:
 
-* in-process with :func:`fedhier.runtime.simulate`;
-* over a real ``flower-superlink`` and three ``flower-supernode`` processes on 127.0.0.1
-  (:class:`fedhier.flower_cli.LoopbackFederation`), submitted with ``fedhier flower run``.
+* fedhier's Fed-mv-PPCA fit, submitted with ``fedhier flower run`` (and, with ``--secure``, the
+  same fit with secure summation, two rounds);
+* the Flower floor: ``benchmarks/flower_floor/``, a minimal Flower Message-API app (no fedhier,
+  its ClientApp imports only Flower) that sends each round the same bytes down and up as the
+  fedhier fit's rounds, with the same poll interval;
+* both ``--repeats`` times, alternating (fedhier, floor, fedhier, floor, ...), since a round's
+  time on a shared machine varies by seconds from one round to the next;
+* the same fit in-process with :func:`fedhier.runtime.simulate`.
 
-Printed: seconds per round of each (the runtimes' own round records: broadcast sent to the
-global step done), Flower's overhead per round and the ratio, the wall time of the whole fit,
-and the largest difference between the two fits' global parameters (0 expected).
+Printed: seconds per round of each (push of the round to its last reply / global step done),
+the median over the rounds after round 1 of every repeat and the ratio fedhier / floor, with the
+ratio of each repeat (the target of issue "runtimes" is at
+most 1.1 for plain rounds); with ``--secure``, what each of a secure round's four extra
+exchanges costs in floor rounds; and the largest difference between the Flower and the
+in-process fit's global parameters (0 expected).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,17 +39,38 @@ from pathlib import Path
 import numpy as np
 
 from fedhier.data import load_alzheimer, partition
-from fedhier.flower_cli import LoopbackFederation, submit, write_demo_sites
-from fedhier.runtime.flower import FlowerFitConfig, read_result
+from fedhier.deploy.mvppca import FlowerFitConfig
+from fedhier.flower_cli import LoopbackFederation, _connection_home, _run_streaming, flwr_run_command, submit, write_demo_sites
+from fedhier.runtime.flower import read_result
 from fedhier.runtime.simulate import simulate
 
 SITES = ("hospital-a", "hospital-b", "hospital-c")
+FLOOR_APP = Path(__file__).parent / "flower_floor"
+
+
+def floor_rounds(federation: LoopbackFederation, tmp: Path, *, rounds: int, down: int, up: int, poll: float) -> list[float]:
+    """Seconds per round of the Flower floor app on ``federation``: ``down`` bytes to each SuperNode, ``up`` back."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    app = tmp / "floor-app"
+    shutil.copytree(FLOOR_APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp / "floor.json"
+    overrides = tmp / "floor-config.toml"
+    overrides.write_text(f'floor-rounds = {rounds}\nfloor-down = {down}\nfloor-up = {up}\nfloor-nodes = {len(SITES)}\n'
+                         f'floor-poll = {poll}\nfloor-out = "{out}"\n')
+    tls = federation.tls_options().get("root_certificates")
+    env = {**os.environ, "FLWR_HOME": str(_connection_home(tmp / "floor-home", federation.address, tls))}
+    code, output = _run_streaming(flwr_run_command(app, "fedhier", overrides), env, timeout=1800)
+    if code != 0 or not out.is_file():
+        raise SystemExit(f"the floor app failed (exit code {code}): {output[-2000:]}")
+    return json.loads(out.read_text())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tls", action="store_true", help="TLS between the SuperNodes and the SuperLink")
+    parser.add_argument("--secure", action="store_true", help="also a 2-round fit with secure summation")
+    parser.add_argument("--repeats", type=int, default=2, help="fedhier fits and floor runs, alternating")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-flower-") as tmp:
@@ -49,28 +84,55 @@ def main() -> None:
         reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed)
         simulate_wall = time.perf_counter() - t0
 
-        with LoopbackFederation(tmp / "federation", {s: tmp / "sites" / f"{s}.csv" for s in SITES}, tls=args.tls) as federation:
-            t0 = time.perf_counter()
-            summary = submit(fit_toml, superlink=federation.address, timeout=600, out=tmp / "out", **federation.tls_options())
-            flower_wall = time.perf_counter() - t0
-        if summary.get("status") != "completed":
-            raise SystemExit(f"the Flower fit did not complete: {summary}")
-        broadcast, history, _ = read_result(tmp / "out", config)
+        with LoopbackFederation(tmp / "federation", {s: tmp / "sites" / f"{s}.csv" for s in SITES}, tls=args.tls,
+                                site_seed=config.seed) as federation:
+            ours, floors, walls = [], [], []
+            for repeat in range(args.repeats):
+                t0 = time.perf_counter()
+                out = tmp / f"out-{repeat}"
+                summary = submit(fit_toml, superlink=federation.address, timeout=1800, out=out, **federation.tls_options())
+                walls.append(time.perf_counter() - t0)
+                if summary.get("status") != "completed":
+                    raise SystemExit(f"the Flower fit did not complete: {summary}")
+                broadcast, history, _ = read_result(out, config)
+                ours.append([r["seconds"] for r in history])
+                down = int(statistics.median(v for r in history for v in r["bytes_down"].values()))
+                up = int(statistics.median(v for r in history for v in r["bytes_up"].values()))
+                floors.append(floor_rounds(federation, tmp / f"floor-{repeat}", rounds=args.rounds, down=down, up=up,
+                                           poll=config.poll_interval))
+            secure = None
+            if args.secure:
+                secure_toml = tmp / "sites" / "fit-secure.toml"
+                secure_toml.write_text('aggregation = "secure"\n' + fit_toml.read_text().replace(f"n_rounds = {args.rounds}", "n_rounds = 2"))
+                summary = submit(secure_toml, superlink=federation.address, timeout=1800, out=tmp / "out-secure",
+                                 **federation.tls_options())
+                if summary.get("status") != "completed":
+                    raise SystemExit(f"the secure Flower fit did not complete: {summary}")
+                secure = [r["seconds"] for r in json.loads((tmp / "out-secure" / "history.json").read_text())]
 
     diff = max(float(np.max(np.abs(broadcast[k] - reference.broadcast[k]))) for k in broadcast)
     print(f"Fed-mv-PPCA, Alzheimer data, 3 hospitals, {config.n_rounds} rounds, q={config.n_components}, "
-          f"transport {'TLS' if args.tls else 'plain HTTP'} on 127.0.0.1")
-    print(f"{'round':>5} {'simulate s':>11} {'Flower s':>9} {'overhead s':>11} {'ratio':>7}")
-    for sim, fl in zip(reference.history, history):
-        print(f"{sim.round:>5} {sim.seconds:>11.3f} {fl['seconds']:>9.2f} {fl['seconds'] - sim.seconds:>11.2f} {fl['seconds'] / sim.seconds:>7.0f}")
-    later_sim = statistics.median(r.seconds for r in reference.history[1:]) if len(history) > 1 else reference.history[0].seconds
-    later_fl = statistics.median(r["seconds"] for r in history[1:]) if len(history) > 1 else history[0]["seconds"]
-    print(f"median round after round 1: simulate {later_sim:.3f} s, Flower {later_fl:.2f} s, "
-          f"overhead {later_fl - later_sim:.2f} s per round, ratio {later_fl / later_sim:.0f}x")
-    print(f"whole fit (wall): simulate {simulate_wall:.2f} s, Flower {flower_wall:.1f} s (with submission and app start), "
-          f"ratio {flower_wall / simulate_wall:.0f}x")
-    print(f"largest |difference| of the global parameters: {diff:.3g}")
+          f"transport {'TLS' if args.tls else 'plain HTTP'} on 127.0.0.1; {down} bytes down and {up} bytes up per site per round")
+    print(f"{'repeat':>6} {'round':>5} {'simulate s':>11} {'fedhier/Flower s':>17} {'Flower floor s':>15}")
+    for repeat, (mine, bare) in enumerate(zip(ours, floors)):
+        for sim, a, b in zip(reference.history, mine, bare):
+            print(f"{repeat + 1:>6} {sim.round:>5} {sim.seconds:>11.3f} {a:>17.2f} {b:>15.2f}")
+    later = slice(1, None) if args.rounds > 1 else slice(None)
+    ours_med = statistics.median(x for mine in ours for x in mine[later])
+    floor_med = statistics.median(x for bare in floors for x in bare[later])
+    per_repeat = [statistics.median(mine[later]) / statistics.median(bare[later]) for mine, bare in zip(ours, floors)]
+    sim_med = statistics.median(r.seconds for r in reference.history[later])
+    print(f"median round after round 1 over {args.repeats} repeat(s): fedhier over Flower {ours_med:.2f} s, Flower floor "
+          f"{floor_med:.2f} s, ratio {ours_med / floor_med:.2f} (target <= 1.1; per repeat "
+          f"{', '.join(f'{r:.2f}' for r in per_repeat)}); simulate() {sim_med:.3f} s")
+    if secure is not None:
+        per_exchange = (statistics.median(secure) - ours_med) / 4
+        print(f"secure round (median of {len(secure)}): {statistics.median(secure):.2f} s; each of its 4 extra exchanges "
+              f"costs {per_exchange:.2f} s = {per_exchange / floor_med:.2f} floor rounds (target <= 1)")
+    print(f"whole fit (wall, median): simulate {simulate_wall:.2f} s, Flower {statistics.median(walls):.1f} s "
+          "(with submission and app start)")
+    print(f"largest |difference| of the global parameters, Flower against simulate(): {diff:.3g}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -124,23 +124,41 @@ class FedHM1Regressor:
         """Run Algorithm 1 for ``n_rounds`` rounds over ``sites`` (list of ``(X, y)``)."""
         sites = check_sites(sites)
         K, d = len(sites), sites[0][0].shape[1]
-        protocol = HM1Protocol(
-            K, d, eta=self.eta, n_local_steps=self.n_local_steps, alpha=self.alpha, omega_rule=self.omega_rule,
-            batch_size=self.batch_size, gradient=self.gradient, shrink_scale=self.shrink_scale, init=self.init,
-            oracle_omega=self.oracle_omega, jitter=self.jitter, random_state=self.random_state,
-        )
+        protocol = self.protocol(K, d)
         snapshots: list[np.ndarray] = []
         callbacks = [lambda rec, b: snapshots.append(b["theta"].T.copy())] if self.record_theta else []
         result = simulate(
             protocol, sites, n_rounds=int(self.n_rounds), random_state=self.random_state, n_jobs=self.n_jobs,
             participation=_participation(self.participation), callbacks=callbacks,
         )
-        self.coef_ = result.broadcast["theta"].T.copy()
-        self.omega_ = result.broadcast["omega"].copy()
-        self.history_ = [rec.to_dict() for rec in result.history]
+        self._adopt(result.broadcast, result.history, n_sites=K, n_features=d)
         self.theta_path_ = np.array(snapshots) if self.record_theta else None
-        self.n_sites_, self.n_features_ = K, d
         return self
+
+    def protocol(self, n_sites: int, n_features: int) -> HM1Protocol:
+        """The round protocol of a fit to ``n_sites`` sites of ``n_features`` features (every runtime builds it here)."""
+        return HM1Protocol(
+            n_sites, n_features, eta=self.eta, n_local_steps=self.n_local_steps, alpha=self.alpha, omega_rule=self.omega_rule,
+            batch_size=self.batch_size, gradient=self.gradient, shrink_scale=self.shrink_scale, init=self.init,
+            oracle_omega=self.oracle_omega, jitter=self.jitter, random_state=self.random_state,
+        )
+
+    @classmethod
+    def from_broadcast(cls, broadcast, history, *, n_sites: int, n_features: int, **params: Any) -> "FedHM1Regressor":
+        """A fitted estimator from the final broadcast of an HM1 run on any runtime (e.g. over Flower).
+
+        ``history``: the runtime's round records; ``params``: the constructor's parameters of that run.
+        """
+        model = cls(**params)
+        model._adopt(broadcast, history, n_sites=n_sites, n_features=n_features)
+        model.theta_path_ = None
+        return model
+
+    def _adopt(self, broadcast, history, *, n_sites: int, n_features: int) -> None:
+        self.coef_ = np.asarray(broadcast["theta"], dtype=float).T.copy()
+        self.omega_ = np.asarray(broadcast["omega"], dtype=float).copy()
+        self.history_ = [rec.to_dict() for rec in history]
+        self.n_sites_, self.n_features_ = int(n_sites), int(n_features)
 
     def predict(self, X, site: int) -> np.ndarray:
         """:math:`\\hat y=X\\theta_k`; ``X`` of shape (n, d), returns (n,)."""
@@ -315,51 +333,31 @@ class FedHM2Regressor:
     # ------------------------------------------------------------------ fit
     def fit(self, sites: Sequence[tuple[np.ndarray, np.ndarray]]) -> "FedHM2Regressor":
         """Run federated EP (Algorithm 3) over ``sites`` and compute every site's posterior."""
-        if self.tilted_method not in TILTED_METHODS:
-            raise ValueError(f"tilted_method must be one of {TILTED_METHODS}, got {self.tilted_method!r}")
-        if isinstance(self.n_posterior_draws, bool) or int(self.n_posterior_draws) != self.n_posterior_draws or self.n_posterior_draws < 2:
-            raise ValueError(f"n_posterior_draws must be an integer >= 2 (intervals and tests are taken from the draws), "
-                             f"got {self.n_posterior_draws!r}")
         sites = check_sites(sites)
         K, d = len(sites), sites[0][0].shape[1]
-        self.model_ = self._make_model(d)
-        self.n_sites_, self.n_features_ = K, d
+        protocol = self.protocol(d)
+        self.n_sites_ = K
         self._check_response_scale(sites)
-        scalings = [self._scaling(X, y) for X, y in sites]
         seed = int(np.random.SeedSequence().entropy % (2**63)) if self.random_state is None else int(self.random_state)
         if self.privacy is None:
-            stats = [SiteStats.from_data((X - xm) / xs, y - ym, site=k) for k, ((X, y), (xm, xs, ym)) in enumerate(zip(sites, scalings))]
+            stats, scalings = zip(*(self.site_stats(X, y, site=k) for k, (X, y) in enumerate(sites)))
+            stats = list(stats)
         else:  # one release per site; everything below is post-processing of the released statistics
             if self._standardizes():
                 raise ValueError("record-level DP needs standardize=False: scale the columns by public ranges instead")
             from .record_dp import release_fedlin_stats
 
+            scalings = [self._scaling(X, y) for X, y in sites]
             stats, self.privacy_ledger_ = release_fedlin_stats(sites, self.privacy, random_state=self.random_state)
             self.privacy_spent_ = self.privacy_ledger_.spent(self.privacy.delta)
-        protocol = EPProtocol(self.model_, max_rounds=int(self.n_rounds), damping=self.damping, tilted_options=self._tilted_options())
-        m, S = to_moments(*(protocol.initial_broadcast()[k] for k in ("r", "Q")))
-        means, variances, history = [m], [np.diag(S)], []
-
-        def track(record, broadcast) -> bool:
-            """Record phi's moments after each round; the stopping rule of spec §3.4."""
-            m, S = to_moments(broadcast["r"], broadcast["Q"])
-            means.append(m)
-            variances.append(np.diag(S))
-            row = record.to_dict()
-            row.update(damping=float(broadcast["damping_log"][record.round - 1]), phi_mean=m.tolist(), phi_var=np.diag(S).tolist())
-            history.append(row)
-            return self.tol is not None and converged(means, variances, tol=self.tol)
-
+        track, history = self.tracker(protocol)
         result = simulate(
             protocol, stats, n_rounds=int(self.n_rounds), random_state=seed, n_jobs=self.n_jobs,
             participation=_participation(self.participation), aggregation=self.aggregation,
             aggregator=self.aggregator, stop=track,
         )
         broadcast, states, rounds_run = result.broadcast, result.site_states, len(result.history)
-        self.history_, self.n_rounds_, self.seed_ = history, rounds_run, seed
-        self.r_, self.Q_ = broadcast["r"].copy(), broadcast["Q"].copy()
-        self.phi_mean_, self.phi_cov_ = to_moments(self.r_, self.Q_)
-        self.phi_names_ = list(self.model_.phi_names)
+        self._adopt(broadcast, history, rounds_run, seed)
         # device posteriors (spec §4.1), computed on each site from its cavity
         draws = []
         self.cavity_fallback_: list[int] = []
@@ -385,6 +383,68 @@ class FedHM2Regressor:
         self._set_draws(np.stack(draws))
         return self
 
+    def protocol(self, n_features: int) -> EPProtocol:
+        """The EP round protocol of a fit with ``n_features`` features (every runtime builds it here); sets ``model_``.
+
+        Checks the options first (``tilted_method``, ``n_posterior_draws``, ``prior``).
+        """
+        if self.tilted_method not in TILTED_METHODS:
+            raise ValueError(f"tilted_method must be one of {TILTED_METHODS}, got {self.tilted_method!r}")
+        if isinstance(self.n_posterior_draws, bool) or int(self.n_posterior_draws) != self.n_posterior_draws or self.n_posterior_draws < 2:
+            raise ValueError(f"n_posterior_draws must be an integer >= 2 (intervals and tests are taken from the draws), "
+                             f"got {self.n_posterior_draws!r}")
+        self.model_ = self._make_model(int(n_features))
+        self.n_features_ = int(n_features)
+        return EPProtocol(self.model_, max_rounds=int(self.n_rounds), damping=self.damping, tilted_options=self._tilted_options())
+
+    def site_stats(self, X: np.ndarray, y: np.ndarray, site: int | str = 0) -> tuple[SiteStats, tuple[np.ndarray, np.ndarray, float]]:
+        """A site's EP data, computed where the data are: its sufficient statistics after its own centring and
+        scaling (``standardize``), and that scaling ``(x_mean (d,), x_scale (d,), y_mean)``."""
+        xm, xs, ym = self._scaling(X, y)
+        return SiteStats.from_data((X - xm) / xs, y - ym, site=site), (xm, xs, ym)
+
+    def tracker(self, protocol: EPProtocol):
+        """``(stop, history)``: the runtime's ``stop(record, broadcast)`` callable, which records the moments of
+        :math:`q(\\phi)` after each round into the list ``history`` and applies the stopping rule of spec §3.4."""
+        m, S = to_moments(*(protocol.initial_broadcast()[k] for k in ("r", "Q")))
+        means, variances, history = [m], [np.diag(S)], []
+
+        def track(record, broadcast) -> bool:
+            m, S = to_moments(broadcast["r"], broadcast["Q"])
+            means.append(m)
+            variances.append(np.diag(S))
+            row = record.to_dict()
+            row.update(damping=float(broadcast["damping_log"][record.round - 1]), phi_mean=m.tolist(), phi_var=np.diag(S).tolist())
+            history.append(row)
+            return self.tol is not None and converged(means, variances, tol=self.tol)
+
+        return track, history
+
+    def _adopt(self, broadcast, history: list, rounds_run: int, seed: int) -> None:
+        self.history_, self.n_rounds_, self.seed_ = history, int(rounds_run), int(seed)
+        self.r_, self.Q_ = np.asarray(broadcast["r"], float).copy(), np.asarray(broadcast["Q"], float).copy()
+        self.phi_mean_, self.phi_cov_ = to_moments(self.r_, self.Q_)
+        self.phi_names_ = list(self.model_.phi_names)
+
+    @classmethod
+    def from_broadcast(cls, broadcast, history: list, *, seed: int, n_sites: int, n_features: int, **params: Any) -> "FedHM2Regressor":
+        """The population part of a fit from the final broadcast of an EP run on any runtime (e.g. over Flower).
+
+        Holds :math:`q(\\phi)` (``r_``, ``Q_``, ``phi_mean_``, ``phi_cov_``, :meth:`phi_interval`) and the
+        history (``history`` as :meth:`tracker` records it); no site's posterior, which only its own data
+        give: a site gets its coefficients with :meth:`adapt` on its own machine.  ``n_sites`` is the number
+        of sites of the fit; ``params`` the constructor's parameters of that run.
+        """
+        model = cls(**params)
+        model.protocol(n_features)
+        model._adopt(broadcast, history, len(history), seed)
+        model.n_sites_ = int(n_sites)
+        d = int(n_features)
+        model.x_mean_, model.x_scale_, model.y_mean_ = np.zeros((0, d)), np.ones((0, d)), np.zeros(0)
+        model.cavity_fallback_ = []
+        model._set_draws(np.zeros((0, int(model.n_posterior_draws), d)))
+        return model
+
     def _posterior_draws(self, stats: SiteStats, cav, rng, state=None, where: str = "site") -> np.ndarray:
         options = self._tilted_options()
         if not self.model_.closed_form and state is not None and "chain_phi" in state:
@@ -407,8 +467,9 @@ class FedHM2Regressor:
         self.coef_draws_ = std_draws / self.x_scale_[:, None, :]
         self.coef_ = self.coef_draws_.mean(axis=1)
         self.intercept_ = self.y_mean_ - np.einsum("kd,kd->k", self.x_mean_, self.coef_)
-        self.selected_features_ = np.stack([select_features(dr, self.level) for dr in self.coef_draws_])
-        self.inclusion_score_ = np.stack([inclusion_score(dr) for dr in self.coef_draws_])
+        K, _, d = self.coef_draws_.shape
+        self.selected_features_ = np.array([select_features(dr, self.level) for dr in self.coef_draws_], dtype=bool).reshape(K, d)
+        self.inclusion_score_ = np.array([inclusion_score(dr) for dr in self.coef_draws_], dtype=float).reshape(K, d)
 
     # ------------------------------------------------------------------ products
     def predict(self, X, site: int) -> np.ndarray:

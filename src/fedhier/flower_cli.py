@@ -10,7 +10,8 @@ Commands (``cli_flower(argv)``; the lead wires ``fedhier flower`` to it):
   [--root-certificates ca.pem | --insecure]`` -- start a site's SuperNode on its own file;
 * ``fedhier flower run --config fit.toml (--superlink HOST:PORT [...] | --federation NAME)`` --
   submit the fit to the SuperLink and wait for it;
-* ``fedhier flower demo-data --out DIR`` -- three hospitals cut from the bundled Alzheimer data.
+* ``fedhier flower demo-data --out DIR [--model fedlin-hm2]`` -- three hospitals cut from the bundled Alzheimer
+  data, or a fleet of machines (C-MAPSS engines) for FedLin.
 
 Every command that starts a Flower process builds its command line with one of the
 functions below (:func:`superlink_command`, :func:`supernode_command`, :func:`flwr_run_command`);
@@ -50,6 +51,7 @@ __all__ = [
     "make_site_key",
     "register_site_key",
     "write_demo_sites",
+    "write_fleet_sites",
     "submit",
     "LoopbackFederation",
     "free_ports",
@@ -316,6 +318,52 @@ def write_demo_sites(
     return atomic_write_text(out / "fit.toml", text)
 
 
+def write_fleet_sites(
+    out: str | Path,
+    *,
+    model: str = "fedlin-hm2",
+    n_sites: int = 4,
+    sensor: int = 2,
+    n_rounds: int = 10,
+    seed: int = 0,
+    min_sites: int = 2,
+    round_timeout: float = 300.0,
+) -> Path:
+    """A fleet of ``n_sites`` machines from the bundled C-MAPSS FD001 turbofan engines, for a FedLin fit.
+
+    Machine ``k`` is engine ``k + 1``: one row per cycle, columns ``t, t2, t3, t4`` (the
+    polynomial design of the FedLin paper, ``t = (cycle - 1) / 299``) and ``sensor`` (sensor
+    ``sensor``, min-max scaled on the engine's own cycles), written to ``machine-<k>.csv``
+    with a ``fit.toml`` for ``model`` ("fedlin-hm1" or "fedlin-hm2"); returns its path.
+    """
+    from .models.fedlin.datasets import load_cmapss
+    from .utils.io import atomic_write_text, write_csv
+
+    if model not in ("fedlin-hm1", "fedlin-hm2"):
+        raise ValueError(f"model must be 'fedlin-hm1' or 'fedlin-hm2', got {model!r}")
+    engines = load_cmapss(sensor)
+    if not 2 <= n_sites <= len(engines):
+        raise ValueError(f"a fleet needs between 2 and {len(engines)} machines, got {n_sites}")
+    out = Path(out)
+    names = [f"machine-{k + 1:02d}" for k in range(n_sites)]
+    columns = ["t", "t2", "t3", "t4", "sensor"]
+    for name, (cycle, value) in zip(names, engines):
+        t = (cycle - 1) / 299.0
+        span = value.max() - value.min()
+        y = (value - value.min()) / (span if span > 0 else 1.0)
+        write_csv(out / f"{name}.csv", [dict(zip(columns, map(float, row))) for row in np.column_stack([t, t**2, t**3, t**4, y])], columns)
+    options = 'prior = "gaussian"\nmu_scale = 10.0\n' if model == "fedlin-hm2" else "eta = 0.0002\nn_local_steps = 20\n"
+    text = (
+        f"# FedLin ({model}) over Flower on the bundled C-MAPSS engines, one machine per SuperNode "
+        "(written by `fedhier flower demo-data --model ...`)\n"
+        f'model = "{model}"\ntarget = "sensor"\nfeatures = ["t", "t2", "t3", "t4"]\nintercept = true\n'
+        f"n_rounds = {n_rounds}\nseed = {seed}\n{options}\n[flower]\n"
+        f"sites = {json.dumps(names)}\nmin_sites = {min_sites}\nround_timeout = {float(round_timeout)}\n"
+        'out = "fedhier-flower-fit"\n'
+    )
+    return atomic_write_text(out / "fit.toml", text)
+
+
 # --------------------------------------------------------------------------- one-machine federation
 
 
@@ -376,11 +424,13 @@ class LoopbackFederation:
         made in ``root/keys`` (:func:`make_site_key`) and registered before the SuperNode starts.
     site_seed : every SuperNode's secret seed (:func:`supernode_command`), so that a fit equals
         :func:`fedhier.runtime.simulate` with ``random_state=site_seed``; None: each site's own entropy.
+    database : SQLite file of the SuperLink's state, so that a restarted SuperLink (:meth:`restart`) knows the
+        SuperNodes again (with the default in-memory state they cannot reconnect).
     """
 
     def __init__(
         self, root: str | Path, sites: dict[str, str | Path], *, tls: bool = False, node_auth: bool = False,
-        startup_timeout: float = 60.0, site_seed: int | None = None,
+        startup_timeout: float = 60.0, site_seed: int | None = None, database: str | Path | None = None,
     ):
         for name in sites:  # each names files under root (log, Flower home, keys)
             check_site_name(name, "FlowerCluster")
@@ -388,12 +438,14 @@ class LoopbackFederation:
         self.root.mkdir(parents=True, exist_ok=True)
         self.tls = tls
         self.procs: dict[str, subprocess.Popen] = {}
+        self.commands: dict[str, list[str]] = {}
         link_port, *site_ports = free_ports(1 + len(sites))
         self.address = f"127.0.0.1:{link_port}"
         self.certificates = make_certificates(self.root / "certs") if tls else None
         try:
             link = {"certificates": self.root / "certs"} if tls else {"insecure": True}
-            self._start("superlink", superlink_command(host="127.0.0.1", port=link_port, node_auth=node_auth, **link))
+            self._start("superlink", superlink_command(host="127.0.0.1", port=link_port, node_auth=node_auth, database=database,
+                                                       **link))
             self._wait_for_port(link_port, startup_timeout)
             for (name, data), port in zip(sites.items(), site_ports):
                 key = None
@@ -418,8 +470,20 @@ class LoopbackFederation:
         return {**os.environ, "FLWR_HOME": str(home), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
     def _start(self, name: str, cmd: list[str]) -> None:
-        with open(self.root / f"{name}.log", "w") as log:
+        self.commands[name] = cmd
+        with open(self.root / f"{name}.log", "a") as log:
             self.procs[name] = subprocess.Popen(cmd, env=self.env(name), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def restart(self, name: str, timeout: float = 60.0) -> None:
+        """Start again a process that was killed (:meth:`kill`), with its command line; the SuperLink on its port.
+
+        PIDs of the earlier process are not reused: :meth:`stop` ends the new one (the old one is gone)."""
+        proc = self.procs[name]
+        if proc.poll() is None:
+            raise RuntimeError(f"{name} is still running; kill it first")
+        self._start(name, self.commands[name])
+        if name == "superlink":
+            self._wait_for_port(int(self.address.rsplit(":", 1)[1]), timeout)
 
     def _wait_for_port(self, port: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -540,12 +604,13 @@ def submit(
     timeout: float | None = None,
     out: str | Path | None = None,
     env: dict[str, str] | None = None,
+    resume: bool = False,
 ) -> dict:
     """Submit the fit of ``fit.toml`` to a SuperLink with ``flwr run`` and wait for it.
 
     Parameters
     ----------
-    config_path : the coordinator's ``fit.toml`` (see :class:`fedhier.runtime.flower.FlowerFitConfig`).
+    config_path : the coordinator's ``fit.toml`` (any family, :func:`fedhier.deploy.read_fit`).
     superlink : ``HOST:PORT`` of the SuperLink; a private Flower configuration with one
         connection is written for this call (with ``root_certificates`` or ``insecure``).
     federation : instead of ``superlink``, the name of a SuperLink connection in your own
@@ -553,6 +618,11 @@ def submit(
     timeout : seconds to wait for the run (None: wait until it ends).
     out : overrides ``out`` of ``fit.toml`` (the result folder on the SuperLink host).
     env : environment of ``flwr run`` (default: this process's).
+    resume : go on from the coordinator checkpoint in the result folder (a fit whose SuperLink
+        or ServerApp stopped), as :func:`fedhier.runtime.flower.coordinate` with ``resume=True``.
+
+    When the run ends (or this call fails) and the result folder is readable from here but its
+    ``summary.json`` still says "running" (the ServerApp was killed), it is rewritten as "failed".
 
     Returns
     -------
@@ -565,12 +635,13 @@ def submit(
     ValueError : bad configuration or options; TimeoutError : the run did not end in time;
     RuntimeError : ``flwr run`` failed.
     """
-    from .runtime.flower import RUN_CONFIG_KEY, FlowerFitConfig
+    from .deploy import read_fit
+    from .runtime.flower import CHECKPOINT, RESUME_KEY, RUN_CONFIG_KEY
 
-    config = FlowerFitConfig.read(config_path)
+    config = read_fit(config_path)
     if out is not None:
         config = config.replace(out=str(Path(out).resolve()))
-    results = ("summary.json", "history.json", "model.npz", "broadcast.fhm")
+    results = ("summary.json", "history.json", "model.npz", "broadcast.fhm", "coefficients.csv", "phi.csv", CHECKPOINT)
     check_outputs_spare_inputs([Path(config.out) / name for name in results], [config_path])
     if (superlink is None) == (federation is None):
         raise ValueError("give exactly one of --superlink HOST:PORT or --federation NAME")
@@ -582,23 +653,26 @@ def submit(
         app = tmp / "app"
         shutil.copytree(APP_TEMPLATE, app, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "fit.toml"))
         overrides = tmp / "run-config.toml"
-        overrides.write_text(f"{RUN_CONFIG_KEY} = {_toml_string(config.to_json())}\n")
+        overrides.write_text(f"{RUN_CONFIG_KEY} = {_toml_string(config.to_json())}\n{RESUME_KEY} = {_toml_string('yes' if resume else '')}\n")
         connection = federation
         if superlink is not None:
             if insecure == (root_certificates is not None):
                 raise ValueError("with --superlink give either --root-certificates ca.pem or --insecure")
             env["FLWR_HOME"] = str(_connection_home(tmp / "flwr-home", superlink, root_certificates))
             connection = _CONNECTION
-        (Path(config.out) / "summary.json").unlink(missing_ok=True)  # a stale result must not pass for this run's
-        code, output = _run_streaming(flwr_run_command(app, connection, overrides), env, timeout)
-        if code is None:
-            run_id = re.search(r"started run (\d+)", output)
-            if run_id:
-                subprocess.run([_bin("flwr"), "stop", run_id.group(1), connection], env=env, timeout=60, capture_output=True)
-            raise TimeoutError(f"the fit did not end within {timeout:g} s (run stopped)")
-        if code != 0 or "started run" not in output:
-            raise RuntimeError(f"flwr run failed (exit code {code}): {output.strip()[-2000:]}")
-    summary_path = Path(config.out) / "summary.json"
+        summary_path = Path(config.out) / "summary.json"
+        summary_path.unlink(missing_ok=True)  # a stale result must not pass for this run's
+        try:
+            code, output = _run_streaming(flwr_run_command(app, connection, overrides), env, timeout)
+            if code is None:
+                run_id = re.search(r"started run (\d+)", output)
+                if run_id:
+                    subprocess.run([_bin("flwr"), "stop", run_id.group(1), connection], env=env, timeout=60, capture_output=True)
+                raise TimeoutError(f"the fit did not end within {timeout:g} s (run stopped)")
+            if code != 0 or "started run" not in output:
+                raise RuntimeError(f"flwr run failed (exit code {code}): {output.strip()[-2000:]}")
+        finally:
+            _close_summary(summary_path)
     if summary_path.is_file():
         summary = json.loads(summary_path.read_text())
         if summary.get("status") == "completed":
@@ -612,6 +686,20 @@ def submit(
                       "report shows the model and the fit only."))
         return summary
     return {"status": "ended", "out": config.out, "note": "the result folder is on the SuperLink host"}
+
+
+def _close_summary(path: Path) -> None:
+    """A ``summary.json`` left at "running" by a run that ended (its ServerApp or SuperLink was killed) becomes "failed"."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(summary, dict) and summary.get("status") == "running":
+        from .utils.io import write_json
+
+        summary.update(status="failed", error="the run ended before the fit did (its ServerApp or the SuperLink stopped); "
+                                              "`fedhier flower run --resume` goes on from the last completed round")
+        write_json(path, summary)
 
 
 # --------------------------------------------------------------------------- command line
@@ -665,13 +753,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true", help="no TLS (with --superlink; loopback tests only)")
     p.add_argument("--timeout", type=float, default=None, help="seconds to wait for the fit")
     p.add_argument("--out", help="result folder on the SuperLink host (overrides fit.toml)")
+    p.add_argument("--resume", action="store_true", help="go on from the checkpoint of an interrupted run of this fit")
 
-    p = sub.add_parser("demo-data", help="three hospitals from the bundled Alzheimer data, with fit.toml")
+    p = sub.add_parser("demo-data", help="example sites with a fit.toml: hospitals (Alzheimer data) or a fleet of engines (FedLin)")
     p.add_argument("--out", required=True)
-    p.add_argument("--sites", type=int, default=3)
+    p.add_argument("--model", choices=["fed-mv-ppca", "fedlin-hm1", "fedlin-hm2"], default="fed-mv-ppca",
+                   help="fed-mv-ppca: hospitals cut from the bundled Alzheimer data; fedlin-*: C-MAPSS engines, one per machine")
+    p.add_argument("--sites", type=int, default=None, help="number of sites (default 3 hospitals, 4 machines)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default 20 for fed-mv-ppca, 10 for FedLin)")
     return parser
+
+
+def _describe(data) -> str:
+    """What a site's file holds, as its deployment read it (shapes only, never values)."""
+    if isinstance(data, dict):  # Fed-mv-PPCA: view -> (n, d)
+        return ", ".join(f"{v} {X.shape[0]}x{X.shape[1]}" for v, X in data.items())
+    if isinstance(data, tuple):  # FedLin HM1: (X, y)
+        return f"{data[0].shape[0]} rows, {data[0].shape[1]} coefficients"
+    return f"{data.n} rows, {data.d} coefficients"  # FedLin HM2: the site's sufficient statistics
 
 
 def _run(cmd: list[str], print_only: bool) -> int:
@@ -680,7 +780,17 @@ def _run(cmd: list[str], print_only: bool) -> int:
         return 0
     # Flower starts helpers (flower-superexec) by name: put this environment's bin first on PATH
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return subprocess.call(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum, _frame) -> None:  # `kill PID` of this command stops the Flower process it runs
+        proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def cli_flower(argv: Sequence[str] | None = None) -> int:
@@ -703,10 +813,9 @@ def cli_flower(argv: Sequence[str] | None = None) -> int:
             return _run(cmd, args.print_command)
         if args.command == "site":
             if args.config:
-                from .runtime.flower import FlowerFitConfig, load_site
+                from .deploy import read_fit
 
-                data = load_site(FlowerFitConfig.read(args.config), args.data, args.site)
-                print(f"site {args.site!r}: " + ", ".join(f"{v} {X.shape[0]}x{X.shape[1]}" for v, X in data.items()))
+                print(f"site {args.site!r}: " + _describe(read_fit(args.config).load_site(args.site, args.data)))
             cmd = supernode_command(
                 superlink=args.superlink, site=args.site, data=args.data, root_certificates=args.root_certificates,
                 insecure=args.insecure, port=args.port, auth_key=args.auth_key, seed=args.seed,
@@ -715,13 +824,19 @@ def cli_flower(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             summary = submit(
                 args.config, superlink=args.superlink, federation=args.federation, root_certificates=args.root_certificates,
-                insecure=args.insecure, timeout=args.timeout, out=args.out,
+                insecure=args.insecure, timeout=args.timeout, out=args.out, resume=args.resume,
             )
             print(json.dumps(summary, indent=2))
             return 0 if summary.get("status") in ("completed", "ended") else 1
         if args.command == "demo-data":
-            path = write_demo_sites(args.out, n_sites=args.sites, seed=args.seed, n_rounds=args.rounds)
-            print(f"wrote {args.sites} site files and {path}")
+            if args.model == "fed-mv-ppca":
+                n_sites = 3 if args.sites is None else args.sites
+                path = write_demo_sites(args.out, n_sites=n_sites, seed=args.seed, n_rounds=20 if args.rounds is None else args.rounds)
+            else:
+                n_sites = 4 if args.sites is None else args.sites
+                path = write_fleet_sites(args.out, model=args.model, n_sites=n_sites, seed=args.seed,
+                                         n_rounds=10 if args.rounds is None else args.rounds)
+            print(f"wrote {n_sites} site files and {path}")
             return 0
     except (ValueError, FileNotFoundError, TimeoutError, RuntimeError) as exc:
         print(f"fedhier flower: error: {exc}", file=sys.stderr)

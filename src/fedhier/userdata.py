@@ -40,9 +40,6 @@ from typing import Any
 
 import numpy as np
 
-from .data.validation import check_sites
-from .models.mvppca.dp import DPConfig
-from .mvppca import FedMVPPCA
 from .protocol.base import SiteError
 from .utils.io import write_csv, write_json
 from .utils.untrusted import check_outputs_spare_inputs, check_site_name
@@ -173,6 +170,10 @@ def fit_from_config(
     config_path: str | Path, *, out_dir: str | Path, total_budget: tuple[float, float] | None = None, progress: bool = True
 ) -> dict[str, Any]:
     """Fit Fed-mv-PPCA on the sites of a configuration; write model, latents, summary and report."""
+    from .data.validation import check_sites
+    from .models.mvppca.dp import DPConfig
+    from .mvppca import FedMVPPCA
+
     config = load_config(config_path)
     names = [s["name"] for s in config["sites"]]
     sites = [read_site_table(s["path"], config["views"], s["name"]) for s in config["sites"]]

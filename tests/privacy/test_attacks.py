@@ -131,7 +131,9 @@ def test_a_flower_site_draws_its_noise_from_its_own_entropy(monkeypatch, tmp_pat
         monkeypatch.setattr(TaskIdentity, name, value)
 
     from fedhier.flower_cli import write_demo_sites
-    from fedhier.runtime.flower import RUN_CONFIG_KEY, FlowerFitConfig, client_app, load_site, _RECORD
+    from fedhier.deploy.apps import client_app
+    from fedhier.deploy.mvppca import FlowerFitConfig
+    from fedhier.runtime.flower import RUN_CONFIG_KEY, _RECORD
     from fedhier.protocol.messages import encode
 
     path = write_demo_sites(tmp_path, n_sites=3, seed=3, n_components=2, n_rounds=2, n_local_iter=3, n_first_iter=5)
@@ -154,7 +156,7 @@ def test_a_flower_site_draws_its_noise_from_its_own_entropy(monkeypatch, tmp_pat
     def replay():  # the coordinator's replay from its public seed, even on the sites' own data
         for _ in range(3):
             for index, site in enumerate(config.sites):
-                data = load_site(config, tmp_path / f"{site}.csv", site)
+                data = config.load_site(site, tmp_path / f"{site}.csv")
                 run_site_step(protocol, data, index, 1, config.seed, broadcast, {})
 
     guess, _ = recorder.collect(replay)

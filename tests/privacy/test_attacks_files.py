@@ -111,7 +111,7 @@ def test_a_site_name_that_would_leave_or_hide_in_the_output_folder_is_refused(tm
 
 def test_flower_configuration_and_supernode_refuse_traversal_site_names(tmp_path):
     from fedhier.flower_cli import supernode_command
-    from fedhier.runtime.flower import FlowerFitConfig
+    from fedhier.deploy.mvppca import FlowerFitConfig
 
     text = '[views]\ncsf = ["a", "b", "c"]\n[flower]\nsites = ["hospital-a", "../../etc"]\n'
     with pytest.raises(ValueError, match=r"site name '\.\./\.\./etc' is not allowed"):
@@ -292,7 +292,8 @@ def test_a_bad_cell_s_text_is_never_in_the_error_of_fedhier_fit(tmp_path, capsys
 
 
 def test_a_flower_site_tells_the_coordinator_where_its_bad_cell_is_not_what_it_holds(tmp_path):
-    from fedhier.runtime.flower import FlowerFitConfig, site_round
+    from fedhier.deploy.mvppca import FlowerFitConfig
+    from fedhier.runtime.flower import site_round
 
     _secret_in_b(tmp_path)
     config = FlowerFitConfig.from_toml('n_components = 1\n[views]\ncsf = ["tau", "p_tau", "ab42", "age"]\n[flower]\nsites = ["a", "b"]\n')

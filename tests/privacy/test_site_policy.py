@@ -161,7 +161,9 @@ def test_flower_and_simulate_enforce_the_same_policy(tmp_path, monkeypatch):
 
     from fedhier.flower_cli import write_demo_sites
     from fedhier.protocol.messages import encode
-    from fedhier.runtime.flower import RUN_CONFIG_KEY, FlowerFitConfig, _RECORD, client_app, load_site
+    from fedhier.deploy.apps import client_app
+    from fedhier.deploy.mvppca import FlowerFitConfig
+    from fedhier.runtime.flower import RUN_CONFIG_KEY, _RECORD
 
     for name, value in (("_run_id", 1), ("_node_id", 1), ("_task_id", 1)):
         monkeypatch.setattr(TaskIdentity, name, value)
@@ -182,7 +184,7 @@ def test_flower_and_simulate_enforce_the_same_policy(tmp_path, monkeypatch):
     strict.write_text('modes = ["dp"]\nmax_epsilon = 0.5\n')
     missing = tmp_path / "no-such-file.csv"  # reading it would fail: a refusal must come first
     reply = ask(strict, missing)
-    sites = [load_site(config, tmp_path / f"{name}.csv", name) for name in config.sites[:2]]
+    sites = [config.load_site(name, tmp_path / f"{name}.csv") for name in config.sites[:2]]
     with pytest.warns(SiteFailedWarning):
         run = simulate(protocol, sites, n_rounds=config.n_rounds, random_state=0,
                        site_policies=[SitePolicy.read(strict), None])

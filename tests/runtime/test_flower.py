@@ -40,15 +40,14 @@ from fedhier.flower_cli import (  # noqa: E402
 )
 from fedhier.privacy.secure_round import SecureAggregator  # noqa: E402
 from fedhier.protocol.messages import decode  # noqa: E402
+from fedhier.deploy.apps import client_app, server_app  # noqa: E402
+from fedhier.deploy.mvppca import FlowerFitConfig  # noqa: E402
 from fedhier.runtime.flower import (  # noqa: E402
     RUN_CONFIG_KEY,
     SECURE_STEPS,
-    FlowerFitConfig,
-    client_app,
     read_result,
     run_rounds,
     secure_site_step,
-    server_app,
     write_result,
 )
 from fedhier.runtime.simulate import RoundFailed, simulate  # noqa: E402
@@ -81,10 +80,11 @@ class LocalGrid:
     "crash" (Flower error reply, as when the ClientApp process dies) or "unreachable"
     (the SuperLink's reply when the message to a vanished SuperNode expires).  A node in
     ``vanish_after[(round, message type)]`` becomes unreachable once it has answered that
-    message.  ``received`` keeps every (message type, reply) the server pulled.
+    message.  ``received`` keeps every (message type, reply) the server pulled, and
+    ``delivered`` every (node, message type, content) a node's ClientApp was given.
     """
 
-    def __init__(self, config: FlowerFitConfig, nodes: dict[int, tuple[str, Path]], behaviour: dict[int, str] | None = None):
+    def __init__(self, config, nodes: dict[int, tuple[str, Path]], behaviour: dict[int, str] | None = None):
         self.config = config
         self.nodes = nodes
         self.behaviour = behaviour or {}
@@ -93,6 +93,7 @@ class LocalGrid:
         self.inbox: dict[str, object] = {}
         self.sent: list[tuple[int, str]] = []
         self.received: list[tuple[str, object]] = []
+        self.delivered: list[tuple[int, str, dict]] = []
         self._ids = itertools.count()
         # each site's own secret seed, set to the simulation's so that the fits can be compared bit for bit
         self.node_seed = {"seed": str(config.seed)}
@@ -132,6 +133,7 @@ class LocalGrid:
                 run_id=1, node_id=node, node_config={"site": site, "data": str(path), **self.node_seed}, state=self.states[node],
                 run_config={RUN_CONFIG_KEY: self.config.to_json()},
             )
+            self.delivered.append((node, msg.metadata.message_type, dict(msg.content.config_records["fedhier"])))
             reply = client_app(msg, context)
             replies.append(reply)
             self.received.append((msg.metadata.message_type, reply))
@@ -528,6 +530,22 @@ def _flower_fit(cluster: LoopbackFederation, config_path: Path, out: Path) -> in
     return cli_flower(["run", "--config", str(config_path), "--superlink", cluster.address, *tls, "--timeout", "300", "--out", str(out)])
 
 
+def _flower_fit_killing_after_round_1(cluster: LoopbackFederation, config_path: Path, out: Path, site: str) -> list[int]:
+    """Run the fit of ``config_path`` and SIGKILL ``site``'s SuperNode once round 1 is in the history; the exit codes."""
+    codes: list[int] = []
+    runner = threading.Thread(target=lambda: codes.append(_flower_fit(cluster, config_path, out)), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and runner.is_alive():
+        rows = json.loads((out / "history.json").read_text()) if (out / "history.json").is_file() else []
+        if rows:
+            cluster.kill(site)
+            break
+        time.sleep(0.2)
+    runner.join(timeout=330)
+    return codes
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("transport", ["insecure", "tls+node-auth"])
 def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, transport):
@@ -550,18 +568,7 @@ def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, tra
         dropout = tmp_path / "fit-dropout.toml"
         dropout.write_text((folder / "fit.toml").read_text().replace("round_timeout = 300.0", "round_timeout = 25.0").replace("min_sites = 2", "min_sites = 1"))
         out = tmp_path / "fit-dropout"
-        codes: list[int] = []
-        runner = threading.Thread(target=lambda: codes.append(_flower_fit(cluster, dropout, out)), daemon=True)
-        runner.start()
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and runner.is_alive():
-            rows = json.loads((out / "history.json").read_text()) if (out / "history.json").is_file() else []
-            if rows:
-                cluster.kill("hospital-c")
-                break
-            time.sleep(0.2)
-        runner.join(timeout=330)
-        assert codes == [0], cluster.logs()
+        assert _flower_fit_killing_after_round_1(cluster, dropout, out, "hospital-c") == [0], cluster.logs()
         broadcast, history, summary = read_result(out, config)
         assert history[0]["sites"] == [0, 1, 2]
         assert summary["lost"].keys() == {"hospital-c"}
@@ -597,8 +604,453 @@ def test_secure_flower_fit_equals_simulate(tmp_path, demo):
     assert not [pid for pid in stopped if _alive(pid)]
 
 
-def test_a_protocol_with_per_site_broadcasts_is_refused_before_any_exchange():
-    from fedhier.protocol.fedlin import HM1Protocol
+# --------------------------------------------------------------------------- FedLin (HM1, HM2) over Flower
 
-    with pytest.raises(ValueError, match="sends each site its own part of the broadcast"):
-        run_rounds(None, HM1Protocol(2, 3, eta=0.01), ["a", "b"], n_rounds=1)
+FLEET = ("machine-01", "machine-02", "machine-03")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Three C-MAPSS machines on disk, an HM2 and an HM1 fit.toml, the same sites in memory as (X, y)."""
+    from fedhier.deploy import read_fit
+    from fedhier.flower_cli import write_fleet_sites
+
+    folder = tmp_path_factory.mktemp("flower-fleet")
+    configs = {}
+    for model in ("fedlin-hm2", "fedlin-hm1"):
+        path = write_fleet_sites(folder / model, model=model, n_sites=3, n_rounds=3, seed=5, min_sites=1)
+        if model == "fedlin-hm1":  # a random start: every site's column differs from round 1 on
+            path.write_text(path.read_text().replace("eta = 0.0002\n", 'eta = 0.0002\ninit = "random"\n'))
+        configs[model] = read_fit(path)
+    sites = []
+    for name in FLEET:  # read independently of the deployment's reader
+        lines = (folder / "fedlin-hm2" / f"{name}.csv").read_text().splitlines()[1:]
+        table = np.array([[float(cell) for cell in line.split(",")] for line in lines])
+        sites.append((np.column_stack([np.ones(len(table)), table[:, :4]]), table[:, 4].copy()))  # contiguous, as read
+    return folder, configs, sites
+
+
+def _fleet_grid(folder, config, names=FLEET):
+    nodes = {2000 + 11 * k: (name, folder / config.model / f"{name}.csv") for k, name in enumerate(names)}
+    return LocalGrid(config, nodes), list(nodes)
+
+
+def _serve(grid, config, out):
+    config = config.replace(out=str(out), round_timeout=5.0, connect_timeout=1.0, poll_interval=0.01)
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={RUN_CONFIG_KEY: config.to_json()})
+    grid.config = config
+    server_app(grid, context)
+    return config
+
+
+def test_fedlin_hm2_over_flower_equals_the_estimator_and_writes_a_loadable_model(fleet, tmp_path):
+    from fedhier.fedlin import FedHM2Regressor, load
+
+    folder, configs, sites = fleet
+    config = configs["fedlin-hm2"]
+    grid, nodes = _fleet_grid(folder, config)
+    _serve(grid, config, tmp_path / "out")
+    model = load(tmp_path / "out" / "model.npz")
+    reference = FedHM2Regressor(**config.estimator_params()).fit(sites)  # simulate() inside
+    assert model.n_rounds_ == reference.n_rounds_ and model.n_sites_ == 3
+    assert np.max(np.abs(model.r_ - reference.r_)) <= 1e-10 and np.max(np.abs(model.Q_ - reference.Q_)) <= 1e-10
+    np.testing.assert_allclose(model.phi_interval(0.9), reference.phi_interval(0.9), rtol=0, atol=1e-10)
+    np.testing.assert_allclose([h["phi_mean"] for h in model.history_], [h["phi_mean"] for h in reference.history_], rtol=0, atol=1e-10)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["model"] == "fedlin-hm2"
+    assert summary["coefficients"] == ["(intercept)", "t", "t2", "t3", "t4"]
+    assert (tmp_path / "out" / "phi.csv").read_text().startswith("component,mean,lower,upper,level")
+    # the coordinator's model has no site's posterior; a machine computes its own from q(phi) and its data
+    assert model.coef_.shape == (0, 5)
+    assert model.adapt(*sites[0]) == 0 and model.coef_.shape == (1, 5)
+    # every site received the whole (common) EP broadcast, and no hello was needed
+    assert {kind for _, kind, _ in grid.delivered} == {"train"}
+
+
+def test_fedlin_hm1_over_flower_equals_the_estimator_and_sends_each_site_only_its_own_column(fleet, tmp_path):
+    from fedhier.fedlin import FedHM1Regressor, load
+
+    folder, configs, sites = fleet
+    config = configs["fedlin-hm1"]
+    grid, nodes = _fleet_grid(folder, config)
+    _serve(grid, config, tmp_path / "out")
+    model = load(tmp_path / "out" / "model.npz")
+    reference = FedHM1Regressor(**config.estimator_params()).fit(sites)
+    assert np.max(np.abs(model.coef_ - reference.coef_)) <= 1e-10
+    assert np.max(np.abs(model.omega_ - reference.omega_)) <= 1e-10
+    rows = (tmp_path / "out" / "coefficients.csv").read_text().splitlines()
+    assert rows[0] == "site,feature,estimate" and len(rows) == 1 + 3 * 5
+
+    # what each node received: first "which site are you?" (nothing else), then only its own part of
+    # each broadcast -- its column of Theta and of Theta Omega^-1 -- never another site's column
+    protocol = config.protocol()
+    assert [(node, kind) for node, kind, _ in grid.delivered[:3]] == [(n, "query") for n in nodes]
+    assert all(set(content) == {"round"} for _, _, content in grid.delivered[:3])
+    trains = [(node, content) for node, kind, content in grid.delivered if kind == "train"]
+    assert len(trains) == 3 * config.n_rounds
+    theta_by_round = _hm1_broadcasts(config, sites)
+    for i, (node, content) in enumerate(trains):
+        rnd, site = int(content["round"]), nodes.index(node)
+        assert rnd == i // 3 + 1
+        received = decode(protocol.site_broadcast_spec, bytes(content["broadcast"]))
+        full = theta_by_round[rnd - 1]
+        np.testing.assert_array_equal(received["theta"], full["theta"][:, site])
+        np.testing.assert_array_equal(received["shrink"], full["shrink"][:, site])
+        for other in set(range(3)) - {site}:  # no bytes of another site's parameters
+            assert full["theta"][:, other].tobytes() not in bytes(content["broadcast"])
+            assert full["shrink"][:, other].tobytes() not in bytes(content["broadcast"])
+
+
+def _hm1_broadcasts(config, sites):
+    """The server's HM1 broadcast before each round, from simulate() on the same sites."""
+    seen = []
+    protocol = config.protocol()
+    first = protocol.broadcast_spec.validate(protocol.initial_broadcast())
+    result = simulate(protocol, sites, n_rounds=config.n_rounds, random_state=config.seed,
+                      callbacks=[lambda record, broadcast: seen.append(broadcast)])
+    assert len(seen) == len(result.history)
+    return [first, *seen[:-1]]
+
+
+@pytest.mark.parametrize("model", ["fedlin-hm2", "fedlin-hm1"])
+def test_fedlin_site_lost_after_round_1_equals_simulate_without_it(fleet, model):
+    folder, configs, sites = fleet
+    config = configs[model]
+    grid, nodes = _fleet_grid(folder, config)
+
+    def vanish_after_round_1(record, _broadcast):
+        if record.round == 1:
+            grid.behaviour[nodes[2]] = "unreachable"
+
+    estimator = config.estimator()
+    protocol = config.protocol()
+    stop = estimator.tracker(estimator.protocol(5))[0] if model == "fedlin-hm2" else None
+    result = run_rounds(grid, protocol, config.sites, n_rounds=config.n_rounds, seed=config.seed, round_timeout=5.0,
+                        connect_timeout=1.0, poll_interval=0.01, callbacks=[vanish_after_round_1], stop=stop)
+    assert result.lost == {2: 2} and [r.sites for r in result.history] == [[0, 1, 2]] + [[0, 1]] * (len(result.history) - 1)
+    data = sites if model == "fedlin-hm1" else [estimator.site_stats(X, y, site=k)[0] for k, (X, y) in enumerate(sites)]
+    stop = estimator.tracker(estimator.protocol(5))[0] if model == "fedlin-hm2" else None
+    reference = simulate(protocol, data, n_rounds=config.n_rounds, random_state=config.seed, stop=stop,
+                         participation={r: [2] for r in range(2, config.n_rounds + 1)})
+    assert len(reference.history) == len(result.history) >= 2
+    assert _max_diff(result.broadcast, reference.broadcast) <= 1e-10
+
+
+def test_a_node_whose_registered_name_differs_from_its_site_is_ignored(fleet, tmp_path):
+    from types import SimpleNamespace
+
+    folder, configs, _ = fleet
+    config = configs["fedlin-hm1"]
+    grid, nodes = _fleet_grid(folder, config)
+    registered = {nodes[0]: "machine-01", nodes[1]: "machine-01", nodes[2]: ""}  # node 1 claims machine-02
+    grid.get_nodes = lambda: [SimpleNamespace(node_id=n, name=registered[n]) for n in nodes]
+    result = run_rounds(grid, config.protocol(), config.sites, n_rounds=1, seed=config.seed, round_timeout=5.0,
+                        connect_timeout=1.0, poll_interval=0.01)
+    assert result.ignored == {nodes[1]: "registered as 'machine-01' but claims site 'machine-02'"}
+    assert result.history[0].sites == [0, 2] and result.history[0].absent == [1]
+    assert all(node != nodes[1] for node, kind, _ in grid.delivered if kind == "train")
+
+
+def test_fedlin_configuration_errors_name_the_key(fleet):
+    from fedhier.deploy import fit_from_toml
+
+    base = 'target = "y"\nfeatures = ["a", "b"]\n[flower]\nsites = ["m1", "m2"]\n'
+    assert fit_from_toml('model = "fedlin-hm2"\n' + base).protocol().name == "fedlin-ep"
+    cases = {
+        'model = "fedlin-hm3"\n' + base: r"model must be one of \['fed-mv-ppca', 'fedlin-hm1', 'fedlin-hm2'\]",
+        'model = "fedlin-hm1"\nprior = "lasso"\n' + base: r"unknown key\(s\) \['prior'\]",
+        'model = "fedlin-hm1"\naggregation = "secure"\n' + base: "needs model = 'fedlin-hm2'",
+        'model = "fedlin-hm2"\nprior = "horseshoe"\n' + base: "prior must be 'gaussian', 'lasso' or 'ridge'",
+        'model = "fedlin-hm2"\nrandom = ["c"]\n' + base: r"random must list feature names .* unknown: \['c'\]",
+        'model = "fedlin-hm2"\nfeatures = ["a"]\n[flower]\nsites = ["m1"]\n': "target is required",
+        'model = "fedlin-hm2"\n' + base.replace('"b"', '"y"'): r"column\(s\) \['y'\] named more than once",
+    }
+    for text, message in cases.items():
+        with pytest.raises(ValueError, match="my.toml: .*" + message):
+            fit_from_toml(text, "my.toml")
+
+
+def test_a_fleet_site_with_a_bad_cell_tells_where_not_what(fleet, tmp_path):
+    folder, configs, _ = fleet
+    config = configs["fedlin-hm2"]
+    lines = (folder / "fedlin-hm2" / "machine-02.csv").read_text().splitlines()
+    lines[3] = "0.1,0.01,0.001,0.0001,0.123456789"
+    lines[4] = lines[4].split(",", 1)[0] + ",,0.1,0.1,0.1"
+    bad = tmp_path / "machine-02.csv"
+    bad.write_text("\n".join(lines) + "\n")
+    from fedhier.runtime.flower import site_round
+
+    reply, _ = site_round(config, "machine-02", bad, {"round": 1, "broadcast": b""}, {})
+    assert reply["status"] == "error" and "site 'machine-02', view 'features'" in reply["error"] and "row 4" in reply["error"]
+    assert "0.123456789" not in reply["error"]
+    lines[4] = ",,,,0.5"  # a row without features: FedLin needs every cell
+    bad.write_text("\n".join(lines) + "\n")
+    reply, _ = site_round(config, "machine-02", bad, {"round": 1, "broadcast": b""}, {})
+    assert "empty cell in column 't', row 4" in reply["error"] and "0.123456789" not in reply["error"]
+
+
+def test_the_flower_runtime_imports_no_model_estimator_or_cli_module():
+    """runtime/flower.py knows rounds, messages, sites and failures: checked on its imports and on what importing it loads."""
+    import ast
+    import subprocess
+    import sys
+
+    import fedhier.runtime.flower as runtime
+
+    forbidden = ("fedhier.models", "fedhier.mvppca", "fedhier.fedlin", "fedhier.collab", "fedhier.cli", "fedhier.flower_cli",
+                 "fedhier.userdata", "fedhier.deploy", "fedhier.protocol.mvppca", "fedhier.protocol.fedlin",
+                 "fedhier.protocol.collab", "fedhier.experiments", "fedhier.demo", "fedhier.data")
+    tree = ast.parse(Path(runtime.__file__).read_text())
+    imported = set()
+    for node in ast.walk(tree):  # every import, also inside functions
+        if isinstance(node, ast.ImportFrom):
+            base = "fedhier.runtime" if node.level == 1 else "fedhier" if node.level == 2 else ""
+            imported.add(".".join(p for p in (base, node.module or "") if p))
+        elif isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+    assert "fedhier.runtime.simulate" in imported and "fedhier.protocol.messages" in imported  # the check sees our imports
+    assert not [m for m in imported if m.startswith(forbidden)], imported
+    code = "import sys, fedhier.runtime.flower; print('\\n'.join(sorted(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "fedhier.runtime.flower" in loaded
+    assert not [m for m in loaded if m.startswith(forbidden)]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("model", ["fedlin-hm2", "fedlin-hm1"])
+def test_fedlin_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, fleet, model):
+    """FedLin on a real SuperLink and three SuperNodes: the estimator's simulate() fit to 1e-10; then with
+    machine-03's SuperNode killed after round 1, simulate() with machine-03 absent from its lost round on."""
+    from fedhier.fedlin import load
+
+    folder, configs, sites = fleet
+    config = configs[model]
+    path = folder / model / "fit.toml"
+    cluster = LoopbackFederation(tmp_path, {name: folder / model / f"{name}.csv" for name in FLEET}, site_seed=config.seed)
+    estimator = config.estimator()
+    data = sites if model == "fedlin-hm1" else [estimator.site_stats(X, y, site=k)[0] for k, (X, y) in enumerate(sites)]
+
+    def reference(absent_from=None):
+        stop = estimator.tracker(estimator.protocol(5))[0] if model == "fedlin-hm2" else None
+        participation = None if absent_from is None else {r: [2] for r in range(absent_from, config.n_rounds + 1)}
+        return simulate(config.protocol(), data, n_rounds=config.n_rounds, random_state=config.seed, stop=stop,
+                        participation=participation)
+
+    try:
+        out = tmp_path / "fit-all"
+        assert _flower_fit(cluster, path, out) == 0, cluster.logs()
+        broadcast, history, summary = read_result(out, config)
+        expected = reference()
+        assert _max_diff(broadcast, expected.broadcast) <= 1e-10
+        assert [r["sites"] for r in history] == [[0, 1, 2]] * len(expected.history)
+        assert summary["lost"] == {} and set(summary["nodes"]) == set(FLEET)
+        assert load(out / "model.npz").n_sites_ == 3
+
+        dropout = tmp_path / "fit-dropout.toml"
+        dropout.write_text(path.read_text().replace("round_timeout = 300.0", "round_timeout = 25.0"))
+        out = tmp_path / "fit-dropout"
+        assert _flower_fit_killing_after_round_1(cluster, dropout, out, "machine-03") == [0], cluster.logs()
+        broadcast, history, summary = read_result(out, config)
+        assert history[0]["sites"] == [0, 1, 2] and summary["lost"].keys() == {"machine-03"}
+        dropped = summary["lost"]["machine-03"]
+        assert history[dropped - 1]["failed"]["2"].startswith(("no reply within 25 s", "Flower error 3", "Flower error 5"))
+        assert all(row["sites"] == [0, 1] for row in history[dropped - 1:])
+        expected = reference(absent_from=dropped)
+        assert len(history) == len(expected.history)
+        assert _max_diff(broadcast, expected.broadcast) <= 1e-10
+    finally:
+        stopped = cluster.stop()
+    assert not [pid for pid in stopped if _alive(pid)]
+
+
+# --------------------------------------------------------------------------- coordinator checkpoint, resume
+
+
+def _coordinator_context(config, resume=False):
+    from fedhier.runtime.flower import RESUME_KEY
+
+    return Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                   run_config={RUN_CONFIG_KEY: config.to_json(), RESUME_KEY: "yes" if resume else ""})
+
+
+def _interrupt_before_round(grid, rnd):
+    """The SuperLink disappears when the server pushes round ``rnd``: the ServerApp dies there."""
+    push = grid.push_messages
+
+    def push_or_die(messages):
+        messages = list(messages)
+        if any(m.metadata.message_type == "train" and m.metadata.group_id == str(rnd) for m in messages):
+            raise ConnectionError("the SuperLink is gone")
+        return push(messages)
+
+    grid.push_messages = push_or_die
+
+
+@pytest.mark.parametrize("family", ["fed-mv-ppca", "fedlin-hm1"])
+def test_a_fit_resumed_from_the_coordinator_checkpoint_equals_an_uninterrupted_one(demo, fleet, tmp_path, family):
+    from fedhier.runtime.flower import CHECKPOINT
+
+    if family == "fed-mv-ppca":
+        folder, config, _ = demo
+        make_grid = lambda c: _grid(folder, c)[0]  # noqa: E731
+    else:
+        folder, configs, _ = fleet
+        config = configs["fedlin-hm1"]
+        make_grid = lambda c: _fleet_grid(folder, c)[0]  # noqa: E731
+    config = config.replace(round_timeout=5.0, connect_timeout=1.0, poll_interval=0.01, n_rounds=3)
+    whole = config.replace(out=str(tmp_path / "whole"))
+    server_app(make_grid(whole), _coordinator_context(whole))
+    reference, reference_history, _ = read_result(whole.out, whole)
+
+    broken = config.replace(out=str(tmp_path / "broken"))
+    grid = make_grid(broken)
+    _interrupt_before_round(grid, 3)
+    with pytest.raises(ConnectionError):
+        server_app(grid, _coordinator_context(broken))
+    summary = json.loads((tmp_path / "broken" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "the SuperLink is gone" in summary["error"]
+    assert (tmp_path / "broken" / CHECKPOINT).is_file()
+
+    server_app(make_grid(broken), _coordinator_context(broken, resume=True))  # a new run: fresh SuperNode states
+    broadcast, history, summary = read_result(broken.out, broken)
+    assert _max_diff(broadcast, reference) == 0
+    assert summary["resumed_after_round"] == 2 and [h["round"] for h in history] == [1, 2, 3]
+    assert [h["metrics"] for h in history] == [h["metrics"] for h in reference_history]
+
+
+def test_resume_is_refused_with_the_reason(demo, fleet, tmp_path):
+    folder, config, _ = demo
+    config = config.replace(out=str(tmp_path / "fit"), round_timeout=5.0, connect_timeout=1.0, poll_interval=0.01)
+    with pytest.raises(ValueError, match="nothing to resume: .*checkpoint.npz does not exist"):
+        server_app(_grid(folder, config)[0], _coordinator_context(config, resume=True))
+    assert json.loads((tmp_path / "fit" / "summary.json").read_text())["status"] == "failed"
+    server_app(_grid(folder, config)[0], _coordinator_context(config))
+    other = config.replace(n_local_iter=config.n_local_iter + 1)
+    with pytest.raises(ValueError, match="written by another fit .*n_local_iter"):
+        server_app(_grid(folder, other)[0], _coordinator_context(other, resume=True))
+    with pytest.raises(ValueError, match="written with seed 3, not 4"):
+        server_app(_grid(folder, config)[0], _coordinator_context(config.replace(seed=4), resume=True))
+    folder, configs, _ = fleet
+    hm2 = configs["fedlin-hm2"].replace(out=str(tmp_path / "hm2"))
+    with pytest.raises(ValueError, match="a fedlin-hm2 fit cannot be resumed: its sites keep state"):
+        server_app(_fleet_grid(folder, hm2)[0], _coordinator_context(hm2, resume=True))
+
+
+def test_a_summary_left_running_by_a_killed_run_is_closed(tmp_path):
+    from fedhier.flower_cli import _close_summary
+
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"status": "running", "sites": ["a"]}))
+    _close_summary(path)
+    summary = json.loads(path.read_text())
+    assert summary["status"] == "failed" and "--resume" in summary["error"] and summary["sites"] == ["a"]
+    path.write_text(json.dumps({"status": "completed"}))
+    _close_summary(path)
+    assert json.loads(path.read_text()) == {"status": "completed"}
+
+
+def test_the_deadline_follows_progress_and_the_ttl_covers_it(demo):
+    """Replies 0.25 s apart with a 0.4 s round_timeout: all three are waited for (0.75 s in all, which a fixed
+    0.4 s deadline would cut), and a node that never answers is given up; each message's TTL covers the longest wait."""
+    folder, config, _ = demo
+    grid, nodes = _grid(folder, config)
+    pushed: dict[str, float] = {}
+    ttls = []
+    push, pull = grid.push_messages, grid.pull_messages
+
+    def push_timed(messages):
+        messages = list(messages)
+        ttls.extend(m.metadata.ttl for m in messages)
+        ids = push(messages)
+        pushed.update(dict.fromkeys(ids, time.monotonic()))
+        return ids
+
+    def pull_when_ready(ids):  # node k's reply is ready 0.25 * (k + 1) s after its request
+        ready = [i for i in ids if time.monotonic() - pushed[i] >= 0.25 * (nodes.index(grid.inbox[i].metadata.dst_node_id) + 1)
+                 if i in grid.inbox]
+        return pull(ready)
+
+    grid.push_messages, grid.pull_messages = push_timed, pull_when_ready
+    result = _run(grid, config, n_rounds=1, round_timeout=0.4)
+    assert result.history[0].sites == [0, 1, 2]
+    assert ttls == [0.4 * 4] * 3
+    grid, nodes = _grid(folder, config)
+    grid.behaviour[nodes[2]] = "silent"
+    result = _run(grid, config, n_rounds=1, round_timeout=0.4)
+    assert result.history[0].sites == [0, 1] and result.ignored == {nodes[2]: "no reply within 0.4 s"}
+
+
+def test_fedlin_hm2_with_secure_summation_over_flower_equals_simulate(fleet, tmp_path):
+    """The EP deltas summed securely (the coordinator learns only their sum): the same global posterior as
+    simulate(..., aggregation="secure"), bit for bit; no message the server receives decodes as a reply."""
+    folder, configs, sites = fleet
+    config = configs["fedlin-hm2"].replace(aggregation="secure", n_rounds=2)
+    grid, _ = _fleet_grid(folder, config)
+    estimator = config.estimator()
+    protocol = config.protocol()
+    result = run_rounds(grid, protocol, config.sites, n_rounds=2, seed=config.seed, round_timeout=5.0, connect_timeout=1.0,
+                        poll_interval=0.01, aggregator=config.aggregator())
+    data = [estimator.site_stats(X, y, site=k)[0] for k, (X, y) in enumerate(sites)]
+    reference = simulate(protocol, data, n_rounds=2, random_state=config.seed, aggregation="secure",
+                         aggregator=config.aggregator())
+    assert _max_diff(result.broadcast, reference.broadcast) == 0
+    for kind, reply in grid.received:
+        for value in dict(reply.content.config_records["fedhier"]).values():
+            if isinstance(value, bytes) and value:
+                with pytest.raises(ValueError):
+                    decode(protocol.reply_spec, value)
+
+
+@pytest.mark.integration
+def test_a_fit_whose_superlink_is_killed_resumes_to_the_uninterrupted_result(tmp_path, demo):
+    """The SuperLink (and its ServerApp) is SIGKILLed once round 1 is done; summary.json is closed as failed; a new
+    SuperLink on the same port, the same SuperNodes reconnecting, and `fedhier flower run --resume` finish the fit
+    with the parameters of an uninterrupted simulate() fit."""
+    folder, config, sites = demo
+    cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES}, site_seed=config.seed,
+                                 startup_timeout=300, database=tmp_path / "superlink.db")
+    try:
+        out = tmp_path / "fit"
+        assert _flower_fit_killing_after_round_1(cluster, folder / "fit.toml", out, "superlink") not in ([], [0])
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"] == "failed" and "--resume" in summary["error"], summary
+        done = len(json.loads((out / "history.json").read_text()))
+        assert 1 <= done < config.n_rounds
+        cluster.restart("superlink")
+        tls = ["--insecure"]
+        assert cli_flower(["run", "--config", str(folder / "fit.toml"), "--superlink", cluster.address, *tls,
+                           "--timeout", "300", "--out", str(out), "--resume"]) == 0, cluster.logs()
+        broadcast, history, summary = read_result(out, config)
+        assert summary["resumed_after_round"] == done and [r["round"] for r in history] == list(range(1, config.n_rounds + 1))
+        reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed)
+        assert _max_diff(broadcast, reference.broadcast) <= 1e-10
+    finally:
+        stopped = cluster.stop()
+    assert not [pid for pid in stopped if _alive(pid)]
+
+
+def test_a_secure_step_imports_neither_the_model_nor_dp_accounting(demo):
+    """What a ClientApp process of a secure-sum step loads: the reply's declaration kept by the site's round step
+    spares it the model (and scipy), the lazy privacy package spares it dp_accounting."""
+    import subprocess
+    import sys
+
+    from fedhier.runtime.flower import _spec_from_text, _spec_text
+
+    _, config, _ = demo
+    config = config.replace(aggregation="secure")
+    spec = config.reply_spec()
+    assert _spec_from_text(_spec_text(spec)) == spec and any(f.optional for f in spec.fields.values())
+    code = (
+        "import sys\n"
+        "from fedhier.deploy import fit_from_json\n"
+        "from fedhier.runtime.flower import secure_site_step\n"
+        f"config = fit_from_json({config.to_json()!r})\n"
+        f"kept = {{'round': 2, 'reply': b'', 'spec': {_spec_text(spec)!r}}}\n"
+        "fields, kept = secure_site_step(config, 'hospital-a', 'advertise_keys', {'round': 2}, kept)\n"
+        "assert fields['status'] == 'ok', fields\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "fedhier.privacy.secagg" in loaded
+    assert not [m for m in loaded if m.split(".")[0] in ("scipy", "dp_accounting", "sklearn") or m.startswith("fedhier.models")]

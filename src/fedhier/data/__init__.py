@@ -5,6 +5,8 @@ A site is a mapping ``view name -> float64 array (n, d_view)``; a view absent fr
 is not measured by the site; an entirely-NaN row within a view means that subject lacks the view.
 """
 
+from importlib import import_module
+
 from fedhier.data.datasets import HeartDisease, MultiViewDataset, load_alzheimer, load_heart_disease, load_mfeat
 from fedhier.data.partition import (
     SCENARIOS,
@@ -16,7 +18,6 @@ from fedhier.data.partition import (
 )
 from fedhier.data.scaling import MinMaxScaling, combine_ranges, per_dataset_minmax, site_ranges
 from fedhier.data.schema import ViewSchema
-from fedhier.data.synthetic import FederatedSynthetic, SyntheticData, make_federated_ppca, make_multiview_ppca
 from fedhier.data.validation import check_sites, check_views
 
 __all__ = [
@@ -43,3 +44,13 @@ __all__ = [
     "make_multiview_ppca",
     "make_federated_ppca",
 ]
+
+#: the synthetic multi-view PPCA data import the model's parameters (and scipy): imported on first use, so
+#: that the site-data checks a Flower site step needs stay light
+_SYNTHETIC = ("FederatedSynthetic", "SyntheticData", "make_federated_ppca", "make_multiview_ppca")
+
+
+def __getattr__(name: str):
+    if name in _SYNTHETIC:
+        return getattr(import_module("fedhier.data.synthetic"), name)
+    raise AttributeError(f"module 'fedhier.data' has no attribute {name!r}")

@@ -8,11 +8,24 @@ events in a per-site :class:`PrivacyLedger` (:mod:`.ledger`), whose PLD accounta
 gives the end-to-end (epsilon, delta).
 """
 
-from .budget import PerReleaseBudget, PrivacyBudgetExhausted, TotalBudget, check_budget
-from .calibration import gaussian_delta, gaussian_noise_multiplier, gaussian_sigma, laplace_scale
-from .clipping import clip_difference, clipping_bound
-from .ledger import PrivacyLedger, Release, epsilon_of_events
-from .mechanisms import release_gaussian, release_laplace
+from importlib import import_module
+
+#: name -> submodule, imported on first use: a secure-summation step (``fedhier.privacy.secagg``) then does not
+#: import dp_accounting, which the DP modules need and which takes seconds to import on a loaded machine
+_LAZY = {
+    **dict.fromkeys(["PerReleaseBudget", "PrivacyBudgetExhausted", "TotalBudget", "check_budget"], "budget"),
+    **dict.fromkeys(["gaussian_delta", "gaussian_noise_multiplier", "gaussian_sigma", "laplace_scale"], "calibration"),
+    **dict.fromkeys(["clip_difference", "clipping_bound"], "clipping"),
+    **dict.fromkeys(["PrivacyLedger", "Release", "epsilon_of_events"], "ledger"),
+    **dict.fromkeys(["release_gaussian", "release_laplace"], "mechanisms"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(f"fedhier.privacy.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'fedhier.privacy' has no attribute {name!r}")
+
 
 __all__ = [
     "PerReleaseBudget",

@@ -1,28 +1,46 @@
-"""Flower runtime: run a fedhier round protocol on real machines (ARCHITECTURE "Runtimes").
+"""Flower runtime: run any fedhier round protocol on real machines (ARCHITECTURE "Runtimes").
 
 One SuperLink (the coordinator) and one SuperNode per site, talking gRPC/HTTP over
-Flower's Message API.  Flower only carries bytes; the round itself is ours:
+Flower's Message API.  Flower only carries bytes; the round itself is ours.  Like
+:func:`fedhier.runtime.simulate`, this module knows rounds, messages, sites and failures,
+not models: a model family plugs in as a :class:`Deployment` (its configuration, its
+:class:`~fedhier.protocol.base.RoundProtocol`, how a site reads its own file, and how the
+final broadcast becomes a fitted model), which the estimator layer provides
+(:mod:`fedhier.deploy`).  This module imports no estimator, no model and no CLI module.
 
-* the :data:`server_app` (a Flower ``ServerApp``) runs :func:`run_rounds`, our own round
-  loop over ``Grid.push_messages`` / ``Grid.pull_messages`` -- not Flower's strategies;
-* the :data:`client_app` (a Flower ``ClientApp``) runs the site half of a round on the
-  site's own file, whose path comes from the SuperNode's ``node_config`` (``data``), with
-  the site's name in ``site``;
+* :func:`make_server_app` builds the Flower ``ServerApp``: it runs :func:`run_rounds`, our
+  own round loop over ``Grid.push_messages`` / ``Grid.pull_messages`` -- not Flower's
+  strategies -- and writes the result folder (:func:`write_result`);
+* :func:`make_client_app` builds the Flower ``ClientApp``: it runs the site half of a
+  round on the site's own file, whose path comes from the SuperNode's ``node_config``
+  (``data``), with the site's name in ``site``;
 * every message crossing the network is a declared fedhier message serialised by
   :func:`fedhier.protocol.messages.encode` and carried as a ``bytes`` value of a Flower
   ``ConfigRecord`` -- never a pickle;
 * the site step is :func:`fedhier.runtime.simulate.run_site_step` and the server step is
   :func:`fedhier.runtime.simulate.server_update`;
+* each site receives only its part of the broadcast (``protocol.site_broadcast``; FedLin
+  HM1 sends site k only its own column of Theta).  For such a protocol the server asks
+  every SuperNode its site name before round 1 (a Flower ``query`` message, answered from
+  the SuperNode's ``node_config``), so round 1 already goes to the right node;
+* a SuperNode's site name comes from its ``node_config`` (``site="..."``).  With node
+  authentication the SuperLink knows each registered key's name (``flwr supernode register
+  --name``): a SuperNode whose claimed site differs from its registered name is ignored;
 * a site's secrets (DP noise, its random start, secure-sum keys) come from its own
   entropy: the coordinator's request carries no seed.  A SuperNode started with a secret
   seed of its own (``node_config`` ``seed="..."``, ``fedhier flower site --seed``) draws
   what :func:`fedhier.runtime.simulate` draws with ``random_state`` equal to that seed,
   so a Flower fit whose sites are all given the simulation's seed equals it bit for bit
-  (tests and reproductions only: a seed shared by the sites is no secret among them).
+  (tests and reproductions only: a seed shared by the sites is no secret among them);
+* a failing site tells the coordinator only :func:`fedhier.runtime.simulate.failure_report`
+  of its error; the full text stays in the site's log.
 
-Robustness (issue 6, "Robustness"):
+Robustness:
 
-* every round has a deadline (``round_timeout``); the server never waits longer;
+* every exchange has a deadline that follows progress: the server waits until every
+  reply came or ``round_timeout`` seconds passed without a new one (so a round is not cut
+  while slow ClientApps keep answering, and a dead site costs ``round_timeout`` after the
+  last reply); Flower's message TTL covers that longest wait;
 * a site whose step raises is dropped from that round (its error is recorded) and asked
   again in the next round;
 * a site that does not answer before the deadline, or that Flower reports unreachable
@@ -30,21 +48,21 @@ Robustness (issue 6, "Robustness"):
   round and *lost*: it is not asked again in this fit, so one dead site costs one
   deadline, not one per round;
 * a round with fewer than ``min_sites`` replies stops the fit with
-  :class:`~fedhier.runtime.simulate.RoundFailed`; no partial global update is broadcast.
+  :class:`~fedhier.runtime.simulate.RoundFailed`; no partial global update is broadcast;
+* ``summary.json`` always ends in a final status ("completed" or "failed").
 
-Secure summation (``aggregation = "secure"`` in ``fit.toml``, ``docs/flower.md``): a site
-keeps its reply in the ClientApp's ``context.state`` and answers the round request with
-"held"; the server then runs the four steps of Bonawitz et al.
-(:mod:`fedhier.privacy.secagg`) as Flower messages ``train.advertise_keys``,
-``train.share_keys``, ``train.masked_input`` and ``train.unmask`` (:func:`_secure_sum`), and
-the global step gets the decoded sum, as :func:`fedhier.runtime.simulate` with
-``aggregation="secure"``.  A site's secrets between two steps stay in its
-``context.state`` as declared arrays; a round whose sum cannot be recovered (fewer than
-the threshold of sites left) stops the fit with ``RoundFailed``.
+Secure summation (``aggregation = "secure"``, ``docs/flower.md``): a site keeps its reply
+in the ClientApp's ``context.state`` and answers the round request with "held"; the
+server then runs the four steps of Bonawitz et al. (:mod:`fedhier.privacy.secagg`) as
+Flower messages ``train.advertise_keys``, ``train.share_keys``, ``train.masked_input``
+and ``train.unmask`` (:func:`_secure_sum`), and the global step gets the decoded sum, as
+:func:`fedhier.runtime.simulate` with ``aggregation="secure"``.  A site's secrets between
+two steps stay in its ``context.state`` as declared arrays; a round whose sum cannot be
+recovered (fewer than the threshold of sites left) stops the fit with ``RoundFailed``.
 
 Site indices: the fit configuration lists the site names; site ``s`` is the ``s``-th name
-(0-based).  A SuperNode whose ``site`` is not in
-the list is ignored (and reported); two SuperNodes claiming the same site stop the fit.
+(0-based).  A SuperNode whose ``site`` is not in the list is ignored (and reported); two
+SuperNodes claiming the same site stop the fit.
 """
 
 from __future__ import annotations
@@ -53,23 +71,21 @@ import json
 import logging
 import math
 import time
-import tomllib
-from dataclasses import asdict, dataclass, field
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..privacy.secagg import InsufficientSitesError, SecAggProtocolError, SecAggServer, SecAggSite
-from ..privacy.secure_round import SecureAggregator
-from ..protocol.base import RoundProtocol
-from ..protocol.messages import Message, MessageSpec, decode, encode
+from ..protocol.base import RoundProtocol, SiteError
+from ..protocol.messages import Field, Message, MessageSpec, decode, encode
 from ..utils.io import atomic_write_bytes, write_json
-from ..privacy.policy import SitePolicy
 from ..utils.untrusted import check_site_name
-from .guard import SiteGuard
-from .simulate import (RoundFailed, RoundRecord, decode_state, encode_state, failure_report, global_update, run_site_step,
-                       server_update, site_log)
+if TYPE_CHECKING:
+    from .guard import SiteGuard
+from .simulate import (RoundFailed, RoundRecord, decode_state, encode_site_broadcast, encode_state, failure_report,
+                       global_update, run_site_step, server_update, site_log)
 
 try:
     from flwr.app import ConfigRecord, Context, Message as FlowerMessage, RecordDict
@@ -80,27 +96,42 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("the Flower runtime needs the optional extra: pip install 'fedhier[flower]'") from exc
 
 __all__ = [
-    "FlowerFitConfig",
+    "Deployment",
+    "FitHooks",
     "FlowerFitResult",
+    "check_flower_settings",
+    "check_secure_settings",
+    "read_fit_tables",
     "run_rounds",
-    "load_site",
+    "coordinate",
     "site_round",
     "secure_site_step",
-    "server_app",
-    "client_app",
+    "make_server_app",
+    "make_client_app",
     "write_result",
     "read_result",
     "MESSAGE_TYPE",
+    "HELLO_TYPE",
     "RUN_CONFIG_KEY",
+    "RESUME_KEY",
+    "CHECKPOINT",
     "SECURE_STEPS",
+    "FLOWER_KEYS",
+    "SECURE_KEYS",
 ]
 
 log = logging.getLogger(__name__)
 
 #: Flower message type of a round (a ClientApp "train" action).
 MESSAGE_TYPE = "train"
+#: Flower message type of the question "which site are you?" asked before round 1 (a ClientApp "query").
+HELLO_TYPE = "query"
 #: run-config key holding the fit configuration (JSON) in the Flower app.
 RUN_CONFIG_KEY = "fedhier-fit"
+#: run-config key: "yes" resumes the fit from the coordinator checkpoint in its result folder.
+RESUME_KEY = "fedhier-resume"
+#: the coordinator checkpoint in the result folder (written after every round).
+CHECKPOINT = "checkpoint.npz"
 _RECORD = "fedhier"
 #: Flower error codes meaning that the SuperNode or the message cannot be reached.
 _UNREACHABLE = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE})
@@ -109,290 +140,160 @@ _STATE = "fedhier-state"
 _SECURE = "fedhier-secure"
 #: The secure-sum steps of a round, in order; each is the ClientApp action ``train.<step>``.
 SECURE_STEPS = ("advertise_keys", "share_keys", "masked_input", "unmask")
-
-_ALLOWED_KEYS = {
-    "n_components", "n_rounds", "n_local_iter", "n_first_iter", "tol", "init", "local_tol", "seed", "ig_solver", "sigma2_prior",
-    "views", "flower",
-    "epsilon", "delta", "aggregation", "secure",
-}
-_FLOWER_KEYS = {"sites", "min_sites", "round_timeout", "connect_timeout", "poll_interval", "out"}
-_SECURE_KEYS = {"threshold", "frac_bits"}
+#: keys of the ``[flower]`` table of a fit configuration, and of its ``[secure]`` table.
+FLOWER_KEYS = frozenset({"sites", "min_sites", "round_timeout", "connect_timeout", "poll_interval", "out"})
+SECURE_KEYS = frozenset({"threshold", "frac_bits"})
 
 
-# --------------------------------------------------------------------------- configuration
+# --------------------------------------------------------------------------- what a model family provides
 
 
-@dataclass(frozen=True)
-class FlowerFitConfig:
-    """A Fed-mv-PPCA fit over Flower, as written in ``fit.toml`` (see ``docs/flower.md``).
+@dataclass
+class FitHooks:
+    """What a :class:`Deployment` runs around the rounds of one fit (fresh for every fit).
 
-    Parameters
+    Attributes
     ----------
-    views : mapping view name -> tuple of column names
-        View order and dimensions (the schema every site is checked against).
-    sites : tuple of str
-        Site names in site-index order; each SuperNode declares its name in its
-        ``node_config`` (``site="..."``).
-    n_components, n_rounds, n_local_iter, n_first_iter, tol, init, local_tol, ig_solver, sigma2_prior
-        As :class:`fedhier.mvppca.FedMVPPCA` (``tol``: stop after the first round in
-        which theta~ changed by less, spec §6 [R]).
-    seed : int or None
-        The coordinator's public seed (recorded in the result); None draws one.  It never
-        reaches a site's secrets (see the module docstring).
-    min_sites : int
-        Fewest replies a round needs; fewer stop the fit.
-    round_timeout : float
-        Seconds the server waits for the replies of one round.
-    connect_timeout : float
-        Seconds the server waits, before round 1, for a SuperNode per listed site.
-    poll_interval : float
-        Seconds between two pulls of replies from the SuperLink.
-    out : str
-        Folder, on the machine that runs the ServerApp (the SuperLink host), that
-        receives ``model.npz``, ``broadcast.fhm``, ``history.json`` and ``summary.json``.
-    epsilon, delta : float
-        Total client-level DP budget per site (``epsilon`` None = no DP).
-    aggregation : "plain" or "secure"
-        "secure": the server only learns the sum of the replies (Bonawitz et al. secure
-        summation, ``docs/secure-aggregation.md``), with the ``[secure]`` settings:
-    threshold : int or None
-        Shamir threshold t (``[secure] threshold``); default ``len(sites) // 2 + 1``.
-    frac_bits : int
-        Fixed-point fractional bits (``[secure] frac_bits``), default 30.  Both as
-        :class:`fedhier.privacy.secure_round.SecureAggregator`.
+    callbacks : list of callables ``(record, broadcast) -> None``, run after every round
+        (e.g. metrics the estimator records in its history).
+    stop : callable ``(record, broadcast) -> bool`` or None
+        The family's stopping rule, as ``simulate(stop=...)``.
+    notes : dict
+        Whatever the callbacks record for :meth:`Deployment.write_model`.
     """
 
-    views: Mapping[str, tuple[str, ...]]
-    sites: tuple[str, ...]
-    n_components: int = 5
-    n_rounds: int = 100
-    n_local_iter: int = 15
-    n_first_iter: int = 30
-    tol: float | None = None
-    init: str = "pca"
-    local_tol: float | None = 1e-8
-    seed: int | None = None
-    ig_solver: str = "newton"
-    sigma2_prior: str | None = "weak"
-    min_sites: int = 1
-    round_timeout: float = 600.0
-    connect_timeout: float = 300.0
-    poll_interval: float = 0.2
-    out: str = "fedhier-flower-fit"
-    epsilon: float | None = None
-    delta: float = 1e-5
-    aggregation: str = "plain"
-    threshold: int | None = None
-    frac_bits: int = 30
+    callbacks: list[Callable[[RoundRecord, Message], None]] = field(default_factory=list)
+    stop: Callable[[RoundRecord, Message], bool] | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "views", {str(v): tuple(c) for v, c in dict(self.views).items()})
-        object.__setattr__(self, "sites", tuple(self.sites))
-        self._check()
 
-    def _check(self) -> None:
-        if not self.views:
-            raise ValueError("fit configuration: [views] must map at least one view name to its columns")
-        seen: dict[str, str] = {}
-        for view, columns in self.views.items():
-            if not columns or not all(isinstance(c, str) and c for c in columns):
-                raise ValueError(f"fit configuration: view {view!r} must list its columns as non-empty strings")
-            for c in columns:
-                if c in seen:
-                    raise ValueError(f"fit configuration: column {c!r} is in both view {seen[c]!r} and view {view!r}")
-                seen[c] = view
-        if not self.sites or not all(isinstance(s, str) and s for s in self.sites):
-            raise ValueError("fit configuration: [flower] sites must list the site names (non-empty strings)")
-        if len(set(self.sites)) != len(self.sites):
-            raise ValueError(f"fit configuration: site names must be unique, got {list(self.sites)}")
-        for site in self.sites:  # a site name names its SuperNode's files (keys, logs)
-            check_site_name(site, "fit configuration: [flower] sites")
-        for name in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "min_sites"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"fit configuration: {name} must be a positive integer, got {value!r}")
-        if self.min_sites > len(self.sites):
-            raise ValueError(f"fit configuration: min_sites={self.min_sites} exceeds the {len(self.sites)} listed sites")
-        largest = max(len(c) for c in self.views.values())
-        if self.n_components >= largest:
-            raise ValueError(
-                f"fit configuration: n_components={self.n_components} must be smaller than the largest view dimension ({largest})"
-            )
-        if self.tol is not None and (
-            isinstance(self.tol, bool) or not isinstance(self.tol, (int, float)) or not 0 < self.tol < math.inf
-        ):
-            raise ValueError(f"fit configuration: tol must be a positive number, got {self.tol!r}")
-        if self.local_tol is not None and (
-            isinstance(self.local_tol, bool) or not isinstance(self.local_tol, (int, float)) or not 0 < self.local_tol < math.inf
-        ):
-            raise ValueError(f"fit configuration: local_tol must be a positive number, got {self.local_tol!r}")
-        if self.init not in ("pca", "random"):
-            raise ValueError(f"fit configuration: init must be 'pca' or 'random', got {self.init!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
-            raise ValueError(f"fit configuration: seed must be a non-negative integer, got {self.seed!r}")
-        if self.ig_solver not in ("newton", "fixed_point"):
-            raise ValueError(f"fit configuration: ig_solver must be 'newton' or 'fixed_point', got {self.ig_solver!r}")
-        if self.sigma2_prior not in ("weak", None):
-            raise ValueError(f"fit configuration: sigma2_prior must be 'weak' or 'none', got {self.sigma2_prior!r}")
-        for name in ("round_timeout", "connect_timeout", "poll_interval"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"fit configuration: {name} must be a positive number of seconds, got {value!r}")
-        if not isinstance(self.out, str) or not self.out:
-            raise ValueError("fit configuration: out must be a folder name")
-        if self.epsilon is not None and (isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float)) or not self.epsilon > 0):
-            raise ValueError(f"fit configuration: epsilon must be a positive number, got {self.epsilon!r}")
-        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not 0 < self.delta < 1:
-            raise ValueError(f"fit configuration: delta must be in (0, 1), got {self.delta!r}")
-        if self.aggregation not in ("plain", "secure"):
-            raise ValueError(f"fit configuration: aggregation must be 'plain' or 'secure', got {self.aggregation!r}")
-        for name, value in (("threshold", self.threshold), ("frac_bits", self.frac_bits)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"fit configuration: [secure] {name} must be an integer, got {value!r}")
-        if self.aggregation == "secure":
-            if len(self.sites) < 2:
-                raise ValueError("fit configuration: aggregation = 'secure' needs at least 2 sites")
-            try:
-                self.aggregator()
-            except ValueError as exc:
-                raise ValueError(f"fit configuration: [secure] {exc}") from None
+class Deployment(ABC):
+    """A model family's fit over Flower: what the runtime asks of it.
 
-    # ------------------------------------------------------------------ reading / writing
-    @classmethod
-    def from_toml(cls, text: str, source: str = "fit.toml") -> "FlowerFitConfig":
-        """Parse the TOML text of a fit configuration; ValueError naming ``source`` and the key."""
-        try:
-            raw = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{source}: invalid TOML: {exc}") from exc
-        unknown = sorted(set(raw) - _ALLOWED_KEYS)
-        if unknown:
-            raise ValueError(f"{source}: unknown key(s) {unknown}; allowed: {sorted(_ALLOWED_KEYS)}")
-        flower = raw.pop("flower", None)
-        if not isinstance(flower, dict):
-            raise ValueError(f"{source}: a [flower] table with the site names (sites = [...]) is required")
-        unknown = sorted(set(flower) - _FLOWER_KEYS)
-        if unknown:
-            raise ValueError(f"{source}: unknown key(s) {unknown} in [flower]; allowed: {sorted(_FLOWER_KEYS)}")
-        views = raw.pop("views", None)
-        if not isinstance(views, dict) or not all(isinstance(c, list) for c in views.values()):
-            raise ValueError(f"{source}: a [views] table mapping view names to column lists is required")
-        secure = raw.pop("secure", {})
-        if not isinstance(secure, dict):
-            raise ValueError(f"{source}: secure must be a table ([secure] with threshold, frac_bits)")
-        unknown = sorted(set(secure) - _SECURE_KEYS)
-        if unknown:
-            raise ValueError(f"{source}: unknown key(s) {unknown} in [secure]; allowed: {sorted(_SECURE_KEYS)}")
-        if secure and raw.get("aggregation") != "secure":
-            raise ValueError(f"{source}: a [secure] table needs aggregation = \"secure\"")
-        for key in ("sigma2_prior", "local_tol"):  # TOML has no null
-            if raw.get(key) == "none":
-                raw[key] = None
-        try:
-            return cls(views=views, **raw, **flower, **secure)
-        except ValueError as exc:
-            raise ValueError(f"{source}: {exc}") from None
+    Implemented by the estimator layer (:mod:`fedhier.deploy`), one class per family, from
+    the family's ``fit.toml``.  Attributes every deployment has (the ``[flower]`` table,
+    :func:`check_flower_settings`, and the length of the run):
 
-    @classmethod
-    def read(cls, path: str | Path) -> "FlowerFitConfig":
-        """Read ``fit.toml``; a relative ``out`` is resolved against the file's folder."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"fit configuration {path} does not exist")
-        config = cls.from_toml(path.read_text(), str(path))
-        out = Path(config.out)
-        if not out.is_absolute():
-            config = config.replace(out=str((path.parent / out).resolve()))
-        return config
+    ``sites`` (tuple of str, site-index order), ``n_rounds`` (int), ``seed`` (int or None,
+    the coordinator's public seed), ``min_sites`` (int), ``round_timeout``,
+    ``connect_timeout``, ``poll_interval`` (seconds), ``out`` (the result folder on the
+    SuperLink host).
+    """
 
-    def replace(self, **changes: Any) -> "FlowerFitConfig":
-        return type(self)(**{**self.to_dict(), **changes})
+    #: the name of the family in ``fit.toml`` (``model = "..."``) and in the run config
+    model: str
 
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["views"] = {v: list(c) for v, c in self.views.items()}
-        out["sites"] = list(self.sites)
-        return out
-
-    def to_json(self) -> str:
-        """The form that travels in the Flower run config (key :data:`RUN_CONFIG_KEY`)."""
-        return json.dumps(self.to_dict(), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> "FlowerFitConfig":
-        return cls(**json.loads(text))
-
-    # ------------------------------------------------------------------ the model
-    def schema(self):
-        from ..data.schema import ViewSchema
-
-        return ViewSchema(tuple(self.views), tuple(len(c) for c in self.views.values()))
-
+    @abstractmethod
     def protocol(self) -> RoundProtocol:
-        """The Fed-mv-PPCA round, built as :class:`fedhier.mvppca.FedMVPPCA` builds it."""
-        from ..protocol.mvppca import MVPPCAProtocol
-
-        return MVPPCAProtocol(
-            self.schema(),
-            self.n_components,
-            n_local_iter=self.n_local_iter,
-            n_first_iter=self.n_first_iter,
-            init=self.init,
-            local_tol=self.local_tol,
-            ig_solver=self.ig_solver,
-            sigma2_prior=self.sigma2_prior,
-            privacy=self.privacy(),
-            prior_update="paper",  # the EM update's spread fields are not yet wired into Flower deployments
-        )
+        """The round protocol, built the same way on the server and on every site."""
 
     def reply_spec(self) -> MessageSpec:
-        """A site's declared reply, ``protocol().reply_spec``, without calibrating the DP noise (it does not depend on it)."""
-        from ..protocol.mvppca import MVPPCAProtocol
+        """A site's declared reply (what a secure fit flattens); default ``protocol().reply_spec``."""
+        return self.protocol().reply_spec
 
-        return MVPPCAProtocol(self.schema(), self.n_components, prior_update="paper").reply_spec
+    def aggregator(self) -> Any:
+        """The secure summation of a secure fit (:class:`fedhier.privacy.secure_round.SecureAggregator`), else None."""
+        return None
 
-    def aggregator(self) -> SecureAggregator | None:
-        """The :class:`~fedhier.privacy.secure_round.SecureAggregator` of a secure fit, else None.
+    @abstractmethod
+    def load_site(self, site: str, path: str | Path) -> Any:
+        """Read and check one site's own file (runs at the site); the data ``protocol().site_step`` takes.
 
-        Built as :class:`fedhier.mvppca.FedMVPPCA` builds it for ``simulate()`` (one site per
-        listed name), so both runtimes sum with the same fixed point and threshold.
+        Errors whose text names only places (column, row), never values, are
+        :class:`~fedhier.protocol.base.SiteError`; anything else reaches the coordinator as
+        its category only.
         """
-        if self.aggregation == "plain":
-            return None
-        return SecureAggregator(len(self.sites), threshold=self.threshold, frac_bits=self.frac_bits)
 
-    def privacy(self):
-        """The DP configuration of a fit with a total budget (``epsilon``, ``delta``), else None.
+    #: True when a site keeps state between rounds (``ctx.state``); Flower keeps it only within one run,
+    #: so such a fit cannot be resumed in a new run
+    sites_keep_state: bool = False
 
-        Calibrated for ``n_rounds`` rounds of releases of every view, so each site's
-        end-to-end epsilon is at most ``epsilon`` (client-level DP, docs/privacy.md).
+    def hooks(self, previous: Message | None = None) -> FitHooks:
+        """Callbacks and stopping rule of one fit (called once per fit, on the server); ``previous``: the
+        broadcast a resumed fit starts from (None: the initial one)."""
+        return FitHooks()
+
+    @abstractmethod
+    def write_model(self, out: Path, result: "FlowerFitResult", hooks: FitHooks) -> dict[str, Any]:
+        """Turn the final broadcast into the family's fitted model and write it into ``out``.
+
+        Returns entries for ``summary.json`` (e.g. ``{"model": path}``).
         """
-        if self.epsilon is None:
-            return None
-        from ..models.mvppca.dp import DPConfig
 
-        return DPConfig.total(float(self.epsilon), float(self.delta), n_rounds=self.n_rounds, n_views=len(self.views))
+    @abstractmethod
+    def to_json(self) -> str:
+        """The form that travels in the Flower run config (key :data:`RUN_CONFIG_KEY`); holds ``model``."""
 
 
-def load_site(config: FlowerFitConfig, path: str | Path, site: str) -> dict[str, np.ndarray]:
-    """Read and check one site's CSV file (columns named as in ``config.views``).
+def check_flower_settings(config: Any) -> None:
+    """Check the ``[flower]`` settings of a deployment (attributes listed in :class:`Deployment`); ValueError naming the key."""
+    sites = config.sites
+    if not sites or not all(isinstance(s, str) and s for s in sites):
+        raise ValueError("fit configuration: [flower] sites must list the site names (non-empty strings)")
+    if len(set(sites)) != len(sites):
+        raise ValueError(f"fit configuration: site names must be unique, got {list(sites)}")
+    for site in sites:  # a site name names its SuperNode's files (keys, logs)
+        check_site_name(site, "fit configuration: [flower] sites")
+    for name in ("n_rounds", "min_sites"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"fit configuration: {name} must be a positive integer, got {value!r}")
+    if config.min_sites > len(sites):
+        raise ValueError(f"fit configuration: min_sites={config.min_sites} exceeds the {len(sites)} listed sites")
+    seed = config.seed
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"fit configuration: seed must be a non-negative integer, got {seed!r}")
+    for name in ("round_timeout", "connect_timeout", "poll_interval"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"fit configuration: {name} must be a positive number of seconds, got {value!r}")
+    if not isinstance(config.out, str) or not config.out:
+        raise ValueError("fit configuration: out must be a folder name")
 
-    Returns ``{view: (n, d_view) float64 array}`` in schema order, views the file lacks
-    omitted.  Raises ValueError naming the site, view and problem.
+
+def check_secure_settings(config: Any) -> None:
+    """Check ``aggregation`` and the ``[secure]`` settings (``threshold``, ``frac_bits``) of a deployment; a secure
+    fit's ``config.aggregator()`` must build.  ValueError naming the key."""
+    if config.aggregation not in ("plain", "secure"):
+        raise ValueError(f"fit configuration: aggregation must be 'plain' or 'secure', got {config.aggregation!r}")
+    for name, value in (("threshold", config.threshold), ("frac_bits", config.frac_bits)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"fit configuration: [secure] {name} must be an integer, got {value!r}")
+    if config.aggregation == "secure":
+        if len(config.sites) < 2:
+            raise ValueError("fit configuration: aggregation = 'secure' needs at least 2 sites")
+        try:
+            config.aggregator()
+        except ValueError as exc:
+            raise ValueError(f"fit configuration: [secure] {exc}") from None
+
+
+def read_fit_tables(raw: dict[str, Any], source: str, allowed: set[str] | frozenset[str]) -> tuple[dict, dict, dict]:
+    """Split a parsed ``fit.toml`` into (the family's own keys, ``[flower]``, ``[secure]``).
+
+    ``allowed``: the family's own top-level keys (besides ``model``, ``flower``, ``secure``).
+    ValueError naming ``source`` and the key for an unknown key or a missing ``[flower]`` table.
     """
-    from ..data.validation import check_sites
-    from ..userdata import SiteDataError, read_site_table
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
-    table = read_site_table(path, {v: list(c) for v, c in config.views.items()}, site)
-    try:
-        checked, _ = check_sites([table], schema=config.schema(), n_components=config.n_components, min_subjects=2,
-                                 site_names=[site])
-    except ValueError as exc:  # check_sites names sites, views, rows and columns, never values
-        raise SiteDataError(str(exc)) from None
-    return checked[0]
+    raw = dict(raw)
+    raw.pop("model", None)
+    unknown = sorted(set(raw) - set(allowed) - {"flower", "secure"})
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {unknown}; allowed: {sorted({*allowed, 'model', 'flower', 'secure'})}")
+    flower = raw.pop("flower", None)
+    if not isinstance(flower, dict):
+        raise ValueError(f"{source}: a [flower] table with the site names (sites = [...]) is required")
+    unknown = sorted(set(flower) - FLOWER_KEYS)
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {unknown} in [flower]; allowed: {sorted(FLOWER_KEYS)}")
+    secure = raw.pop("secure", {})
+    if not isinstance(secure, dict):
+        raise ValueError(f"{source}: secure must be a table ([secure] with threshold, frac_bits)")
+    unknown = sorted(set(secure) - SECURE_KEYS)
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {unknown} in [secure]; allowed: {sorted(SECURE_KEYS)}")
+    if secure and raw.get("aggregation") != "secure":
+        raise ValueError(f"{source}: a [secure] table needs aggregation = \"secure\"")
+    return raw, flower, secure
 
 
 # --------------------------------------------------------------------------- the round loop
@@ -433,13 +334,19 @@ def _wait_for_nodes(grid: Grid, n_wanted: int, timeout: float, poll: float) -> l
 
 
 def _exchange(grid: Grid, contents: Mapping[int, RecordDict], message_type: str, round: int, timeout: float, poll: float):
-    """Push one message per node and pull the replies until all came or the deadline passed.
+    """Push one message per node and pull the replies until all came or ``timeout`` seconds passed without a new one.
+
+    The deadline follows progress: every reply restarts the wait, so a round whose
+    ClientApps start one after the other on a loaded machine is not cut while replies keep
+    coming, and a node that died costs ``timeout`` seconds after the last reply.  Each
+    message's Flower TTL covers the longest such wait, ``timeout * (nodes + 1)`` seconds.
 
     Returns ({node: reply Flower message}, {node: reason} for nodes without a reply).
     """
     nodes = list(contents)
+    ttl = timeout * (len(nodes) + 1)
     messages = [
-        FlowerMessage(contents[n], dst_node_id=n, message_type=message_type, group_id=str(round), ttl=timeout)
+        FlowerMessage(contents[n], dst_node_id=n, message_type=message_type, group_id=str(round), ttl=ttl)
         for n in nodes
     ]
     ids = list(grid.push_messages(messages))
@@ -452,6 +359,7 @@ def _exchange(grid: Grid, contents: Mapping[int, RecordDict], message_type: str,
             node = pending.pop(msg.metadata.reply_to_message_id, None)
             if node is not None:
                 replies[node] = msg
+                deadline = time.monotonic() + timeout
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(poll)
@@ -491,7 +399,7 @@ _UNEXPECTED = {
 
 def _secure_sum(
     grid: Grid,
-    aggregator: SecureAggregator,
+    aggregator: Any,
     spec: MessageSpec,
     rnd: int,
     nodes: Mapping[int, int],
@@ -529,6 +437,8 @@ def _secure_sum(
         Fewer than ``aggregator.threshold`` sites remained at some step, or a message broke
         the protocol; no sum is released.
     """
+    from ..privacy.secagg import InsufficientSitesError, SecAggProtocolError, SecAggServer
+
     server = SecAggServer(aggregator.params(spec, rnd))
     site_of_node = {n: s for s, n in nodes.items()}
     bytes_up, bytes_down = dict.fromkeys(nodes, 0), dict.fromkeys(nodes, 0)
@@ -571,6 +481,48 @@ def _secure_sum(
     return spec.unflatten(total), list(server.survivors), bytes_up, bytes_down, dropped, gone
 
 
+def _registered_names(grid: Grid) -> dict[int, str]:
+    """Node id -> the name its key was registered under (node authentication), for nodes that have one."""
+    get_nodes = getattr(grid, "get_nodes", None)
+    if get_nodes is None:
+        return {}
+    try:
+        return {int(info.node_id): str(info.name) for info in get_nodes() if getattr(info, "name", "")}
+    except Exception as exc:  # an older SuperLink without node details: names are then not cross-checked
+        log.info("node details unavailable (%s): site names are not cross-checked with registered names", exc)
+        return {}
+
+
+def _claim(result: FlowerFitResult, sites: Sequence[str], registered: Mapping[int, str], node: int, name: str | None,
+           payload: Any, rnd: int) -> int | None:
+    """Record that ``node`` is site ``name``; its site index, or None when the node is ignored."""
+    if name not in sites:
+        result.ignored[node] = f"site {name!r} is not in the fit's site list" if name else str(payload).splitlines()[0]
+        return None
+    if node in registered and registered[node] != name:
+        result.ignored[node] = f"registered as {registered[node]!r} but claims site {name!r}"
+        return None
+    index = sites.index(name)
+    if index in result.nodes:
+        raise RoundFailed(rnd, f"SuperNodes {result.nodes[index]} and {node} both claim site {name!r}")
+    result.nodes[index] = node
+    return index
+
+
+def _identify(grid: Grid, nodes: Sequence[int], sites: Sequence[str], registered: Mapping[int, str], timeout: float,
+              poll: float, result: FlowerFitResult) -> None:
+    """Ask every connected SuperNode its site name (a ``query`` message) and fill ``result.nodes`` / ``ignored``."""
+    contents = {n: RecordDict({_RECORD: ConfigRecord({"round": 0})}) for n in nodes}
+    messages, silent = _exchange(grid, contents, HELLO_TYPE, 0, timeout, poll)
+    for node, msg in messages.items():
+        name, status, payload = _read_reply(msg)
+        if status == "ok":
+            _claim(result, sites, registered, node, name, payload, 1)
+        else:
+            result.ignored[node] = str(payload).splitlines()[0] if str(payload) else status
+    result.ignored.update(silent)
+
+
 def run_rounds(
     grid: Grid,
     protocol: RoundProtocol,
@@ -582,17 +534,19 @@ def run_rounds(
     round_timeout: float = 600.0,
     connect_timeout: float = 300.0,
     poll_interval: float = 0.2,
-    aggregator: SecureAggregator | None = None,
+    aggregator: Any = None,
     callbacks: Sequence[Callable[[RoundRecord, Message], None]] = (),
     stop: Callable[[RoundRecord, Message], bool] | None = None,
+    start: tuple[int, Message, Sequence[RoundRecord]] | None = None,
 ) -> FlowerFitResult:
     """Run ``n_rounds`` rounds of ``protocol`` over the SuperNodes connected to ``grid``.
 
     The server half of :func:`fedhier.runtime.simulate` over the network (see the module
     docstring for the dropout rules).  Before round 1 the server waits up to
-    ``connect_timeout`` seconds for one SuperNode per listed site.  Round 1 goes to every
-    connected node; each reply names its site, which fixes the node of each site for the
-    rest of the fit.
+    ``connect_timeout`` seconds for one SuperNode per listed site.  When every site receives
+    the same broadcast, round 1 goes to every connected node and each reply names its
+    site; otherwise (``protocol.broadcast_is_common`` False) the server first asks every
+    node its site name, and each round sends each site only its part of the broadcast.
 
     Parameters
     ----------
@@ -602,17 +556,20 @@ def run_rounds(
     sites : sequence of str
         Site names in site-index order.
     n_rounds, seed, min_sites, round_timeout, connect_timeout, poll_interval
-        See :class:`FlowerFitConfig`.
+        See :class:`Deployment`.
     aggregator : SecureAggregator, optional
-        Secure summation (``FlowerFitConfig.aggregator()``): each site keeps its reply
-        and the round goes on with the four exchanges of :func:`_secure_sum`; the global
-        step gets their sum, as :func:`fedhier.runtime.simulate` with
-        ``aggregation="secure"``.  ``round_timeout`` then bounds each of the five
-        exchanges of a round.  None: the replies are summed in the clear.
+        Secure summation (``Deployment.aggregator()``): each site keeps its reply and the
+        round goes on with the four exchanges of :func:`_secure_sum`; the global step gets
+        their sum, as :func:`fedhier.runtime.simulate` with ``aggregation="secure"``.
+        ``round_timeout`` then bounds each of the five exchanges of a round.  None: the
+        replies are summed in the clear.
     callbacks : sequence of callables ``(record, broadcast) -> None`` run after each round.
     stop : callable ``(record, broadcast) -> bool``, optional
         Called after the callbacks; True ends the fit after this round, as in
         :func:`fedhier.runtime.simulate`.
+    start : (round, broadcast, history), optional
+        Resume after ``round`` from its ``broadcast`` and the records of the rounds run so
+        far (a coordinator checkpoint, :func:`coordinate`); the sites are identified again.
 
     Returns
     -------
@@ -625,9 +582,7 @@ def run_rounds(
         SuperNodes claim the same site, or the secure sum of a round failed (fewer than
         ``aggregator.threshold`` sites remained at one of its steps).
     ValueError
-        Bad arguments, or a protocol that sends each site its own part of the broadcast
-        (``protocol.broadcast_is_common`` False): before round 1 the server does not know
-        which SuperNode is which site.
+        Bad arguments.
     """
     sites = list(sites)
     if not 1 <= min_sites <= len(sites):
@@ -640,25 +595,28 @@ def run_rounds(
     if int(n_rounds) != n_rounds or n_rounds < 1:
         raise ValueError(f"n_rounds must be a positive integer, got {n_rounds!r}")
     seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else int(seed)
-    if not protocol.broadcast_is_common:
-        raise ValueError(
-            f"protocol {protocol.name!r} sends each site its own part of the broadcast; this runtime learns which "
-            "SuperNode is which site from the round-1 replies, so it sends one common broadcast: use simulate()"
-        )
-    broadcast = protocol.broadcast_spec.validate(protocol.initial_broadcast())
+    per_site = not protocol.broadcast_is_common
+    first, broadcast, history = (0, protocol.initial_broadcast(), []) if start is None else start
+    broadcast = protocol.broadcast_spec.validate(broadcast)
 
     connected = _wait_for_nodes(grid, len(sites), connect_timeout, poll_interval)
     if len(connected) < min_sites:
         raise RoundFailed(1, f"{len(connected)} SuperNode(s) connected within {connect_timeout:g} s, at least {min_sites} needed")
     log.info("round loop: %d SuperNode(s) connected for %d listed site(s)", len(connected), len(sites))
 
-    result = FlowerFitResult(broadcast=broadcast, history=[], seed=seed)
-    for rnd in range(1, n_rounds + 1):
+    result = FlowerFitResult(broadcast=broadcast, history=list(history), seed=seed)
+    registered = _registered_names(grid)
+    if per_site:
+        _identify(grid, connected, sites, registered, round_timeout, poll_interval, result)
+    for rnd in range(int(first) + 1, n_rounds + 1):
         t0 = time.perf_counter()
-        broadcast_bytes = encode(protocol.broadcast_spec, broadcast)
-        targets = connected if rnd == 1 else [n for s, n in sorted(result.nodes.items()) if s not in result.lost]
-        request = ConfigRecord({"round": rnd, "broadcast": broadcast_bytes})
-        contents = {n: RecordDict({_RECORD: request}) for n in targets}
+        if rnd == first + 1 and not per_site:
+            targets: dict[int, int | None] = dict.fromkeys(connected)  # node -> site, learnt from the replies
+        else:
+            targets = {n: s for s, n in sorted(result.nodes.items()) if s not in result.lost}
+        common = None if per_site else encode(protocol.broadcast_spec, broadcast)
+        down = {n: common if common is not None else encode_site_broadcast(protocol, broadcast, s) for n, s in targets.items()}
+        contents = {n: RecordDict({_RECORD: ConfigRecord({"round": rnd, "broadcast": down[n]})}) for n in targets}
         messages, silent = _exchange(grid, contents, MESSAGE_TYPE, rnd, round_timeout, poll_interval)
 
         site_of_node = {n: s for s, n in result.nodes.items()}
@@ -668,14 +626,10 @@ def run_rounds(
         bytes_up: dict[int, int] = {}
         for node, msg in messages.items():
             name, status, payload = _read_reply(msg)
-            if rnd == 1:
-                if name not in sites:
-                    result.ignored[node] = f"site {name!r} is not in the fit's site list" if name else str(payload)
+            if node not in site_of_node:  # round 1 of a common broadcast: the reply names the site
+                index = _claim(result, sites, registered, node, name, payload, rnd)
+                if index is None:
                     continue
-                index = sites.index(name)
-                if index in result.nodes:
-                    raise RoundFailed(rnd, f"SuperNodes {result.nodes[index]} and {node} both claim site {name!r}")
-                result.nodes[index] = node
                 site_of_node[node] = index
             index = site_of_node[node]
             if status == "gone":
@@ -698,7 +652,7 @@ def run_rounds(
                 index = site_of_node[node]
                 failed[index] = reason
                 result.lost[index] = rnd
-            elif rnd == 1:
+            elif rnd == first + 1:
                 result.ignored[node] = reason
         ready = sorted([*replies, *held])
         absent = [s for s in range(len(sites)) if s not in ready and s not in failed]
@@ -709,7 +663,7 @@ def run_rounds(
             )
             raise RoundFailed(rnd, f"{len(ready)} site(s) replied, at least {min_sites} needed" + (f" ({detail})" if detail else ""))
 
-        bytes_down = {site_of_node[n]: len(broadcast_bytes) for n in targets if n in site_of_node}
+        bytes_down = {site_of_node[n]: len(down[n]) for n in targets if n in site_of_node}
         if aggregator is None:
             # sites in index order, as simulate() sums them: the float sums are then identical
             replies = {s: replies[s] for s in sorted(replies)}
@@ -752,18 +706,22 @@ def run_rounds(
 # --------------------------------------------------------------------------- the site half
 
 
-def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, request: Mapping[str, Any],
-               state: Mapping[str, np.ndarray], site_seed: int | None = None, guard: SiteGuard | None = None):
+class NodeConfigError(SiteError):
+    """A SuperNode started without a setting the ClientApp needs (its text names the setting, never data)."""
+
+
+def site_round(deployment: Deployment, site: str, data_path: str | Path, request: Mapping[str, Any],
+               state: Mapping[str, np.ndarray], site_seed: int | None = None, guard: "SiteGuard | None" = None):
     """One site's answer to a round request (what the ClientApp does, without Flower).
 
     Parameters
     ----------
-    config : FlowerFitConfig
+    deployment : Deployment
     site : str
         This site's name (``node_config["site"]``).
     data_path : path
-        This site's CSV file (``node_config["data"]``).
-    request : mapping with ``round`` (int), ``broadcast`` (bytes)
+        This site's file (``node_config["data"]``), read by ``deployment.load_site``.
+    request : mapping with ``round`` (int), ``broadcast`` (bytes: this site's part of the broadcast)
     state : dict of arrays kept by the site between rounds
     site_seed : int or None
         The site's own secret seed (``node_config["seed"]``); None: the operating
@@ -776,20 +734,21 @@ def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, reques
     Returns
     -------
     (reply fields, new state): the reply has ``site``, ``status`` ("ok"/"error") and
-    ``reply`` (our encoded message) or ``error`` (one line).
+    ``reply`` (our encoded message) or ``error`` (one line, :func:`failure_report`).
     """
-    if site not in config.sites:
-        return {"site": site, "status": "error", "error": f"site {site!r} is not in the fit's site list {list(config.sites)}"}, state
-    index = config.sites.index(site)
-    protocol, rnd = config.protocol(), int(request["round"])
+    if site not in deployment.sites:
+        return {"site": site, "status": "error", "error": f"site {site!r} is not in the fit's site list {list(deployment.sites)}"}, state
+    index = deployment.sites.index(site)
+    protocol, rnd = deployment.protocol(), int(request["round"])
     try:
         if guard is not None and rnd == 1:  # before the site reads its data
-            guard.admit(protocol, config.n_rounds, config.aggregation == "secure")
+            guard.admit(protocol, deployment.n_rounds, deployment.aggregator() is not None)
         elif guard is not None:
             guard.check_admitted()
-        data = load_site(config, data_path, site)
-    except Exception as exc:
-        site_log.warning("site %s, round %d: %s: %s", site, rnd, type(exc).__name__, exc)
+        data = deployment.load_site(site, data_path)
+        protocol.validate_site_data(index, data)
+    except Exception as exc:  # the coordinator learns the category (and a SiteError's place), the site's log the rest
+        site_log.warning("site %s: its data could not be used: %s: %s", site, type(exc).__name__, exc)
         return {"site": site, "status": "error", "error": failure_report(exc)}, state
     status, payload, new_state = run_site_step(
         protocol, data, index, rnd, site_seed, bytes(request["broadcast"]), dict(state), guard
@@ -799,13 +758,13 @@ def site_round(config: FlowerFitConfig, site: str, data_path: str | Path, reques
     return {"site": site, "status": "error", "error": str(payload).splitlines()[0]}, state
 
 
-def secure_site_step(config: FlowerFitConfig, site: str, step: str, request: Mapping[str, Any], kept: Mapping[str, Any] | None):
+def secure_site_step(deployment: Deployment, site: str, step: str, request: Mapping[str, Any], kept: Mapping[str, Any] | None):
     """One site's answer to the secure-sum request ``step`` of a round (what the ClientApp does, without Flower).
 
     Parameters
     ----------
-    config : FlowerFitConfig
-        A fit with ``aggregation = "secure"``.
+    deployment : Deployment
+        A fit with secure summation (``deployment.aggregator()`` not None).
     site : str
         This site's name.
     step : one of :data:`SECURE_STEPS`
@@ -813,7 +772,8 @@ def secure_site_step(config: FlowerFitConfig, site: str, step: str, request: Map
         (the server's bytes of the previous step: roster, routed shares, survivor list).
     kept : mapping or None
         What the site keeps for this round and never sends: ``round``, ``reply`` (its
-        encoded reply, from the site step) and, from ``advertise_keys`` on, ``secagg``
+        encoded reply, from the site step), ``spec`` (the reply's declaration; without it
+        ``deployment.reply_spec()`` is built) and, from ``advertise_keys`` on, ``secagg``
         (its secrets, :meth:`fedhier.privacy.secagg.SecAggSite.to_state`).
 
     Returns
@@ -823,16 +783,19 @@ def secure_site_step(config: FlowerFitConfig, site: str, step: str, request: Map
     site's input to ``masked_input`` is ``reply_spec.flatten(reply)``.  A failed step and
     the last step erase what the site kept: it never answers a step of a round twice.
     """
+    from ..privacy.secagg import InsufficientSitesError, SecAggProtocolError, SecAggSite
+
     rnd = int(request["round"])
     try:
         if kept is None or int(kept["round"]) != rnd:
             raise SecAggProtocolError(f"site {site!r} holds no reply for round {rnd}")
         if step == "advertise_keys" and "secagg" in kept:
             raise SecAggProtocolError(f"site {site!r} already advertised its keys for round {rnd}")
-        spec = config.reply_spec()
-        params = config.aggregator().params(spec, rnd)
+        # the reply's declaration, kept by the site's round step: the secure steps then need not import the model
+        spec = _spec_from_text(str(kept["spec"])) if "spec" in kept else deployment.reply_spec()
+        params = deployment.aggregator().params(spec, rnd)
         if step == "advertise_keys":
-            secagg = SecAggSite(config.sites.index(site), params)
+            secagg = SecAggSite(deployment.sites.index(site), params)
             message = secagg.advertise_keys()
         else:
             secagg = SecAggSite.from_state(params, bytes(kept["secagg"]))
@@ -850,16 +813,26 @@ def secure_site_step(config: FlowerFitConfig, site: str, step: str, request: Map
     return fields, None if step == SECURE_STEPS[-1] else {**kept, "secagg": secagg.to_state()}
 
 
+def _spec_text(spec: MessageSpec) -> str:
+    """A reply's declaration as text (kept by a site between the steps of a secure round)."""
+    return json.dumps([spec.name, [[k, list(f.shape), f.dtype, f.optional] for k, f in spec.fields.items()]])
+
+
+def _spec_from_text(text: str) -> MessageSpec:
+    name, fields = json.loads(text)
+    return MessageSpec(name, {k: Field(tuple(shape), dtype, optional) for k, shape, dtype, optional in fields})
+
+
 # --------------------------------------------------------------------------- Flower apps
 
-server_app = ServerApp()
-client_app = ClientApp()
+#: ``resolve(run_config_json) -> Deployment``: how an app turns the run config into the fit (the estimator layer's).
+Resolver = Callable[[str], Deployment]
 
 
 def _node_setting(context: Context, key: str) -> str:
     value = context.node_config.get(key)
     if not isinstance(value, str) or not value:
-        raise ValueError(f"SuperNode {context.node_id}: node_config has no {key!r}; start it with --node-config '{key}=\"...\"'")
+        raise NodeConfigError(f"SuperNode {context.node_id}: node_config has no {key!r}; start it with --node-config '{key}=\"...\"'")
     return value
 
 
@@ -870,15 +843,18 @@ def _site_seed(context: Context) -> int | None:
         return None
     text = str(value)
     if not text.isdigit():
-        raise ValueError(f"SuperNode {context.node_id}: node_config 'seed' must be a non-negative integer")
+        raise NodeConfigError(f"SuperNode {context.node_id}: node_config 'seed' must be a non-negative integer")
     return int(text)
 
 
-def _site_guard(context: Context) -> SiteGuard | None:
+def _site_guard(context: Context) -> "SiteGuard | None":
     """The site's own policy from its SuperNode's ``node_config`` (``policy="<file>"``), for this run; or None."""
     value = context.node_config.get("policy")
     if value is None or value == "":
         return None
+    from ..privacy.policy import SitePolicy  # only a site with a policy loads the accountant
+    from .guard import SiteGuard
+
     return SiteGuard(SitePolicy.read(str(value)), analysis=f"flower-run-{context.run_id}")
 
 
@@ -887,167 +863,223 @@ def _reply(msg: FlowerMessage, fields: Mapping[str, Any]) -> FlowerMessage:
 
 
 def _setup_failure(context: Context, exc: Exception) -> dict[str, Any]:
-    return {"site": str(context.node_config.get("site", "")), "status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    site_log.warning("SuperNode %s: the fit could not be set up: %s: %s", context.node_id, type(exc).__name__, exc)
+    return {"site": str(context.node_config.get("site", "")), "status": "error", "error": failure_report(exc)}
 
 
-@client_app.train()
-def _site_message(msg: FlowerMessage, context: Context) -> FlowerMessage:
-    """ClientApp entry: decode the request, run the site step, reply with our bytes.
+def make_client_app(resolve: Resolver) -> ClientApp:
+    """The Flower ``ClientApp`` of a site: answers "which site?", round requests and secure-sum steps.
 
-    In a secure fit the reply stays in ``context.state`` for the secure sum that follows
-    and the server is only told that it is ready (status "held").
+    ``resolve`` turns the run config's fit (JSON, key :data:`RUN_CONFIG_KEY`) into the
+    :class:`Deployment`; it is called only by the handlers that need the fit.
     """
-    try:
-        config = FlowerFitConfig.from_json(str(context.run_config[RUN_CONFIG_KEY]))
-        site, path = _node_setting(context, "site"), _node_setting(context, "data")
-        site_seed = _site_seed(context)
-        guard = _site_guard(context)
-    except (KeyError, ValueError, TypeError) as exc:
-        return _reply(msg, _setup_failure(context, exc))
-    kept = context.state.config_records.get(_STATE)
-    state = decode_state(kept["state"]) if kept is not None and "state" in kept else {}
-    request = msg.content.config_records[_RECORD]
-    fields, new_state = site_round(config, site, path, request, state, site_seed, guard)
-    encoded = encode_state(new_state)
-    if encoded is not None:
-        context.state[_STATE] = ConfigRecord({"state": encoded})
-    if config.aggregation == "secure":
-        context.state.pop(_SECURE, None)
-        if fields["status"] == "ok":
-            context.state[_SECURE] = ConfigRecord({"round": int(request["round"]), "reply": fields["reply"]})
-            fields = {"site": site, "status": "held"}
-    return _reply(msg, fields)
+    app = ClientApp()
 
-
-def _secure_message(step: str) -> Callable[[FlowerMessage, Context], FlowerMessage]:
-    """ClientApp entry of the secure-sum step ``step`` (message type ``train.<step>``)."""
-
-    def handle(msg: FlowerMessage, context: Context) -> FlowerMessage:
+    @app.query()
+    def _hello(msg: FlowerMessage, context: Context) -> FlowerMessage:
+        """The site's name, from its SuperNode's ``node_config`` (public: it is in the fit's site list)."""
         try:
-            config = FlowerFitConfig.from_json(str(context.run_config[RUN_CONFIG_KEY]))
             site = _node_setting(context, "site")
+        except NodeConfigError as exc:
+            return _reply(msg, _setup_failure(context, exc))
+        return _reply(msg, {"site": site, "status": "ok", "reply": b""})
+
+    @app.train()
+    def _site_message(msg: FlowerMessage, context: Context) -> FlowerMessage:
+        """Decode the request, run the site step, reply with our bytes.
+
+        In a secure fit the reply stays in ``context.state`` for the secure sum that follows
+        and the server is only told that it is ready (status "held").
+        """
+        try:
+            deployment = resolve(str(context.run_config[RUN_CONFIG_KEY]))
+            site, path = _node_setting(context, "site"), _node_setting(context, "data")
+            site_seed = _site_seed(context)
+            guard = _site_guard(context)
         except (KeyError, ValueError, TypeError) as exc:
             return _reply(msg, _setup_failure(context, exc))
-        kept = context.state.config_records.get(_SECURE)
-        fields, keep = secure_site_step(config, site, step, msg.content.config_records[_RECORD], kept)
-        if keep is None:
+        kept = context.state.config_records.get(_STATE)
+        state = decode_state(kept["state"]) if kept is not None and "state" in kept else {}
+        request = msg.content.config_records[_RECORD]
+        fields, new_state = site_round(deployment, site, path, request, state, site_seed, guard)
+        encoded = encode_state(new_state)
+        if encoded is not None:
+            context.state[_STATE] = ConfigRecord({"state": encoded})
+        if deployment.aggregator() is not None:
             context.state.pop(_SECURE, None)
-        else:
-            context.state[_SECURE] = ConfigRecord(keep)
+            if fields["status"] == "ok":
+                context.state[_SECURE] = ConfigRecord({"round": int(request["round"]), "reply": fields["reply"],
+                                                       "spec": _spec_text(deployment.reply_spec())})
+                fields = {"site": site, "status": "held"}
         return _reply(msg, fields)
 
-    return handle
+    def secure_message(step: str) -> Callable[[FlowerMessage, Context], FlowerMessage]:
+        """ClientApp entry of the secure-sum step ``step`` (message type ``train.<step>``)."""
+
+        def handle(msg: FlowerMessage, context: Context) -> FlowerMessage:
+            try:
+                deployment = resolve(str(context.run_config[RUN_CONFIG_KEY]))
+                site = _node_setting(context, "site")
+            except (KeyError, ValueError, TypeError) as exc:
+                return _reply(msg, _setup_failure(context, exc))
+            kept = context.state.config_records.get(_SECURE)
+            fields, keep = secure_site_step(deployment, site, step, msg.content.config_records[_RECORD], kept)
+            if keep is None:
+                context.state.pop(_SECURE, None)
+            else:
+                context.state[_SECURE] = ConfigRecord(keep)
+            return _reply(msg, fields)
+
+        return handle
+
+    for step in SECURE_STEPS:
+        app.train(step)(secure_message(step))
+    return app
 
 
-for _step in SECURE_STEPS:
-    client_app.train(_step)(_secure_message(_step))
+def make_server_app(resolve: Resolver) -> ServerApp:
+    """The Flower ``ServerApp``: :func:`coordinate` the fit of the run config (``resolve`` as :func:`make_client_app`)."""
+    app = ServerApp()
+
+    @app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        resume = str(context.run_config.get(RESUME_KEY, "")) == "yes"
+        coordinate(grid, resolve(str(context.run_config[RUN_CONFIG_KEY])), resume=resume)
+
+    return app
 
 
-@server_app.main()
-def _coordinate(grid: Grid, context: Context) -> None:
-    """ServerApp entry: run the fit of the run config and write the result folder."""
-    from ..protocol.mvppca import BroadcastMetrics, theta_settled
+def coordinate(grid: Grid, deployment: Deployment, *, resume: bool = False) -> FlowerFitResult:
+    """Run ``deployment``'s fit over ``grid`` and write its result folder (``deployment.out``).
 
-    config = FlowerFitConfig.from_json(str(context.run_config[RUN_CONFIG_KEY]))
-    out = Path(config.out)
-    protocol = config.protocol()
-    history: list[RoundRecord] = []
+    ``summary.json`` says "running" from the start, is rewritten after the fit and ends in
+    "completed" or "failed" (with the error and, for a failed round, its number);
+    ``history.json`` and the coordinator checkpoint (:data:`CHECKPOINT`: the broadcast, the
+    seed and the history after the last round) are rewritten after every round.
 
-    def progress(record: RoundRecord, _broadcast: Message) -> None:
-        history.append(record)
-        write_json(out / "history.json", [r.to_dict() for r in history])
+    ``resume``: go on from the checkpoint of an interrupted run of the same fit (a SuperLink
+    that was stopped or crashed): the rounds after it are those an uninterrupted fit runs,
+    so with the sites' test seeds the result is the same.  Refused, with the reason, when
+    there is no checkpoint, when it belongs to another fit (protocol settings, sites or
+    seed), or when the sites keep state between rounds (``Deployment.sites_keep_state``:
+    a SuperNode keeps it only within one Flower run).
+    """
+    from .checkpoint import Checkpoint, Fingerprint, write_checkpoint
 
-    write_json(out / "summary.json", {"status": "running", "sites": list(config.sites)})
+    out = Path(deployment.out)
+    sites = list(deployment.sites)
+    protocol = deployment.protocol()
+    write_json(out / "summary.json", {"status": "running", "model": deployment.model, "sites": sites})
     try:
-        result = run_rounds(
-            grid,
-            protocol,
-            config.sites,
-            n_rounds=config.n_rounds,
-            seed=config.seed,
-            min_sites=config.min_sites,
-            round_timeout=config.round_timeout,
-            connect_timeout=config.connect_timeout,
-            poll_interval=config.poll_interval,
-            aggregator=config.aggregator(),
-            callbacks=[BroadcastMetrics(config.schema()), progress],  # the history FedMVPPCA.fit records
-            stop=None if config.tol is None else theta_settled(config.tol),
-        )
-    except RoundFailed as exc:
-        write_json(out / "summary.json", {"status": "failed", "error": str(exc), "round": exc.round, "sites": list(config.sites)})
+        start = _resume_point(out / CHECKPOINT, deployment, protocol) if resume else None
+        seed = deployment.seed if start is None else start[3]
+        seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else int(seed)
+        fingerprint = Fingerprint(b"", tuple(sites), Fingerprint.of(protocol, []).config)
+        history: list[RoundRecord] = [] if start is None else list(start[2])
+
+        def progress(record: RoundRecord, broadcast: Message) -> None:
+            history.append(record)
+            rows = [r.to_dict() for r in history]
+            write_json(out / "history.json", rows)
+            write_checkpoint(out / CHECKPOINT, Checkpoint(protocol.name, record.round, seed, broadcast, [{} for _ in sites], rows,
+                                                          fingerprint))
+
+        hooks = deployment.hooks(None if start is None else start[1])
+        if start is not None and hooks.stop is not None and start[2] and hooks.stop(start[2][-1], start[1]):
+            result = FlowerFitResult(broadcast=start[1], history=list(start[2]), seed=seed)  # it had already stopped
+        else:
+            result = run_rounds(
+                grid,
+                protocol,
+                deployment.sites,
+                n_rounds=deployment.n_rounds,
+                seed=seed,
+                min_sites=deployment.min_sites,
+                round_timeout=deployment.round_timeout,
+                connect_timeout=deployment.connect_timeout,
+                poll_interval=deployment.poll_interval,
+                aggregator=deployment.aggregator(),
+                callbacks=[*hooks.callbacks, progress],
+                stop=hooks.stop,
+                start=None if start is None else start[:3],
+            )
+        write_result(out, deployment, result, hooks, resumed_after=None if start is None else start[0])
+    except BaseException as exc:
+        error = str(exc) if isinstance(exc, RoundFailed) else f"{type(exc).__name__}: {exc}"
+        write_json(out / "summary.json", {"status": "failed", "model": deployment.model, "error": error,
+                                          "round": getattr(exc, "round", None), "sites": sites})
         raise
-    write_result(out, config, result)
+    return result
+
+
+def _resume_point(path: Path, deployment: Deployment, protocol: RoundProtocol):
+    """(round, broadcast, history records, seed) of the coordinator checkpoint ``path``; ValueError saying why not."""
+    from .checkpoint import Fingerprint, read_checkpoint
+
+    if deployment.sites_keep_state:
+        raise ValueError(f"a {deployment.model} fit cannot be resumed: its sites keep state between rounds, which a "
+                         "SuperNode holds only within one run; start the fit again")
+    if not path.is_file():
+        raise ValueError(f"nothing to resume: {path} does not exist (run the fit without --resume)")
+    saved = read_checkpoint(path, n_sites=len(deployment.sites))
+    expected = Fingerprint.of(protocol, []).config
+    if saved.protocol != protocol.name or saved.fingerprint is None or saved.fingerprint.config != expected:
+        differ = sorted(k for k in set(expected) | set(saved.fingerprint.config if saved.fingerprint else {})
+                        if saved.fingerprint is None or saved.fingerprint.config.get(k) != expected.get(k))
+        raise ValueError(f"{path} was written by another fit ({', '.join(differ) or saved.protocol} differ); "
+                         "resume with the fit.toml it was written with")
+    if list(saved.fingerprint.sites) != list(deployment.sites):
+        raise ValueError(f"{path} was written for the sites {list(saved.fingerprint.sites)}, not {list(deployment.sites)}")
+    if deployment.seed is not None and saved.seed != deployment.seed:
+        raise ValueError(f"{path} was written with seed {saved.seed}, not {deployment.seed}")
+    if saved.round > deployment.n_rounds:
+        raise ValueError(f"{path} is after round {saved.round}, beyond this fit's n_rounds={deployment.n_rounds}")
+    history = [RoundRecord.from_dict(h) for h in saved.history]
+    return saved.round, protocol.broadcast_spec.validate(saved.broadcast), history, saved.seed
 
 
 # --------------------------------------------------------------------------- result folder
 
 
-def write_result(out: str | Path, config: FlowerFitConfig, result: FlowerFitResult) -> Path:
-    """Write ``model.npz`` (a :class:`fedhier.mvppca.FedMVPPCA` file), ``broadcast.fhm``
-    (the final broadcast, encoded), ``history.json`` and ``summary.json`` into ``out``."""
-    from ..mvppca import FedMVPPCA
-
+def write_result(out: str | Path, deployment: Deployment, result: FlowerFitResult, hooks: FitHooks | None = None,
+                 resumed_after: int | None = None) -> Path:
+    """Write the result folder: ``broadcast.fhm`` (the final broadcast, encoded), ``history.json``,
+    the family's model (``deployment.write_model``) and, last, ``summary.json`` (status "completed";
+    ``resumed_after``: the round of the checkpoint a resumed fit went on from)."""
     out = Path(out)
-    protocol = config.protocol()
-    schema = config.schema()
+    protocol = deployment.protocol()
     atomic_write_bytes(out / "broadcast.fhm", encode(protocol.broadcast_spec, result.broadcast))
-    model = FedMVPPCA.from_broadcast(
-        result.broadcast,
-        schema,
-        result.history,
-        seed=result.seed,
-        n_sites=len(config.sites),
-        n_components=config.n_components,
-        n_rounds=config.n_rounds,
-        n_local_iter=config.n_local_iter,
-        n_first_iter=config.n_first_iter,
-        tol=config.tol,
-        init=config.init,
-        local_tol=config.local_tol,
-        random_state=result.seed,
-        ig_solver=config.ig_solver,
-        sigma2_prior=config.sigma2_prior,
-        min_sites=config.min_sites,
-        aggregation=config.aggregation,
-    )
-    model.save(out / "model.npz")
     write_json(out / "history.json", [r.to_dict() for r in result.history])
+    extra = deployment.write_model(out, result, hooks or deployment.hooks())
+    sites = deployment.sites
     write_json(
         out / "summary.json",
         {
             "status": "completed",
-            "sites": list(config.sites),
-            "nodes": {config.sites[s]: str(n) for s, n in sorted(result.nodes.items())},
-            "lost": {config.sites[s]: r for s, r in sorted(result.lost.items())},
+            "model": deployment.model,
+            "sites": list(sites),
+            "nodes": {sites[s]: str(n) for s, n in sorted(result.nodes.items())},
+            "lost": {sites[s]: r for s, r in sorted(result.lost.items())},
             "ignored_nodes": {str(n): why for n, why in result.ignored.items()},
             "seed": result.seed,
-            "n_rounds": config.n_rounds,
+            "n_rounds": deployment.n_rounds,
+            "rounds_run": len(result.history),
             "final_metrics": result.history[-1].metrics if result.history else {},
             "bytes_up": int(sum(sum(r.bytes_up.values()) for r in result.history)),
             "bytes_down": int(sum(sum(r.bytes_down.values()) for r in result.history)),
-            "model": str(out / "model.npz"),
-            **_privacy_summary(config, result),
+            **({} if resumed_after is None else {"resumed_after_round": resumed_after}),
+            **extra,
         },
     )
     return out
 
 
-def _privacy_summary(config: FlowerFitConfig, result: FlowerFitResult) -> dict[str, Any]:
-    """Epsilon spent per site, counting every view as released (an upper bound for sites lacking views)."""
-    if config.epsilon is None:
-        return {}
-    from ..models.mvppca.dp import ledger_from_history
-
-    ledger = ledger_from_history(config.privacy(), [list(config.views)] * len(config.sites), result.history)
-    return {"privacy_spent": {config.sites[s]: v for s, v in ledger.spent(config.delta).items()}}
-
-
-def read_result(out: str | Path, config: FlowerFitConfig) -> tuple[Message, list[dict[str, Any]], dict[str, Any]]:
+def read_result(out: str | Path, deployment: Deployment) -> tuple[Message, list[dict[str, Any]], dict[str, Any]]:
     """(final broadcast, history rows, summary) of a result folder written by :func:`write_result`."""
     out = Path(out)
     summary = json.loads((out / "summary.json").read_text())
     if summary.get("status") != "completed":
         raise RuntimeError(f"{out}: the fit did not complete: {summary.get('error', summary.get('status'))}")
-    broadcast = decode(config.protocol().broadcast_spec, (out / "broadcast.fhm").read_bytes())
+    broadcast = decode(deployment.protocol().broadcast_spec, (out / "broadcast.fhm").read_bytes())
     history = json.loads((out / "history.json").read_text())
     return broadcast, history, summary

@@ -1,5 +1,5 @@
-"""ClientApp entry point of the fedhier Flower app (see ``fedhier.runtime.flower``)."""
+"""ClientApp entry point of the fedhier Flower app (see ``fedhier.runtime.flower`` and ``fedhier.deploy``)."""
 
-from fedhier.runtime.flower import client_app as app
+from fedhier.deploy.apps import client_app as app
 
 __all__ = ["app"]

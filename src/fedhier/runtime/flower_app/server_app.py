@@ -1,5 +1,5 @@
-"""ServerApp entry point of the fedhier Flower app (see ``fedhier.runtime.flower``)."""
+"""ServerApp entry point of the fedhier Flower app (see ``fedhier.runtime.flower`` and ``fedhier.deploy``)."""
 
-from fedhier.runtime.flower import server_app as app
+from fedhier.deploy.apps import server_app as app
 
 __all__ = ["app"]
