@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test bench
+.PHONY: demo test test-integration bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ demo: $(VENV)/.installed-core
 ## make test: the whole default test suite (pytest exits non-zero, including 5 = no tests)
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
+
+## make test-integration: the tests that start real SuperLinks, SuperNodes and MPI jobs on loopback (CI's second step)
+test-integration: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -m "integration and not slow"
 
 ## make bench: the benchmarks quoted in the README
 bench: $(VENV)/.installed-test

@@ -675,7 +675,8 @@ def submit(
             _close_summary(summary_path)
     if summary_path.is_file():
         summary = json.loads(summary_path.read_text())
-        if summary.get("status") == "completed":
+        # the coordinator's report of a Fed-mv-PPCA fit; FedLin's report needs the sites' data (not on the coordinator)
+        if summary.get("status") == "completed" and config.model == "fed-mv-ppca":
             from .report.mvppca import write_result_report
 
             summary["report"] = str(write_result_report(

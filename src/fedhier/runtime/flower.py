@@ -437,7 +437,7 @@ def _secure_sum(
         Fewer than ``aggregator.threshold`` sites remained at some step, or a message broke
         the protocol; no sum is released.
     """
-    from ..privacy.secagg import InsufficientSitesError, SecAggProtocolError, SecAggServer
+    from ..privacy.secagg import InsufficientSitesError, SecAggProtocolError, SecAggServer, to_site
 
     server = SecAggServer(aggregator.params(spec, rnd))
     site_of_node = {n: s for s, n in nodes.items()}
@@ -471,10 +471,11 @@ def _secure_sum(
     try:
         keys = ask("advertise_keys", dict.fromkeys(nodes, b""))
         roster = server.collect_keys(keys)
-        routed = server.route_shares(ask("share_keys", dict.fromkeys(keys, roster)))
+        # on a sparse (SecAgg+) graph each site is sent its own neighbourhood's roster and survivors
+        routed = server.route_shares(ask("share_keys", {s: to_site(roster, s) for s in keys}))
         masked = ask("masked_input", routed)
         survivors = server.collect_masked(masked)
-        total = server.unmask(ask("unmask", dict.fromkeys(masked, survivors)))
+        total = server.unmask(ask("unmask", {s: to_site(survivors, s) for s in masked}))
     except (InsufficientSitesError, SecAggProtocolError) as exc:
         detail = "; ".join(f"site {s} ({names[s]}): {m}" for s, m in sorted(dropped.items()))
         raise RoundFailed(rnd, f"secure aggregation failed: {exc}" + (f" ({detail})" if detail else "")) from exc
