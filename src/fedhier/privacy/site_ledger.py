@@ -143,7 +143,7 @@ class SiteLedger:
             raise LedgerIntegrityError(
                 f"{self.path}: it holds {len(lines)} line(s) but its head records {fields['lines']}: lines were removed or added"
             )
-        self.entries, self.analyses, self._last_mac = entries, analyses, previous
+        self.entries, self.analyses, self._last_mac, self._lines = entries, analyses, previous, len(lines)
 
     # ------------------------------------------------------------------ recording
     def _append(self, records: Iterable[dict[str, Any]]) -> None:
@@ -155,12 +155,11 @@ class SiteLedger:
             lines.append(json.dumps({"body": body, "mac": previous}))
         if not lines:
             return
-        count = len(self.path.read_text().splitlines())
         with self.path.open("a") as fh:
             fh.write("".join(line + "\n" for line in lines))
             fh.flush()
             os.fsync(fh.fileno())
-        self._write_head(count + len(lines), previous)
+        self._write_head(self._lines + len(lines), previous)
         self.verify()
 
     def start(self, analysis: str) -> None:
