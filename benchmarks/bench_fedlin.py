@@ -20,7 +20,7 @@ import warnings
 
 import numpy as np
 
-from fedhier.fedlin import FedHM2Regressor
+from fedhier.estimators.fedlin import FedHM2Regressor
 from fedhier.models.fedlin.baselines import mixedlm_pooled
 from fedhier.models.fedlin.datasets import load_radon
 

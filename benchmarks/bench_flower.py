@@ -4,7 +4,7 @@ Run:  python benchmarks/bench_flower.py [--rounds 5] [--repeats 2] [--tls] [--se
 
 The bundled Alzheimer data (333 subjects, views of 124 + 3 + 4 features) is split into three
 hospitals (iid, ``fedhier flower demo-data``); on one federation of a real ``flower-superlink``
-and three ``flower-supernode`` processes on 127.0.0.1 (:class:`fedhier.flower_cli.LoopbackFederation`),
+and three ``flower-supernode`` processes on 127.0.0.1 (:class:`fedhier.cli.flower.LoopbackFederation`),
 in this run:
 
 * fedhier's Fed-mv-PPCA fit, submitted with ``fedhier flower run`` (and, with ``--secure``, the
@@ -40,7 +40,7 @@ import numpy as np
 
 from fedhier.data import load_alzheimer, partition
 from fedhier.deploy.mvppca import FlowerFitConfig
-from fedhier.flower_cli import LoopbackFederation, _connection_home, _run_streaming, flwr_run_command, submit, write_demo_sites
+from fedhier.cli.flower import LoopbackFederation, _connection_home, _run_streaming, flwr_run_command, submit, write_demo_sites
 from fedhier.runtime.flower import read_result
 from fedhier.runtime.simulate import simulate
 

@@ -61,7 +61,7 @@ def _mvppca_rows(seed: int) -> list[dict]:
     from fedhier.demo import demo_data
     from fedhier.metrics import observed_rows, reconstruction_mae
     from fedhier.models.mvppca.dp import DPConfig
-    from fedhier.mvppca import FedMVPPCA
+    from fedhier.estimators.mvppca import FedMVPPCA
     from fedhier.privacy.analyze_gauss import RecordDP
 
     d = demo_data(seed=seed)
@@ -114,7 +114,7 @@ def _heart_split(seed: int):
 
 
 def _fedlin_rows(seed: int) -> list[dict]:
-    from fedhier.fedlin import FedHM2Regressor
+    from fedhier.estimators.fedlin import FedHM2Regressor
     from fedhier.privacy.analyze_gauss import RecordDP
 
     train, test = _heart_split(seed)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedhier.collab import CollabVAE
+from fedhier.estimators.collab import CollabVAE
 from fedhier.models.collabdict.datasets import load_ctg, split_sites
 from fedhier.runtime import RoundFailed
 

@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 
-from fedhier.fedlin import FedHM2Regressor, FedLinWarning
+from fedhier.estimators.fedlin import FedHM2Regressor, FedLinWarning
 
 
 def make_sites(scale: float, seed: int = 0):

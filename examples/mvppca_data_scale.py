@@ -22,7 +22,7 @@ import warnings
 import numpy as np
 
 from fedhier import FedMVPPCA
-from fedhier.mvppca import DataScaleWarning
+from fedhier.estimators.mvppca import DataScaleWarning
 
 
 def make_sites(scale: float, seed: int = 0, noise: float = 0.1) -> list[dict[str, np.ndarray]]:

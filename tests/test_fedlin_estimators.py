@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedhier.fedlin import FedHM1Regressor, FedHM2Regressor, FedLinWarning, load
+from fedhier.estimators.fedlin import FedHM1Regressor, FedHM2Regressor, FedLinWarning, load
 from fedhier.models.fedlin.baselines import ditto_personalise, mixedlm_pooled
 from fedhier.models.fedlin.inference import a_rmse, inclusion_rates
 
@@ -193,7 +193,7 @@ def test_quick_heart_experiment_writes_csv_markdown_and_command(tmp_path):
 def test_cli_fit_linear_writes_coefficients_and_a_loadable_model(tmp_path):
     import argparse
 
-    from fedhier.fedlin import add_fit_linear_arguments, cli_fit_linear
+    from fedhier.cli.linear import add_fit_linear_arguments, cli_fit_linear
 
     rng = np.random.default_rng(7)
     lines = ["site,x,y"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedhier import FedMVPPCA
-from fedhier.mvppca import DataScaleWarning, NotFittedError
+from fedhier.estimators.mvppca import DataScaleWarning, NotFittedError
 
 
 def draw_model(dims, q, rng):

@@ -199,7 +199,7 @@ def test_fit_linear_report(tmp_path, prior):
 
 
 def test_fit_linear_report_rmse_is_the_sites_prediction_error(tmp_path):
-    from fedhier.fedlin import load
+    from fedhier.estimators.fedlin import load
     from fedhier.report.fedlin import fit_by_site
 
     rng = np.random.default_rng(5)
@@ -260,7 +260,7 @@ def test_collab_report_with_labels(tmp_path):
 def test_collab_report_roc_auc_matches_scikit_learn(tmp_path):
     from sklearn.metrics import roc_auc_score
 
-    from fedhier.collab import CollabDict
+    from fedhier.estimators.collab import CollabDict
     from fedhier.report.collab import write_collab_report
 
     rng = np.random.default_rng(0)
@@ -303,7 +303,7 @@ def test_text_is_escaped_and_markdown_mirrors_the_page(tmp_path):
 
 def test_site_processes_do_not_import_plotting_or_reports():
     code = (
-        "import sys, fedhier.mvppca, fedhier.fedlin, fedhier.collab, fedhier.protocol.mvppca, fedhier.runtime.simulate, "
+        "import sys, fedhier.estimators.mvppca, fedhier.estimators.fedlin, fedhier.estimators.collab, fedhier.protocol.mvppca, fedhier.runtime.simulate, "
         "fedhier.runtime.peer, fedhier.privacy\n"
         "bad = [m for m in sys.modules if m.startswith('matplotlib') or m.startswith('fedhier.report')]\n"
         "assert not bad, bad"

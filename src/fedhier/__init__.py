@@ -4,7 +4,7 @@ Estimators (imported lazily, so ``import fedhier`` stays light):
 
 * :class:`FedMVPPCA` -- federated multi-view probabilistic PCA (spec fed-mv-ppca);
 * :class:`FedHM1Regressor`, :class:`FedHM2Regressor` -- FedLin (spec fedlin);
-* :class:`CollabDict` -- serverless collaborative anomaly detection (spec collabdict);
+* :class:`CollabDict`, :class:`CollabVAE` -- serverless collaborative anomaly detection (spec collabdict);
 * :func:`simulate` -- the in-process runtime for any round protocol.
 """
 
@@ -13,10 +13,11 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _LAZY = {
-    "FedMVPPCA": "fedhier.mvppca",
-    "FedHM1Regressor": "fedhier.fedlin",
-    "FedHM2Regressor": "fedhier.fedlin",
-    "CollabDict": "fedhier.collab",
+    "FedMVPPCA": "fedhier.estimators.mvppca",
+    "FedHM1Regressor": "fedhier.estimators.fedlin",
+    "FedHM2Regressor": "fedhier.estimators.fedlin",
+    "CollabDict": "fedhier.estimators.collab",
+    "CollabVAE": "fedhier.estimators.collab",
     "simulate": "fedhier.runtime.simulate",
 }
 

@@ -29,7 +29,7 @@ from .data import (
 )
 from .models.mvppca.dp import DPConfig
 from .metrics import imputation_mae, latent_accuracy, observed_rows, reconstruction_mae
-from .mvppca import FedMVPPCA
+from .estimators.mvppca import FedMVPPCA
 from .report.mvppca import privacy_by_round
 from .utils.io import write_json
 

@@ -172,7 +172,7 @@ def fit_from_config(
     """Fit Fed-mv-PPCA on the sites of a configuration; write model, latents, summary and report."""
     from .data.validation import check_sites
     from .models.mvppca.dp import DPConfig
-    from .mvppca import FedMVPPCA
+    from .estimators.mvppca import FedMVPPCA
 
     config = load_config(config_path)
     names = [s["name"] for s in config["sites"]]

@@ -8,7 +8,7 @@ from scipy.stats import multivariate_normal, ttest_ind
 from fedhier.experiments.mvppca import figure4_statistic
 from fedhier.models.mvppca import GlobalView, waic
 from fedhier.models.mvppca.predictive import draw_site_params
-from fedhier.mvppca import FedMVPPCA
+from fedhier.estimators.mvppca import FedMVPPCA
 
 
 def _tiny_fit():

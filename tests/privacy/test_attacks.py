@@ -130,7 +130,7 @@ def test_a_flower_site_draws_its_noise_from_its_own_entropy(monkeypatch, tmp_pat
     for name, value in (("_run_id", 1), ("_node_id", 1), ("_task_id", 1)):  # as Flower's app process sets them
         monkeypatch.setattr(TaskIdentity, name, value)
 
-    from fedhier.flower_cli import write_demo_sites
+    from fedhier.cli.flower import write_demo_sites
     from fedhier.deploy.apps import client_app
     from fedhier.deploy.mvppca import FlowerFitConfig
     from fedhier.runtime.flower import RUN_CONFIG_KEY, _RECORD

@@ -110,7 +110,7 @@ def test_a_site_name_that_would_leave_or_hide_in_the_output_folder_is_refused(tm
 
 
 def test_flower_configuration_and_supernode_refuse_traversal_site_names(tmp_path):
-    from fedhier.flower_cli import supernode_command
+    from fedhier.cli.flower import supernode_command
     from fedhier.deploy.mvppca import FlowerFitConfig
 
     text = '[views]\ncsf = ["a", "b", "c"]\n[flower]\nsites = ["hospital-a", "../../etc"]\n'
@@ -136,7 +136,7 @@ def test_fit_refuses_an_output_that_is_an_input_and_writes_nothing(tmp_path, cap
 
 
 def test_fit_linear_and_collab_score_refuse_to_overwrite_their_input(tmp_path, capsys):
-    from fedhier.collab import CollabDict
+    from fedhier.estimators.collab import CollabDict
 
     rng = np.random.default_rng(1)
     table = tmp_path / "coefficients.csv"  # the data file has the name of an output of `fit linear`
@@ -218,8 +218,8 @@ def test_a_message_whose_header_lies_about_sizes_is_refused_before_any_array_is_
 
 # --------------------------------------------------------------------------- NaN model files
 def test_model_files_with_nan_parameters_are_refused_naming_the_array(tmp_path, model_file):
-    from fedhier.collab import CollabDict
-    from fedhier.fedlin import FedHM1Regressor, load
+    from fedhier.estimators.collab import CollabDict
+    from fedhier.estimators.fedlin import FedHM1Regressor, load
 
     bad = tmp_path / "nan.npz"
     bad.write_bytes(model_file.read_bytes())

@@ -23,7 +23,7 @@ from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 from sklearn.decomposition import PCA
 
 from fedhier.data.schema import ViewSchema
-from fedhier.fedlin import FedHM2Regressor
+from fedhier.estimators.fedlin import FedHM2Regressor
 from fedhier.models.fedlin import record_dp as fedlin_rdp
 from fedhier.models.fedlin.stats import SiteStats
 from fedhier.models.mvppca import record_dp as mv_rdp
@@ -225,7 +225,7 @@ def test_every_release_is_in_the_site_ledger_and_the_fits_ledger(tmp_path):
 
 
 def test_fed_mv_ppca_estimator_with_record_dp_reports_record_unit():
-    from fedhier.mvppca import FedMVPPCA
+    from fedhier.estimators.mvppca import FedMVPPCA
 
     rng = np.random.default_rng(8)
     sites = [_views(rng, 40), _views(rng, 35)]

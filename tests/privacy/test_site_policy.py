@@ -159,7 +159,7 @@ def test_flower_and_simulate_enforce_the_same_policy(tmp_path, monkeypatch):
     from flwr.app import ConfigRecord, Context, Message, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
-    from fedhier.flower_cli import write_demo_sites
+    from fedhier.cli.flower import write_demo_sites
     from fedhier.protocol.messages import encode
     from fedhier.deploy.apps import client_app
     from fedhier.deploy.mvppca import FlowerFitConfig

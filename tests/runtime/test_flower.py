@@ -29,7 +29,7 @@ pytest.importorskip("flwr", reason="Flower is not installed (pip install 'fedhie
 from flwr.app import Context, RecordDict  # noqa: E402
 
 from fedhier.data import load_alzheimer, partition  # noqa: E402
-from fedhier.flower_cli import (  # noqa: E402
+from fedhier.cli.flower import (  # noqa: E402
     LoopbackFederation,
     cli_flower,
     make_certificates,
@@ -287,7 +287,7 @@ def test_site_state_is_kept_between_rounds_at_the_site(demo):
 
 
 def test_server_app_writes_a_loadable_model_and_reports_failure(demo, tmp_path):
-    from fedhier.mvppca import FedMVPPCA
+    from fedhier.estimators.mvppca import FedMVPPCA
 
     folder, config, sites = demo
     config = config.replace(out=str(tmp_path / "out"), round_timeout=5.0, poll_interval=0.01)
@@ -379,7 +379,7 @@ def test_secure_round_loop_equals_simulate_and_the_server_never_receives_a_reply
                     decode(spec, value)
     # the held replies and the secrets stayed at the sites, and are erased after the round
     assert all("fedhier-secure" not in state.config_records for state in grid.states.values())
-    from fedhier.mvppca import FedMVPPCA
+    from fedhier.estimators.mvppca import FedMVPPCA
 
     write_result(tmp_path, config, result)
     assert FedMVPPCA.load(tmp_path / "model.npz").aggregation == "secure"
@@ -613,7 +613,7 @@ FLEET = ("machine-01", "machine-02", "machine-03")
 def fleet(tmp_path_factory):
     """Three C-MAPSS machines on disk, an HM2 and an HM1 fit.toml, the same sites in memory as (X, y)."""
     from fedhier.deploy import read_fit
-    from fedhier.flower_cli import write_fleet_sites
+    from fedhier.cli.flower import write_fleet_sites
 
     folder = tmp_path_factory.mktemp("flower-fleet")
     configs = {}
@@ -644,7 +644,7 @@ def _serve(grid, config, out):
 
 
 def test_fedlin_hm2_over_flower_equals_the_estimator_and_writes_a_loadable_model(fleet, tmp_path):
-    from fedhier.fedlin import FedHM2Regressor, load
+    from fedhier.estimators.fedlin import FedHM2Regressor, load
 
     folder, configs, sites = fleet
     config = configs["fedlin-hm2"]
@@ -668,7 +668,7 @@ def test_fedlin_hm2_over_flower_equals_the_estimator_and_writes_a_loadable_model
 
 
 def test_fedlin_hm1_over_flower_equals_the_estimator_and_sends_each_site_only_its_own_column(fleet, tmp_path):
-    from fedhier.fedlin import FedHM1Regressor, load
+    from fedhier.estimators.fedlin import FedHM1Regressor, load
 
     folder, configs, sites = fleet
     config = configs["fedlin-hm1"]
@@ -797,7 +797,7 @@ def test_the_flower_runtime_imports_no_model_estimator_or_cli_module():
 
     import fedhier.runtime.flower as runtime
 
-    forbidden = ("fedhier.models", "fedhier.mvppca", "fedhier.fedlin", "fedhier.collab", "fedhier.cli", "fedhier.flower_cli",
+    forbidden = ("fedhier.models", "fedhier.estimators", "fedhier.cli",
                  "fedhier.userdata", "fedhier.deploy", "fedhier.protocol.mvppca", "fedhier.protocol.fedlin",
                  "fedhier.protocol.collab", "fedhier.experiments", "fedhier.demo", "fedhier.data")
     tree = ast.parse(Path(runtime.__file__).read_text())
@@ -821,7 +821,7 @@ def test_the_flower_runtime_imports_no_model_estimator_or_cli_module():
 def test_fedlin_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, fleet, model):
     """FedLin on a real SuperLink and three SuperNodes: the estimator's simulate() fit to 1e-10; then with
     machine-03's SuperNode killed after round 1, simulate() with machine-03 absent from its lost round on."""
-    from fedhier.fedlin import load
+    from fedhier.estimators.fedlin import load
 
     folder, configs, sites = fleet
     config = configs[model]
@@ -937,7 +937,7 @@ def test_resume_is_refused_with_the_reason(demo, fleet, tmp_path):
 
 
 def test_a_summary_left_running_by_a_killed_run_is_closed(tmp_path):
-    from fedhier.flower_cli import _close_summary
+    from fedhier.cli.flower import _close_summary
 
     path = tmp_path / "summary.json"
     path.write_text(json.dumps({"status": "running", "sites": ["a"]}))

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install 'fedhier[mpi]')")
 
-from fedhier.collab import CollabDict  # noqa: E402
+from fedhier.estimators.collab import CollabDict  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ def _frame():
 
 
 def _run_mpi(args, tmp_path):
-    proc = subprocess.Popen([_mpiexec(), "-n", str(N_SITES), sys.executable, "-m", "fedhier.collab", *args],
+    proc = subprocess.Popen([_mpiexec(), "-n", str(N_SITES), sys.executable, "-m", "fedhier.cli.collab", *args],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install 'fedhier[mpi]')")
 
-from fedhier.collab import CollabDict  # noqa: E402
+from fedhier.estimators.collab import CollabDict  # noqa: E402
 from fedhier.runtime.checkpoint import read_checkpoint  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -31,7 +31,7 @@ def _rank_pid(root, rank):
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"PMI_RANK={rank}".encode() in env and b"fedhier.collab" in Path(f"/proc/{pid}/cmdline").read_bytes():
+        if f"PMI_RANK={rank}".encode() in env and b"fedhier.cli.collab" in Path(f"/proc/{pid}/cmdline").read_bytes():
             return pid
     return None
 
@@ -47,7 +47,7 @@ def _wait(condition, proc):
 
 def _start(tmp_path, extra=()):
     _frame().to_csv(tmp_path / "data.csv", index=False)
-    args = [_mpiexec(), "-n", str(N_SITES), "-disable-auto-cleanup", sys.executable, "-m", "fedhier.collab", "fit",
+    args = [_mpiexec(), "-n", str(N_SITES), "-disable-auto-cleanup", sys.executable, "-m", "fedhier.cli.collab", "fit",
             "--runtime", "mpi", "--csv", "data.csv", "--site-column", "site", "--components", "3", "--max-iter", "8",
             "--aggregation", "chunked", "--seed", "5", "--site-seed", "5", "--peer-timeout", "60",
             "--out", "model_{site}.npz", *extra]

@@ -5,8 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from fedhier.models.collabdict.consensus import consensus_matrix, consensus_update, random_chunks, session_placement
-from fedhier.models.collabdict.graphs import inverse_chord_graph, random_regular_graph
+from fedhier.runtime.consensus import consensus_matrix, consensus_update, random_chunks, session_placement
+from fedhier.runtime.graphs import inverse_chord_graph, random_regular_graph
 from fedhier.protocol.base import RoundProtocol
 from fedhier.protocol.messages import Field, MessageSpec, encode
 from fedhier.runtime.peer import PeerAggregation, simulate_peers
@@ -147,7 +147,7 @@ def test_shamir_t_minus_one_colluding_holders_learn_nothing():
 
 
 def test_exposure_probability_matches_monte_carlo():
-    from fedhier.models.collabdict.consensus import exposure_probability
+    from fedhier.runtime.consensus import exposure_probability
 
     rng = np.random.default_rng(0)
     S, d, q, C = 12, 4, 3, 2

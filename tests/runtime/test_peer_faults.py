@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedhier.models.collabdict.graphs import cycle_graph, random_regular_graph
+from fedhier.runtime.graphs import cycle_graph, random_regular_graph
 from fedhier.runtime.peer import PeerAggregation, PeerGraphSplit, simulate_peers
 
 sys.path.insert(0, str(Path(__file__).parent))

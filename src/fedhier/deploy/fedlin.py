@@ -1,8 +1,8 @@
 """FedLin (HM1, HM2) over Flower: the ``fit.toml`` of a deployment and what the runtime asks of it.
 
 :class:`FedLinFitConfig` is the :class:`~fedhier.runtime.flower.Deployment` of
-:class:`fedhier.fedlin.FedHM1Regressor` (``model = "fedlin-hm1"``) and
-:class:`fedhier.fedlin.FedHM2Regressor` (``model = "fedlin-hm2"``).  Each site (e.g. one
+:class:`fedhier.estimators.fedlin.FedHM1Regressor` (``model = "fedlin-hm1"``) and
+:class:`fedhier.estimators.fedlin.FedHM2Regressor` (``model = "fedlin-hm2"``).  Each site (e.g. one
 machine of a fleet) holds one CSV file whose header names the response and the features::
 
     model = "fedlin-hm2"
@@ -26,7 +26,7 @@ Options: those of the estimator's constructor -- HM2: ``prior``, ``covariance``,
 ``shrink_scale``, ``init``, ``jitter``.  HM1 sends each site only its own column of
 :math:`\\Theta` and gathers every site's reply (no secure summation).
 
-Result folder (on the SuperLink host): ``model.npz`` (``fedhier.fedlin.load``), and
+Result folder (on the SuperLink host): ``model.npz`` (``fedhier.estimators.fedlin.load``), and
 ``coefficients.csv`` (HM1: every site's coefficients, which the coordinator holds in HM1)
 or ``phi.csv`` (HM2: the posterior of the population parameters :math:`\\phi`, with
 intervals).  An HM2 site's own coefficients and intervals are computed on its machine from
@@ -176,7 +176,7 @@ class FedLinFitConfig(TomlFit, Deployment):
 
     def estimator(self):
         """A fresh, unfitted estimator with this fit's parameters."""
-        from ..fedlin import FedHM1Regressor, FedHM2Regressor
+        from ..estimators.fedlin import FedHM1Regressor, FedHM2Regressor
 
         if self.model == "fedlin-hm1":
             return FedHM1Regressor(**self.estimator_params())
@@ -243,8 +243,8 @@ class FedLinFitConfig(TomlFit, Deployment):
         return FitHooks(stop=stop, notes={"history": history})
 
     def write_model(self, out: Path, result: FlowerFitResult, hooks: FitHooks) -> dict[str, Any]:
-        """``model.npz`` (``fedhier.fedlin.load``) and ``coefficients.csv`` (HM1) or ``phi.csv`` (HM2)."""
-        from ..fedlin import FedHM1Regressor, FedHM2Regressor
+        """``model.npz`` (``fedhier.estimators.fedlin.load``) and ``coefficients.csv`` (HM1) or ``phi.csv`` (HM2)."""
+        from ..estimators.fedlin import FedHM1Regressor, FedHM2Regressor
         from ..utils.io import write_csv
 
         out = Path(out)

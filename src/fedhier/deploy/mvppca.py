@@ -1,7 +1,7 @@
 """Fed-mv-PPCA over Flower: the ``fit.toml`` of a deployment and what the runtime asks of it.
 
 :class:`FlowerFitConfig` is the :class:`~fedhier.runtime.flower.Deployment` of
-:class:`fedhier.mvppca.FedMVPPCA` (``model = "fed-mv-ppca"``, the default of a ``fit.toml``
+:class:`fedhier.estimators.mvppca.FedMVPPCA` (``model = "fed-mv-ppca"``, the default of a ``fit.toml``
 without ``model``): the views and their columns, the estimator's options, DP and secure
 summation, and the ``[flower]`` table; ``docs/flower.md`` has the recipe.
 """
@@ -42,7 +42,7 @@ class FlowerFitConfig(TomlFit, Deployment):
         Site names in site-index order; each SuperNode declares its name in its
         ``node_config`` (``site="..."``).
     n_components, n_rounds, n_local_iter, n_first_iter, tol, init, local_tol, ig_solver, sigma2_prior
-        As :class:`fedhier.mvppca.FedMVPPCA` (``tol``: stop after the first round in
+        As :class:`fedhier.estimators.mvppca.FedMVPPCA` (``tol``: stop after the first round in
         which theta~ changed by less).  A Flower fit uses the paper's update of the global
         prior (``prior_update="paper"``): the sites' posterior spreads, which the default
         update needs, are not yet part of a deployment's replies.
@@ -173,7 +173,7 @@ class FlowerFitConfig(TomlFit, Deployment):
         return ViewSchema(tuple(self.views), tuple(len(c) for c in self.views.values()))
 
     def protocol(self) -> RoundProtocol:
-        """The Fed-mv-PPCA round, built as :class:`fedhier.mvppca.FedMVPPCA` builds it."""
+        """The Fed-mv-PPCA round, built as :class:`fedhier.estimators.mvppca.FedMVPPCA` builds it."""
         from ..protocol.mvppca import MVPPCAProtocol
 
         return MVPPCAProtocol(
@@ -198,7 +198,7 @@ class FlowerFitConfig(TomlFit, Deployment):
     def aggregator(self):
         """The :class:`~fedhier.privacy.secure_round.SecureAggregator` of a secure fit, else None.
 
-        Built as :class:`fedhier.mvppca.FedMVPPCA` builds it for ``simulate()`` (one site per
+        Built as :class:`fedhier.estimators.mvppca.FedMVPPCA` builds it for ``simulate()`` (one site per
         listed name), so both runtimes sum with the same fixed point and threshold.
         """
         if self.aggregation == "plain":
@@ -249,8 +249,8 @@ class FlowerFitConfig(TomlFit, Deployment):
         return FitHooks(callbacks=[BroadcastMetrics(self.schema(), previous)], stop=None if self.tol is None else theta_settled(self.tol))
 
     def write_model(self, out: Path, result: FlowerFitResult, hooks: FitHooks) -> dict[str, Any]:
-        """``model.npz``: a :class:`fedhier.mvppca.FedMVPPCA` file of the final broadcast; the privacy spent per site."""
-        from ..mvppca import FedMVPPCA
+        """``model.npz``: a :class:`fedhier.estimators.mvppca.FedMVPPCA` file of the final broadcast; the privacy spent per site."""
+        from ..estimators.mvppca import FedMVPPCA
 
         model = FedMVPPCA.from_broadcast(
             result.broadcast, self.schema(), result.history, seed=result.seed, n_sites=len(self.sites),

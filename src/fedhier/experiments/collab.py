@@ -23,9 +23,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..collab import CollabDict
+from ..estimators.collab import CollabDict
 from ..models.collabdict.datasets import AnomalySite, load_ctg, load_sensor_networks, split_sites
-from ..models.collabdict.graphs import (consensus_steps, contraction_factor, diameter, inverse_chord_graph,
+from ..runtime.graphs import (consensus_steps, contraction_factor, diameter, inverse_chord_graph,
                                         is_prime, laplacian_spectrum, random_regular_graph, step_size)
 from ..protocol.messages import Field, MessageSpec, encode
 from ..utils.io import atomic_write_bytes, atomic_write_text, markdown_table, write_csv

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 from scipy import stats as sps
 
-from ..fedlin import FedHM1Regressor, FedHM2Regressor
+from ..estimators.fedlin import FedHM1Regressor, FedHM2Regressor
 from ..models.fedlin.baselines import ditto_personalise, fit_centralised_ols, fit_separate, mixedlm_pooled
 from ..models.fedlin.datasets import load_cmapss, load_heart, load_radon, load_student
 from ..models.fedlin.inference import a_rmse, inclusion_rates

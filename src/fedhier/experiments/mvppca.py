@@ -250,7 +250,7 @@ def _dp_config(method: Method, n_rounds: int, n_views: int):
 def fit_method(method: Method, sites: list[dict[str, np.ndarray]], *, n_components: int, schedule: Schedule, seed: int, callbacks=()):
     """Fit ``method`` on ``sites``; the result has ``transform`` and ``reconstruct``."""
     if method.kind in ("fedmvppca", "dp"):
-        from ..mvppca import FedMVPPCA
+        from ..estimators.mvppca import FedMVPPCA
 
         central = len(sites) == 1 and method.kind == "fedmvppca"
         n_rounds = 1 if central else schedule.n_rounds

@@ -29,7 +29,7 @@ def write_collab_report(
     command: str | None = None,
     labels: Sequence[np.ndarray] | None = None,
 ) -> Path:
-    """Write ``report.html`` and ``report.md`` of a fitted :class:`~fedhier.collab.CollabDict` into ``out``.
+    """Write ``report.html`` and ``report.md`` of a fitted :class:`~fedhier.estimators.collab.CollabDict` into ``out``.
 
     sites : each site's samples (N_s, M) in their recorded order (the score figure's horizontal axis).
     labels : optional (N_s,) 0/1 per site, 1 = known anomaly; adds the ROC curves and detection rates.

@@ -122,7 +122,7 @@ def write_mvppca_report(
     scale_note: str = "",
     privacy: Sequence[Mapping[str, Any]] | None = None,
 ) -> Path:
-    """Write ``report.html`` and ``report.md`` of a fitted :class:`~fedhier.mvppca.FedMVPPCA` into ``out``.
+    """Write ``report.html`` and ``report.md`` of a fitted :class:`~fedhier.estimators.mvppca.FedMVPPCA` into ``out``.
 
     sites : the training sites' data ({view: (n_c, d)}), for the sites-vs-global section and
         the latent space; without them those sections are left out (e.g. on a coordinator).
@@ -167,7 +167,7 @@ def write_result_report(
 ) -> Path:
     """The report of a result folder holding ``model.npz`` only, as a coordinator has it (no site data):
     variance explained, loadings, convergence, and the privacy spent per site when given."""
-    from ..mvppca import FedMVPPCA
+    from ..estimators.mvppca import FedMVPPCA
 
     model = FedMVPPCA.load(Path(folder) / "model.npz")
     tables = []

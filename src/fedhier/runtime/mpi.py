@@ -3,7 +3,7 @@
 Install with ``pip install "fedhier[mpi]"`` (``mpi4py`` and the ``mpich`` wheel, which
 provides ``mpiexec``).  The same fit then runs as ``S`` real processes::
 
-    mpiexec -n 7 python -m fedhier.collab fit --runtime mpi --csv data.csv --site-column site --out model.npz
+    mpiexec -n 7 python -m fedhier.cli.collab fit --runtime mpi --csv data.csv --site-column site --out model.npz
 
 (across machines: ``mpiexec -f hostfile -n S ...``).  Rank ``s`` is site ``s``.
 
@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..models.collabdict.graphs import check_adjacency, default_graph
+from .graphs import check_adjacency, default_graph
 from ..protocol.base import RoundProtocol
 from ..protocol.messages import Message, MessageSpec, decode, encode
 from .peer import PeerAggregation, PeerLost, PeerResult, Transport, run_peer_rounds
@@ -272,7 +272,7 @@ def run_mpi(protocol: RoundProtocol, data: Any, *, n_rounds: int, graph: np.ndar
     data : the private data of this rank's site
     graph : ndarray (S, S), optional
         Peer graph, identical on every rank; default
-        :func:`~fedhier.models.collabdict.graphs.default_graph` from the common seed.
+        :func:`~fedhier.runtime.graphs.default_graph` from the common seed.
     random_state : int, optional
         The run's public seed (peer graph, relabelling), taken from rank 0 when not given.
     site_seed : int, optional

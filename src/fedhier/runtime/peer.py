@@ -28,8 +28,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..models.collabdict.consensus import (consensus_update, max_update, random_chunks, session_placement)
-from ..models.collabdict.graphs import (GraphSpectrum, StepRule, check_adjacency, consensus_steps, default_graph,
+from .consensus import (consensus_update, max_update, random_chunks, session_placement)
+from .graphs import (GraphSpectrum, StepRule, check_adjacency, consensus_steps, default_graph,
                                         diameter, laplacian_spectrum, relabel, step_size)
 from ..protocol.base import RoundProtocol, SiteContext, check_disclosure
 from ..protocol.messages import Field, Message, MessageSpec, decode, encode
@@ -608,7 +608,7 @@ def simulate_peers(protocol: RoundProtocol, sites: Sequence[Any], *, n_rounds: i
     n_rounds : int
         Cap on outer iterations.
     graph : ndarray (S, S), optional
-        Peer graph; default :func:`~fedhier.models.collabdict.graphs.default_graph` (O2)
+        Peer graph; default :func:`~fedhier.runtime.graphs.default_graph` (O2)
         from the run's seed.
     aggregation : PeerAggregation, optional
     random_state : int, optional

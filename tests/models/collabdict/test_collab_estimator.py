@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from fedhier.collab import CollabDict, cli_collab
+from fedhier.cli.collab import cli_collab
+from fedhier.estimators.collab import CollabDict
 from fedhier.models.collabdict.ggm import global_update, initial_dictionary, log_gaussian, responsibilities, \
     sufficient_statistics
 from fedhier.models.collabdict.rdp import epsilon_dp, precision_norm_bound, tight_epsilon

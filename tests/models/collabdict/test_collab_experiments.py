@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedhier.experiments.collab import EXPERIMENTS
-from fedhier.models.collabdict.graphs import inverse_chord_graph, laplacian_spectrum
+from fedhier.runtime.graphs import inverse_chord_graph, laplacian_spectrum
 
 
 def test_scaling_experiment_quick(tmp_path):

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from fedhier.models.collabdict.consensus import average_consensus, consensus_matrix
-from fedhier.models.collabdict.graphs import (check_adjacency, consensus_steps, contraction_factor, cycle_graph,
+from fedhier.runtime.consensus import average_consensus, consensus_matrix
+from fedhier.runtime.graphs import (check_adjacency, consensus_steps, contraction_factor, cycle_graph,
                                               default_graph, diameter, graph_from_edges, inverse_chord_graph,
                                               laplacian, laplacian_spectrum, random_regular_graph, relabel,
                                               step_size)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from fedhier.collab import CollabVAE
+from fedhier.estimators.collab import CollabVAE
 from fedhier.models.collabdict.vae import elbo_and_gradients, init_decoder, init_encoder, reconstruction_scores
 
 
@@ -100,7 +100,7 @@ def test_decentralised_vae_equals_star_and_learns():
 
 
 def test_save_load_gives_identical_scores_and_refuses_wrong_files(tmp_path):
-    from fedhier.collab import CollabDict
+    from fedhier.estimators.collab import CollabDict
 
     sites = _sites(3)
     with pytest.raises(ValueError, match="not fitted"):
@@ -132,7 +132,7 @@ def test_save_load_gives_identical_scores_and_refuses_wrong_files(tmp_path):
 
 
 def test_clip_scales_to_the_norm_and_keeps_the_direction():
-    from fedhier.models.collabdict.protocol import VAEProtocol
+    from fedhier.protocol.collab import VAEProtocol
 
     protocol = VAEProtocol(3, np.zeros(3), np.ones(3), n_latent=2, width=4, max_grad_norm=2.0)
     grad = {"a": np.array([3.0, 0.0]), "b": np.array([[0.0, 4.0]])}  # global norm 5
@@ -173,7 +173,7 @@ def test_default_clip_trains_every_start():
 @pytest.mark.parametrize("option", [{"n_latent": 0}, {"width": 2.5}, {"learning_rate": 0.0}, {"local_steps": -1},
                                     {"max_grad_norm": 0.0}, {"max_iter": 0}, {"n_draws": 0}])
 def test_bad_options_are_refused_before_any_round(option, monkeypatch):
-    import fedhier.collab as collab
+    import fedhier.estimators.collab as collab
 
     def no_rounds(*args, **kwargs):
         raise AssertionError("a round ran")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedhier.fedlin import FedHM1Regressor
+from fedhier.estimators.fedlin import FedHM1Regressor
 from fedhier.models.fedlin.hm1 import (check_step_size, hm1_objective, local_steps, prior_shrinkage, shrinkage_message,
                                        update_omega)
 

@@ -4,5 +4,5 @@ Modules: :mod:`.graphs` (peer graphs, spectra, step size, stopping rule), :mod:`
 (average consensus, chunking, agreement), :mod:`.ggm` (local/global updates), :mod:`.scores`
 (anomaly scores), :mod:`.rdp` (Rényi-DP release of the means), :mod:`.diversity` (entropy
 l-diversity monitor), :mod:`.protocol` (the rounds as declared protocols), :mod:`.datasets`
-(bundled real data).  The estimator is :class:`fedhier.collab.CollabDict`.
+(bundled real data).  The estimator is :class:`fedhier.estimators.collab.CollabDict`.
 """

@@ -31,7 +31,7 @@ def _total_budget(args) -> tuple[float, float] | None:
 def _cmd_demo(args) -> int:
     from rich.console import Console
 
-    from .demo import run_demo
+    from ..demo import run_demo
 
     summary = run_demo(
         args.out,
@@ -73,7 +73,7 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_fit(args) -> int:
-    from .userdata import fit_from_config
+    from ..userdata import fit_from_config
 
     summary = fit_from_config(args.config, out_dir=args.out, total_budget=_total_budget(args), progress=not args.quiet)
     print(json.dumps(summary, indent=2))
@@ -169,11 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(argv: list[str]) -> int:
     if argv[:2] == ["fit", "linear"]:
-        from .fedlin import cli_fit_linear
+        from .linear import cli_fit_linear
 
         return int(cli_fit_linear(argv[2:]) or 0)
     if argv[:1] == ["flower"]:
-        from .flower_cli import cli_flower
+        from .flower import cli_flower
 
         return int(cli_flower(argv[1:]) or 0)
     if argv[:1] == ["collab"]:

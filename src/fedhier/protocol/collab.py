@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ...protocol.base import RoundProtocol, SiteContext, SiteError
-from ...protocol.messages import Field, Message, MessageSpec
-from .diversity import diversity_level, mitigation_noise, paper_sample_weights_entropy, sample_weights_entropy
-from .ggm import global_update, initial_dictionary, l0_weights, local_update, pack_symmetric, unpack_symmetric
+from .base import RoundProtocol, SiteContext, SiteError
+from .messages import Field, Message, MessageSpec
+from ..models.collabdict.diversity import diversity_level, mitigation_noise, paper_sample_weights_entropy, sample_weights_entropy
+from ..models.collabdict.ggm import global_update, initial_dictionary, l0_weights, local_update, pack_symmetric, unpack_symmetric
 
 __all__ = ["MomentsProtocol", "GGMMixtureProtocol", "VAEProtocol", "DiversityRecord", "TrainingDiverged", "check_site_matrix",
            "standardise"]
@@ -313,7 +313,7 @@ class VAEProtocol(RoundProtocol):
     def __init__(self, n_features: int, center: np.ndarray, scale: np.ndarray, *, n_latent: int = 3,
                  width: int = 32, learning_rate: float = 0.05, local_steps: int = 2, seed: int = 0,
                  max_grad_norm: float | None = 10.0) -> None:
-        from .vae import decoder_shapes
+        from ..models.collabdict.vae import decoder_shapes
 
         check_vae_options(n_latent, width, learning_rate, local_steps, max_grad_norm)
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
@@ -333,7 +333,7 @@ class VAEProtocol(RoundProtocol):
                                                   **{k: Field(v) for k, v in self.shapes.items()}})
 
     def initial_broadcast(self) -> Message:
-        from .vae import init_decoder
+        from ..models.collabdict.vae import init_decoder
 
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=(8,))))
         return {"elbo_per_sample": np.float64(0.0),
@@ -346,7 +346,7 @@ class VAEProtocol(RoundProtocol):
         return {k: np.asarray(broadcast[k]) for k in self.shapes}
 
     def site_step(self, ctx: SiteContext, broadcast: Message) -> Message:
-        from .vae import elbo_and_gradients, encoder_shapes, init_encoder
+        from ..models.collabdict.vae import elbo_and_gradients, encoder_shapes, init_encoder
 
         X = standardise(check_site_matrix(ctx.site, ctx.data, self.n_features), self.center, self.scale)
         enc_keys = list(encoder_shapes(self.n_features, self.n_latent, self.width))

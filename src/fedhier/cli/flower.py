@@ -40,7 +40,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .utils.untrusted import check_outputs_spare_inputs, check_site_name
+from ..utils.untrusted import check_outputs_spare_inputs, check_site_name
 
 __all__ = [
     "cli_flower",
@@ -237,7 +237,7 @@ def make_certificates(out: str | Path, hosts: Sequence[str] = ("127.0.0.1", "loc
     def key_bytes(key) -> bytes:
         return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
-    from .utils.io import atomic_write_bytes
+    from ..utils.io import atomic_write_bytes
 
     paths = {
         "ca.pem": atomic_write_bytes(out / "ca.pem", ca.public_bytes(serialization.Encoding.PEM)),
@@ -260,7 +260,7 @@ def make_site_key(path: str | Path) -> tuple[Path, Path]:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from .utils.io import atomic_write_bytes
+    from ..utils.io import atomic_write_bytes
 
     key = ec.generate_private_key(ec.SECP384R1())
     private = atomic_write_bytes(
@@ -295,8 +295,8 @@ def write_demo_sites(
     floats written exactly) and a matching ``fit.toml`` into ``out``; returns the path of
     ``fit.toml``.  The sites are ``partition(views, labels, n_sites, "iid", random_state=seed)``.
     """
-    from .data import load_alzheimer, partition
-    from .utils.io import atomic_write_text, write_csv
+    from ..data import load_alzheimer, partition
+    from ..utils.io import atomic_write_text, write_csv
 
     data = load_alzheimer()
     parts = partition(data.views, data.labels, n_sites, "iid", random_state=seed)
@@ -336,8 +336,8 @@ def write_fleet_sites(
     ``sensor``, min-max scaled on the engine's own cycles), written to ``machine-<k>.csv``
     with a ``fit.toml`` for ``model`` ("fedlin-hm1" or "fedlin-hm2"); returns its path.
     """
-    from .models.fedlin.datasets import load_cmapss
-    from .utils.io import atomic_write_text, write_csv
+    from ..models.fedlin.datasets import load_cmapss
+    from ..utils.io import atomic_write_text, write_csv
 
     if model not in ("fedlin-hm1", "fedlin-hm2"):
         raise ValueError(f"model must be 'fedlin-hm1' or 'fedlin-hm2', got {model!r}")
@@ -635,8 +635,8 @@ def submit(
     ValueError : bad configuration or options; TimeoutError : the run did not end in time;
     RuntimeError : ``flwr run`` failed.
     """
-    from .deploy import read_fit
-    from .runtime.flower import CHECKPOINT, RESUME_KEY, RUN_CONFIG_KEY
+    from ..deploy import read_fit
+    from ..runtime.flower import CHECKPOINT, RESUME_KEY, RUN_CONFIG_KEY
 
     config = read_fit(config_path)
     if out is not None:
@@ -677,7 +677,7 @@ def submit(
         summary = json.loads(summary_path.read_text())
         # the coordinator's report of a Fed-mv-PPCA fit; FedLin's report needs the sites' data (not on the coordinator)
         if summary.get("status") == "completed" and config.model == "fed-mv-ppca":
-            from .report.mvppca import write_result_report
+            from ..report.mvppca import write_result_report
 
             summary["report"] = str(write_result_report(
                 config.out, title="Fed-mv-PPCA on Flower", site_names=summary["sites"], feature_names=config.views,
@@ -696,7 +696,7 @@ def _close_summary(path: Path) -> None:
     except (OSError, ValueError):
         return
     if isinstance(summary, dict) and summary.get("status") == "running":
-        from .utils.io import write_json
+        from ..utils.io import write_json
 
         summary.update(status="failed", error="the run ended before the fit did (its ServerApp or the SuperLink stopped); "
                                               "`fedhier flower run --resume` goes on from the last completed round")
@@ -814,7 +814,7 @@ def cli_flower(argv: Sequence[str] | None = None) -> int:
             return _run(cmd, args.print_command)
         if args.command == "site":
             if args.config:
-                from .deploy import read_fit
+                from ..deploy import read_fit
 
                 print(f"site {args.site!r}: " + _describe(read_fit(args.config).load_site(args.site, args.data)))
             cmd = supernode_command(

@@ -17,16 +17,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .data.schema import ViewSchema
-from .data.validation import check_feature_names, check_sites, check_views, feature_names
-from .models.mvppca import predictive
-from .models.mvppca.waic import waic_site_terms
-from .models.mvppca.params import GlobalParams, GlobalView, point_model
-from .protocol.mvppca import GLOBAL_FIELDS, BroadcastMetrics, DataScaleWarning, MVPPCAProtocol, global_from_message, theta_settled
-from .runtime.checkpoint import read_checkpoint
-from .runtime.simulate import RoundRecord, simulate
-from .utils.io import atomic_write_bytes, json_text
-from .utils.untrusted import check_finite, read_meta_json, read_npz
+from ..data.schema import ViewSchema
+from ..data.validation import check_feature_names, check_sites, check_views, feature_names
+from ..models.mvppca import predictive
+from ..models.mvppca.waic import waic_site_terms
+from ..models.mvppca.params import GlobalParams, GlobalView, point_model
+from ..protocol.mvppca import GLOBAL_FIELDS, BroadcastMetrics, DataScaleWarning, MVPPCAProtocol, global_from_message, theta_settled
+from ..runtime.checkpoint import read_checkpoint
+from ..runtime.simulate import RoundRecord, simulate
+from ..utils.io import atomic_write_bytes, json_text
+from ..utils.untrusted import check_finite, read_meta_json, read_npz
 
 __all__ = ["FedMVPPCA", "ComponentScores", "NotFittedError", "DataScaleWarning"]
 
@@ -36,7 +36,7 @@ _FORMAT = "fedhier.FedMVPPCA/1"
 
 def _record_dp(privacy: Any) -> bool:
     """True for record-level DP (:class:`fedhier.privacy.analyze_gauss.RecordDP`): a one-shot release per site."""
-    from .privacy.analyze_gauss import RecordDP
+    from ..privacy.analyze_gauss import RecordDP
 
     return isinstance(privacy, RecordDP)
 
@@ -238,8 +238,8 @@ class FedMVPPCA:
             raise ValueError(f"aggregation must be 'plain', 'secure' or a SecureAggregator, got {self.aggregation!r}")
 
     def _check_privacy(self, sites) -> None:
-        from .models.mvppca.dp import DPConfig, released_blocks
-        from .privacy import TotalBudget
+        from ..models.mvppca.dp import DPConfig, released_blocks
+        from ..privacy import TotalBudget
 
         if not isinstance(self.privacy, DPConfig):
             raise ValueError(
@@ -280,7 +280,7 @@ class FedMVPPCA:
             return self.aggregation
         if self.aggregation == "plain":
             return None
-        from .privacy.secure_round import SecureAggregator
+        from ..privacy.secure_round import SecureAggregator
 
         return SecureAggregator(n_sites)
 
@@ -308,7 +308,7 @@ class FedMVPPCA:
         sites, schema = check_sites(given, n_components=self.n_components, min_subjects=2)
         names = feature_names(given)  # of the views given as DataFrames; checked again at prediction
         if _record_dp(self.privacy):  # one release per site, the fit is post-processing (fedhier.record_dp)
-            from .record_dp import fit_mvppca
+            from ..record_dp import fit_mvppca
 
             fit_mvppca(self, sites, schema)
             self.feature_names_in_ = names
@@ -322,7 +322,7 @@ class FedMVPPCA:
         callbacks = list(callbacks)
         bar = None
         if self.progress:
-            from .utils.progress import RoundProgress
+            from ..utils.progress import RoundProgress
 
             bar = RoundProgress(self.n_init * self.n_rounds, description="Fed-mv-PPCA")
             callbacks.append(bar)
@@ -361,7 +361,7 @@ class FedMVPPCA:
         self.init_seeds_ = [r.seed for r in results]
         self.init_scores_ = scores
         if self.privacy is not None:
-            from .models.mvppca.dp import ledger_from_history
+            from ..models.mvppca.dp import ledger_from_history
 
             # what the accountant knows: who released which views in which round
             self.privacy_ledger_ = ledger_from_history(
@@ -388,7 +388,7 @@ class FedMVPPCA:
         self._check_fitted()
         if self.privacy is None:
             raise ValueError("this model was fitted without privacy")
-        from .privacy.report import fit_report
+        from ..privacy.report import fit_report
 
         unit = self.privacy.unit if _record_dp(self.privacy) else "site"
         return fit_report(self.privacy_ledger_, self._privacy_delta() if delta is None else delta, unit=unit,
@@ -396,7 +396,7 @@ class FedMVPPCA:
 
     def _privacy_delta(self) -> float:
         """delta at which the spent epsilon is reported: the total budget's, else 1e-5."""
-        from .privacy import TotalBudget
+        from ..privacy import TotalBudget
 
         if _record_dp(self.privacy):
             return float(self.privacy.delta)
