@@ -427,9 +427,9 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         if self.tol is not None and self.n_rounds_ >= self.n_rounds and not last < self.tol:
             import warnings
 
-            warnings.warn(f"Fed-mv-PPCA ran all n_rounds={self.n_rounds} rounds and its parameters still moved by "
-                          f"{last:.3g} (relative) in the last one, above tol={self.tol}; raise n_rounds",
-                          ConvergenceWarning, stacklevel=2)
+            moved = f"still moved by {last:.3g} (relative) in the last one" if np.isfinite(last) else "had no second round to compare"
+            warnings.warn(f"Fed-mv-PPCA ran all n_rounds={self.n_rounds} rounds and its parameters {moved}, "
+                          f"above tol={self.tol}; raise n_rounds", ConvergenceWarning, stacklevel=2)
         self.init_seeds_ = [r.seed for r in results]
         self.init_scores_ = scores
         if self.privacy is not None:
