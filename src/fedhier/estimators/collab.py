@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 from sklearn.base import BaseEstimator, OutlierMixin
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..data.validation import check_site_index
@@ -213,8 +215,9 @@ class CollabDict(_SiteOutlierDetector):
         Private per-site weights (the paper) or one pooled weight vector.
     l0_penalty : float or None
         l0-sparse weights of §5.5 with this ``tau``.
-    score : {"expected", "logloss"}
-        Eq. (20) (paper, default) or Eq. (1).
+    score_rule : {"expected", "logloss"}
+        The anomaly score: Eq. (20) (paper, default) or Eq. (1).  (Not called ``score``, the name of
+        scikit-learn's scoring method.)
     aggregation : {"consensus", "chunked", "shamir"}
         How sums are computed without a centre (§3-§4).
     graph : ndarray (S, S) or None
@@ -268,7 +271,7 @@ class CollabDict(_SiteOutlierDetector):
     _min_features = 2  # a model of the dependence between variables
 
     def __init__(self, n_components: int = 7, *, rho: float = 0.8, lambda0: float = 1.0, n_min: float | None = None,
-                 weights: str = "local", l0_penalty: float | None = None, score: str = "expected",
+                 weights: str = "local", l0_penalty: float | None = None, score_rule: str = "expected",
                  aggregation: str = "consensus", graph: np.ndarray | None = None, step: str | float = "max-degree",
                  rel_tol: float = 1e-12, n_chunks: int = 3, runtime: str = "peer",
                  max_iter: int = 100,
@@ -282,7 +285,7 @@ class CollabDict(_SiteOutlierDetector):
         self.n_min = n_min
         self.weights = weights
         self.l0_penalty = l0_penalty
-        self.score = score
+        self.score_rule = score_rule
         self.aggregation = aggregation
         self.graph = graph
         self.step = step
@@ -302,14 +305,14 @@ class CollabDict(_SiteOutlierDetector):
 
     # ------------------------------------------------------------------ helpers
     def _params(self) -> dict[str, Any]:
-        keys = ("n_components", "rho", "lambda0", "n_min", "weights", "l0_penalty", "score", "aggregation", "step",
+        keys = ("n_components", "rho", "lambda0", "n_min", "weights", "l0_penalty", "score_rule", "aggregation", "step",
                 "rel_tol", "n_chunks", "runtime", "max_iter", "tol", "glasso_tol", "ell0",
                 "diversity_rule", "mitigate", "clip_norm", "delta", "contamination", "random_state")
         return {k: getattr(self, k) for k in keys}
 
     def _check_params(self) -> None:
-        if self.score not in ("expected", "logloss"):
-            raise ValueError(f"score must be 'expected' or 'logloss', got {self.score!r}")
+        if self.score_rule not in ("expected", "logloss"):
+            raise ValueError(f"score_rule must be 'expected' or 'logloss', got {self.score_rule!r}")
         if self.runtime not in _RUNTIMES:
             raise ValueError(f"runtime must be one of {_RUNTIMES} (use fit_mpi for MPI), got {self.runtime!r}")
         if int(self.n_components) < 1:
@@ -381,6 +384,9 @@ class CollabDict(_SiteOutlierDetector):
         model, states, history = self._run(protocol, sites, int(self.max_iter), protocol.converged)
         train = {s: protocol.transform(x) for s, x in enumerate(sites)}
         self._finish(protocol, moments, model, states, history, train, n_sites=len(sites))
+        if not self.converged_:
+            warnings.warn(f"CollabDict ran all max_iter={self.max_iter} iterations without meeting tol={self.tol}; "
+                          "raise max_iter", ConvergenceWarning, stacklevel=2)
         return self
 
     def fit_mpi(self, X: np.ndarray, comm=None, site_seed: int | None = None, *, timeout: float | None = None,
@@ -523,7 +529,7 @@ class CollabDict(_SiteOutlierDetector):
     def _site_anomaly(self, Z: np.ndarray, site: int) -> np.ndarray:
         """Anomaly score ``a^s(z)`` of standardised rows at ``site`` (Eq. (20) or (1)); shape (n,)."""
         w = self._site_weights(site)
-        fn = score_expected if self.score == "expected" else score_logloss
+        fn = score_expected if self.score_rule == "expected" else score_logloss
         return fn(Z, self.mu_, self.precision_, w)
 
     _score_std = _site_anomaly
@@ -550,7 +556,10 @@ class CollabDict(_SiteOutlierDetector):
     def load(cls, path: str | Path) -> "CollabDict":
         """Read a model written by :meth:`save`."""
         arrays, meta, graph = _read_model(path, "CollabDict", _ARRAYS)
-        model = cls(**meta["params"], graph=graph)
+        params = dict(meta["params"])
+        if "score" in params:  # files written before the parameter was renamed
+            params["score_rule"] = params.pop("score")
+        model = cls(**params, graph=graph)
         for name in _ARRAYS:
             setattr(model, name, arrays[name])
         model.active_ = model.active_.astype(bool)
@@ -640,6 +649,7 @@ class CollabVAE(_SiteOutlierDetector):
         self.encoders_ = {int(s): {k: state[k] for k in encoder_shapes(n_features, self.n_latent, self.width)}
                           for s, state in states.items()}
         self.history_ = history
+        self.n_iter_ = len(history)
         self.thresholds_ = np.full(len(sites), np.nan)
         for s in self.encoders_:
             Z = standardise(sites[s], self.center_, self.scale_)

@@ -120,7 +120,7 @@ class _SiteRegressor(RegressorMixin, BaseEstimator):
             self.sites_ = np.arange(len(sites))
             return sites
         if y is None:
-            raise ValueError(f"{name}.fit needs y: fit(X, y) for one site, fit(X, y, groups=site_labels) for pooled rows "
+            raise ValueError(f"{name} requires y to be passed, but the target y is None: fit(X, y) for one site, fit(X, y, groups=site_labels) for pooled rows "
                              "with a site label, or fit(sites) with a list of (X_k, y_k) pairs, one per site")
         X, y = validate_data(self, X, y, y_numeric=True, ensure_min_samples=2)
         X, y = np.asarray(X, dtype=float), np.asarray(y, dtype=float)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+from scipy.sparse import issparse
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -293,7 +294,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
                 raise ValueError("FedMVPPCA.fit: give either a list of sites or groups= with pooled views, not both")
             self.sites_ = np.arange(len(X))
             return list(X)
-        if isinstance(X, Mapping):
+        if isinstance(X, Mapping) and not issparse(X):  # scipy's dok sparse matrices are dicts
             views = dict(X)
         else:
             if isinstance(X, (list, tuple)) and X and all(np.ndim(x) == 2 for x in X):
@@ -534,7 +535,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
 
     def _views(self, X: Mapping[str, Any]) -> dict[str, np.ndarray]:
         self._check_fitted()
-        if getattr(self, "_array_input", False) and not isinstance(X, Mapping):
+        if getattr(self, "_array_input", False) and (not isinstance(X, Mapping) or issparse(X)):
             return {ARRAY_VIEW: validate_data(self, X, reset=False, dtype=np.float64)}
         views = check_views(X, self.schema_)
         if isinstance(getattr(self, "feature_names_in_", None), dict):

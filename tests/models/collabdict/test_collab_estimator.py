@@ -146,7 +146,7 @@ def test_scoring_refuses_a_fractional_site_and_flags_overflowing_rows():
     # far rows, the last two so far that every component density underflows to 0: +inf, flagged (not nan)
     far = np.array([[1e100, 0.0, 0.0], [1e160, 0.0, 0.0], [0.0, -1e200, 0.0]])
     for score in ("expected", "logloss"):
-        model.score = score
+        model.score_rule = score
         scores = model.anomaly_score(far, site=0)
         assert scores[0] > 1e150 and np.all(scores[1:] == np.inf), scores
         assert np.all(model.predict(far, site=0) == -1)
