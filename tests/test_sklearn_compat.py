@@ -14,6 +14,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
+from fedhier.baselines.vae import FederatedVAE, torch_available
 from fedhier.estimators.collab import CollabDict, CollabVAE
 from fedhier.estimators.fedlin import FedHM1Regressor, FedHM2Regressor
 from fedhier.estimators.mvppca import FedMVPPCA
@@ -26,6 +27,8 @@ ESTIMATORS = [
     CollabDict(n_components=2, max_iter=5, random_state=0),
     CollabVAE(max_iter=5, random_state=0),
 ]
+if torch_available():  # the VAE baselines need PyTorch (an optional extra)
+    ESTIMATORS.append(FederatedVAE(n_components=1, n_rounds=2, n_epochs=1, random_state=0))
 
 
 def _expected_failed_checks(estimator):

@@ -10,11 +10,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
+from scipy.sparse import issparse
+from sklearn.utils.validation import validate_data
 
-__all__ = ["NOT_FITTED", "site_labels", "site_of_rows", "take_rows"]
+__all__ = ["ARRAY_VIEW", "NOT_FITTED", "array_view", "site_labels", "site_of_rows", "take_rows", "view_sites"]
 
 #: ``msg`` of :func:`sklearn.utils.validation.check_is_fitted` for every estimator of the package.
 NOT_FITTED = "this %(name)s is not fitted yet: call fit first"
@@ -53,3 +55,61 @@ def site_of_rows(labels: np.ndarray, groups: Any, n_samples: int) -> np.ndarray:
         raise ValueError(f"groups must hold one site label per row ({n_samples},), got shape {groups.shape}")
     lookup = {label.item() if hasattr(label, "item") else label: k for k, label in enumerate(labels)}
     return np.array([lookup.get(g.item() if hasattr(g, "item") else g, -1) for g in groups], dtype=int)
+
+
+#: The view name of multi-view data given as one array (a single view).
+ARRAY_VIEW = "X"
+
+
+def _is_view_site_list(X: Any) -> bool:
+    """True for a list of sites (mappings, or sequences of ``(view, array)`` pairs)."""
+    if not isinstance(X, (list, tuple)) or not X:
+        return False
+    return all(
+        isinstance(site, Mapping)
+        or (isinstance(site, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) for p in site))
+        for site in X
+    )
+
+
+def view_sites(estimator: Any, X: Any, groups: Any) -> list[Any]:
+    """The sites of multi-view data in any form: a list of sites ``{view: array}``; pooled views with
+    ``groups``; one mapping (one site); one array (one view, :data:`ARRAY_VIEW`, at one site, validated
+    by scikit-learn's ``validate_data``, which sets ``n_features_in_`` / ``feature_names_in_``).
+
+    Sets ``estimator.sites_`` and ``estimator._array_input``; the views themselves are checked later
+    by :func:`fedhier.data.validation.check_sites`.
+    """
+    name = type(estimator).__name__
+    estimator._array_input = False
+    if _is_view_site_list(X):
+        if groups is not None:
+            raise ValueError(f"{name}.fit: give either a list of sites or groups= with pooled views, not both")
+        estimator.sites_ = np.arange(len(X))
+        return list(X)
+    if isinstance(X, Mapping) and not issparse(X):  # scipy's dok sparse matrices are dicts
+        views = dict(X)
+    else:
+        if isinstance(X, (list, tuple)) and X and all(np.ndim(x) == 2 for x in X):
+            raise ValueError(f"{name}.fit: got a list of arrays; pass a list of sites, each a mapping "
+                             "{view: array}, or one array (a single view at one site), or views with groups=")
+        X = validate_data(estimator, X, ensure_min_samples=2, dtype=np.float64)
+        estimator._array_input = True
+        views = {ARRAY_VIEW: X}
+    if groups is None:
+        estimator.sites_ = np.arange(1)
+        return [views]
+    n = {np.shape(v)[0] for v in views.values()}
+    if len(n) != 1:
+        raise ValueError(f"{name}.fit: with groups=, every view needs one row per subject; got row counts {sorted(n)}")
+    labels, site = site_labels(groups, n.pop())
+    estimator.sites_ = labels
+    return [{view: take_rows(V, np.flatnonzero(site == k)) for view, V in views.items()} for k in range(labels.size)]
+
+
+def array_view(estimator: Any, X: Any) -> Any:
+    """Prediction-time input of a model fitted on one array: ``{ARRAY_VIEW: X}`` checked by scikit-learn
+    (feature count and names); anything else unchanged."""
+    if getattr(estimator, "_array_input", False) and (not isinstance(X, Mapping) or issparse(X)):
+        return {ARRAY_VIEW: validate_data(estimator, X, reset=False, dtype=np.float64)}
+    return X

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
-from scipy.sparse import issparse
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 
 from ..data.schema import ViewSchema
 from ..data.validation import check_feature_names, check_sites, check_views, feature_names
@@ -34,7 +33,7 @@ from ..runtime.checkpoint import read_checkpoint
 from ..runtime.simulate import RoundRecord, simulate
 from ..utils.io import atomic_write_bytes, json_text
 from ..utils.untrusted import check_finite, read_meta_json, read_npz
-from ._input import NOT_FITTED, site_labels, take_rows
+from ._input import ARRAY_VIEW, NOT_FITTED, array_view, view_sites
 
 __all__ = ["FedMVPPCA", "ComponentScores", "NotFittedError", "DataScaleWarning"]  # NotFittedError: scikit-learn's
 
@@ -72,21 +71,6 @@ class ComponentScores:
     errors: np.ndarray
     best: int
     criterion: str
-
-
-#: The view name of data given as one array (a single view).
-ARRAY_VIEW = "X"
-
-
-def _is_site_list(X: Any) -> bool:
-    """True for a list of sites (mappings, or sequences of ``(view, array)`` pairs)."""
-    if not isinstance(X, (list, tuple)) or not X:
-        return False
-    return all(
-        isinstance(site, Mapping)
-        or (isinstance(site, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) for p in site))
-        for site in X
-    )
 
 
 class FedMVPPCA(TransformerMixin, BaseEstimator):
@@ -284,35 +268,6 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
     def _check_fitted(self) -> None:
         check_is_fitted(self, "_global", msg=NOT_FITTED)
 
-    def _as_sites(self, X: Any, groups: Any) -> list[Any]:
-        """The sites of any of the data forms (module docstring); an array is validated here, the rest
-        by :func:`~fedhier.data.validation.check_sites`.  Sets ``sites_`` and the array form's
-        ``n_features_in_`` / ``feature_names_in_``."""
-        self._array_input = False
-        if _is_site_list(X):
-            if groups is not None:
-                raise ValueError("FedMVPPCA.fit: give either a list of sites or groups= with pooled views, not both")
-            self.sites_ = np.arange(len(X))
-            return list(X)
-        if isinstance(X, Mapping) and not issparse(X):  # scipy's dok sparse matrices are dicts
-            views = dict(X)
-        else:
-            if isinstance(X, (list, tuple)) and X and all(np.ndim(x) == 2 for x in X):
-                raise ValueError("FedMVPPCA.fit: got a list of arrays; pass a list of sites, each a mapping "
-                                 "{view: array}, or one array (a single view at one site), or views with groups=")
-            X = validate_data(self, X, ensure_min_samples=2, dtype=np.float64)
-            self._array_input = True
-            views = {ARRAY_VIEW: X}
-        if groups is None:
-            self.sites_ = np.arange(1)
-            return [views]
-        n = {np.shape(v)[0] for v in views.values()}
-        if len(n) != 1:
-            raise ValueError(f"FedMVPPCA.fit: with groups=, every view needs one row per subject; got row counts {sorted(n)}")
-        labels, site = site_labels(groups, n.pop())
-        self.sites_ = labels
-        return [{view: take_rows(V, np.flatnonzero(site == k)) for view, V in views.items()} for k in range(labels.size)]
-
     # ------------------------------------------------------------------ fitting
     def _protocol(self, schema: ViewSchema) -> MVPPCAProtocol:
         return MVPPCAProtocol(
@@ -362,7 +317,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
             for name, value in (("privacy", self.privacy), ("participation", self.participation), ("checkpoint", checkpoint)):
                 if value is not None:
                     raise ValueError(f"n_init > 1 cannot be combined with {name} (see the n_init parameter); fit one start at a time")
-        given = self._as_sites(X, groups)
+        given = view_sites(self, X, groups)
         if self._array_input and self.n_components >= given[0][ARRAY_VIEW].shape[1]:
             d = given[0][ARRAY_VIEW].shape[1]
             raise ValueError(f"n_components={self.n_components} must be below the number of features; X has {d} feature(s)")
@@ -535,8 +490,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
 
     def _views(self, X: Mapping[str, Any]) -> dict[str, np.ndarray]:
         self._check_fitted()
-        if getattr(self, "_array_input", False) and (not isinstance(X, Mapping) or issparse(X)):
-            return {ARRAY_VIEW: validate_data(self, X, reset=False, dtype=np.float64)}
+        X = array_view(self, X)
         views = check_views(X, self.schema_)
         if isinstance(getattr(self, "feature_names_in_", None), dict):
             check_feature_names(self.feature_names_in_, X)
