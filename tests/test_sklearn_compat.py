@@ -184,3 +184,13 @@ def test_views_with_groups_equal_the_list_of_sites():
         listed = clone(est).fit([{v: V[groups == g] for v, V in views.items()} for g in range(3)])
     np.testing.assert_allclose(pooled.transform(views), listed.transform(views))
     assert pooled.score(views) == pytest.approx(listed.score(views))
+
+
+def test_radon_without_a_column_of_ones_agrees_with_mixedlm(example):
+    """fit_intercept on the pooled radon rows with groups=county: the fixed effects within one MixedLM
+    standard error of statsmodels' REML fit on the same rows (examples/fedlin_radon_groups.py)."""
+    pytest.importorskip("statsmodels")
+    hm2, anchor, features = example("fedlin_radon_groups").fit()
+    assert hm2.phi_names_[:3] == ["mu[(intercept)]", "mu[0]", "mu[1]"]
+    gaps = np.abs(hm2.phi_mean_[:3] - anchor.fe) / anchor.se
+    assert np.all(gaps < 1.0), dict(zip(features, gaps))
