@@ -140,6 +140,8 @@ def test_wrong_forms_get_plain_errors():
         model.predict(X)
     with pytest.raises(ValueError, match=r"label\(s\) \['9'\] not in the fit"):
         model.predict(X[:2], groups=[9, 9])
+    labels = CollabDict(n_components=2, max_iter=3).fit_predict(X, groups=groups)
+    np.testing.assert_array_equal(labels, model.predict(X, groups=groups))
     for unfitted in (FedMVPPCA(), FedHM1Regressor(), FedHM2Regressor(), CollabDict(), CollabVAE()):
         with pytest.raises(NotFittedError):
             unfitted.predict(X) if not isinstance(unfitted, FedMVPPCA) else unfitted.transform(X)
@@ -194,3 +196,17 @@ def test_radon_without_a_column_of_ones_agrees_with_mixedlm(example):
     assert hm2.phi_names_[:3] == ["mu[(intercept)]", "mu[0]", "mu[1]"]
     gaps = np.abs(hm2.phi_mean_[:3] - anchor.fe) / anchor.se
     assert np.all(gaps < 1.0), dict(zip(features, gaps))
+
+
+def test_a_safeguard_repeated_every_round_is_logged_once_at_info(caplog):
+    """One site: no spread between sites, the master's zero-spread safeguard fires every round; an INFO log
+    shows it once (later rounds at DEBUG)."""
+    import logging
+
+    X = np.random.default_rng(9).standard_normal((60, 4))
+    with caplog.at_level(logging.DEBUG, logger="fedhier"):
+        FedMVPPCA(n_components=1, n_rounds=6, tol=None, random_state=0).fit(X)
+    master = [r for r in caplog.records if "master" in r.getMessage()]
+    info = [r.getMessage() for r in master if r.levelno == logging.INFO]
+    assert len(master) > len(info) >= 1  # it did repeat
+    assert len(info) == len({m.split(": ", 1)[1] for m in info})  # each note once at INFO

@@ -187,6 +187,13 @@ class _SiteOutlierDetector(OutlierMixin, BaseEstimator):
             raise ValueError("a site's training threshold is not held by this process; pass threshold=")
         return np.where(self._anomaly_at(X, index) > thr, -1, 1)
 
+    def fit_predict(self, X, y=None, groups=None) -> np.ndarray:
+        """``fit(X, groups=groups).predict(X, groups=groups)``: -1 / 1 for the training rows at their sites."""
+        fitted = self.fit(X, groups=groups)
+        if isinstance(X, (list, tuple)) and X and all(np.ndim(x) == 2 for x in X):
+            return np.concatenate([fitted.predict(x, site=s) for s, x in enumerate(X)])
+        return fitted.predict(X, groups=groups)
+
     @property
     def offset_(self) -> np.ndarray:
         """scikit-learn's offset, per site: ``decision_function = score_samples - offset_[site]``."""
