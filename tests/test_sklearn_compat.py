@@ -134,6 +134,7 @@ def test_wrong_forms_get_plain_errors():
         FedHM2Regressor().fit(X, y, groups=groups[:-1])
     with pytest.raises(ValueError, match="list of sites"):
         FedMVPPCA().fit([X, X])
+    assert CollabDict(n_components=2, max_iter=3).fit(X).n_sites_ == 1  # one array: one site, not its rows as sites
     model = CollabDict(n_components=2, max_iter=3).fit(X, groups=groups)  # one array + groups: 3 sites
     assert model.n_sites_ == 3
     with pytest.raises(ValueError, match="pass site= .* or groups="):
