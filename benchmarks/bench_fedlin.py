@@ -36,7 +36,7 @@ def main() -> None:
 
     def hm2():
         fits["hm2"] = FedHM2Regressor(
-            random=[True, False, False], noise="shared", mu_scale=10.0, damping=0.7, n_rounds=20,
+            fit_intercept=False, random=[True, False, False], noise="shared", mu_scale=10.0, damping=0.7, n_rounds=20,
             n_posterior_draws=1000, random_state=0,
         ).fit(sites)
 

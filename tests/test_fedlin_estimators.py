@@ -47,7 +47,7 @@ def test_hm2_ep_matches_exact_posterior_on_conjugate_hierarchy():
     rng = np.random.default_rng(0)
     tau, s2, d, K = np.array([0.4, 0.9]), 0.25, 2, 5
     sites, _, _ = _conjugate_data(rng, K, d, tau, s2)
-    est = FedHM2Regressor(covariance="fixed", tau=tau, noise=s2, damping=0.5, n_rounds=40, tol=None, n_posterior_draws=20000, random_state=1).fit(sites)
+    est = FedHM2Regressor(fit_intercept=False, mu_scale=1.0, covariance="fixed", tau=tau, noise=s2, damping=0.5, n_rounds=40, tol=None, n_posterior_draws=20000, random_state=1).fit(sites)
     mean, cov = _exact_joint_posterior(sites, tau, s2)
     # phi = mu: EP is exact for a Gaussian site factor (tolerance: damping residual 0.5^40)
     np.testing.assert_allclose(est.phi_mean_, mean[:d], atol=1e-8)
@@ -64,7 +64,7 @@ def test_adaptation_equals_refit_with_the_new_site_factor():
     rng = np.random.default_rng(2)
     tau, s2, d = np.array([0.5, 0.5]), 0.2, 2
     sites, _, _ = _conjugate_data(rng, 5, d, tau, s2)
-    est = FedHM2Regressor(covariance="fixed", tau=tau, noise=s2, damping=1.0, n_rounds=3, tol=None, n_posterior_draws=20000, random_state=0).fit(sites[:4])
+    est = FedHM2Regressor(fit_intercept=False, mu_scale=1.0, covariance="fixed", tau=tau, noise=s2, damping=1.0, n_rounds=3, tol=None, n_posterior_draws=20000, random_state=0).fit(sites[:4])
     k = est.adapt(*sites[4])
     assert k == 4
     mean, cov = _exact_joint_posterior(sites, tau, s2)  # all five sites, i.e. the new site's factor added
@@ -81,7 +81,7 @@ def test_credible_interval_coverage_is_nominal_on_data_drawn_from_the_prior():
     for rep in range(50):
         mu = rng.standard_normal(d)  # prior N(0, I) of the model
         sites, thetas, _ = _conjugate_data(rng, K, d, tau, s2, n=6, mu=mu)
-        est = FedHM2Regressor(covariance="fixed", tau=tau, noise=s2, damping=1.0, n_rounds=2, tol=None, n_posterior_draws=2000, random_state=rep).fit(sites)
+        est = FedHM2Regressor(fit_intercept=False, mu_scale=1.0, covariance="fixed", tau=tau, noise=s2, damping=1.0, n_rounds=2, tol=None, n_posterior_draws=2000, random_state=rep).fit(sites)
         ci = est.coef_interval(0.9)
         hits += int(np.sum((ci[..., 0] <= thetas) & (thetas <= ci[..., 1])))
         total += thetas.size
@@ -106,7 +106,7 @@ def test_radon_fixed_effects_match_mixedlm_within_standard_errors():
     mixed = mixedlm_pooled(sites, random=[0])
     fe, se = mixed.fe, mixed.se
     np.testing.assert_allclose(fe, [1.466, -0.668, 0.72], atol=0.01)  # the reference fit in the data README
-    est = FedHM2Regressor(random=[True, False, False], noise="shared", mu_scale=10.0, damping=0.7, n_rounds=6, n_draws=1000, n_posterior_draws=200, random_state=0).fit(sites)
+    est = FedHM2Regressor(fit_intercept=False, random=[True, False, False], noise="shared", mu_scale=10.0, damping=0.7, n_rounds=6, n_draws=1000, n_posterior_draws=200, random_state=0).fit(sites)
     assert np.all(np.abs(est.phi_mean_[:3] - fe) < se)
 
 
@@ -131,18 +131,18 @@ def test_lasso_selects_the_true_support_and_ridge_runs():
 def test_predict_save_load_and_errors(tmp_path):
     rng = np.random.default_rng(5)
     sites, _, _ = _conjugate_data(rng, 3, 2, np.array([0.5, 0.5]), 0.2)
-    est = FedHM2Regressor(covariance="fixed", tau=[0.5, 0.5], noise=0.2, n_rounds=2, tol=None, n_posterior_draws=500, random_state=0).fit(sites)
+    est = FedHM2Regressor(fit_intercept=False, mu_scale=1.0, covariance="fixed", tau=[0.5, 0.5], noise=0.2, n_rounds=2, tol=None, n_posterior_draws=500, random_state=0).fit(sites)
     np.testing.assert_allclose(est.predict(sites[1][0], site=1), sites[1][0] @ est.coef_[1])
     back = load(est.save(tmp_path / "hm2.npz"))
     np.testing.assert_allclose(back.coef_, est.coef_)
     np.testing.assert_allclose(back.phi_cov_, est.phi_cov_)
     np.testing.assert_allclose(back.coef_interval(0.8), est.coef_interval(0.8))
-    hm1 = FedHM1Regressor(n_rounds=3, eta=0.01, random_state=0).fit(sites)
+    hm1 = FedHM1Regressor(fit_intercept=False, n_rounds=3, eta=0.01, random_state=0).fit(sites)
     back1 = load(hm1.save(tmp_path / "hm1.npz"))
     np.testing.assert_allclose(back1.predict(sites[0][0], site=0), hm1.predict(sites[0][0], site=0))
     with pytest.raises(ValueError, match="site must be an integer"):
         est.predict(sites[0][0], site=3)
-    with pytest.raises(ValueError, match="site 0: X has 3 features, expected 2"):
+    with pytest.raises(ValueError, match="X has 3 features, but FedHM2Regressor is expecting 2 features"):
         est.predict(np.ones((2, 3)), site=0)
     with pytest.raises(ValueError, match="prior must be"):
         FedHM2Regressor(prior="horseshoe").fit(sites)
@@ -224,7 +224,7 @@ def test_cli_fit_linear_writes_coefficients_and_a_loadable_model(tmp_path):
 def test_hm2_warns_where_a_response_far_beyond_unit_scale_makes_the_fit_shrink_to_zero(example):
     sites, truth = example("fedlin_scale").make_sites(1000.0)
     with pytest.warns(FedLinWarning, match=r"site \d: y has standard deviation .* beyond 90") as caught:
-        far = FedHM2Regressor(n_posterior_draws=500, random_state=0).fit(sites)
+        far = FedHM2Regressor(fit_intercept=False, mu_scale=1.0, n_posterior_draws=500, random_state=0).fit(sites)
     assert sorted(int(str(w.message).split(":")[0].split()[1]) for w in caught) == list(range(6))  # every site
     least_squares = np.array([np.linalg.lstsq(X, y, rcond=None)[0] for X, y in sites])
     assert np.sqrt(np.mean((least_squares - truth) ** 2)) / 1000 < 0.15
@@ -232,5 +232,5 @@ def test_hm2_warns_where_a_response_far_beyond_unit_scale_makes_the_fit_shrink_t
     unit_sites = [(X, y / 1000.0) for X, y in sites]  # the remedy: divide y by a constant
     with warnings.catch_warnings():
         warnings.simplefilter("error", FedLinWarning)
-        unit = FedHM2Regressor(n_posterior_draws=500, random_state=0).fit(unit_sites)
+        unit = FedHM2Regressor(fit_intercept=False, mu_scale=1.0, n_posterior_draws=500, random_state=0).fit(unit_sites)
     assert np.sqrt(np.mean((unit.coef_ * 1000.0 - truth) ** 2)) / 1000 < 0.15

@@ -277,7 +277,7 @@ def test_collab_report_roc_auc_matches_scikit_learn(tmp_path):
     page = check_page(out)
     text = "".join(page.text)
     for s, (X, y) in enumerate(zip(sites, labels)):
-        assert f"{roc_auc_score(y, model.score_samples(X, site=s)):.4g}" in text
+        assert f"{roc_auc_score(y, model.anomaly_score(X, site=s)):.4g}" in text
 
 
 def test_collab_report_without_labels(tmp_path):

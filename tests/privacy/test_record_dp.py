@@ -174,7 +174,7 @@ def test_fedlin_statistics_and_fit_without_noise_are_the_non_private_ones():
     assert stats.n == exact.n
     assert stats.xx == pytest.approx(exact.xx, abs=1e-2) and stats.xy == pytest.approx(exact.xy, abs=1e-2)
     assert stats.yy == pytest.approx(exact.yy, abs=1e-2)
-    options = dict(random=[True, False, False], noise="shared", n_posterior_draws=500, random_state=0)
+    options = dict(fit_intercept=False, mu_scale=1.0, random=[True, False, False], noise="shared", n_posterior_draws=500, random_state=0)
     private = FedHM2Regressor(privacy=config, **options).fit(sites)
     plain = FedHM2Regressor(**options).fit(sites)
     assert private.coef_ == pytest.approx(plain.coef_, abs=0.02)

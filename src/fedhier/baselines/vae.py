@@ -26,12 +26,15 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils.validation import check_is_fitted
 
 from ..data.schema import ViewSchema
 from ..data.validation import check_sites, check_views
 from ..protocol.base import RoundProtocol, SiteContext
 from ..protocol.messages import Field, Message, MessageSpec
 from ..runtime.simulate import simulate
+from ..estimators._input import NOT_FITTED, array_view, view_sites
 
 __all__ = ["FederatedAveraging", "FederatedVAE", "torch_available"]
 
@@ -179,7 +182,7 @@ class FederatedAveraging(RoundProtocol):
         return {"negative_elbo": float(combined["weighted_loss"] / combined["n_samples"])}
 
 
-class FederatedVAE:
+class FederatedVAE(TransformerMixin, BaseEstimator):
     """A VAE baseline trained across sites with FedAvg (``proximal=0``) or FedProx.
 
     Parameters
@@ -249,8 +252,10 @@ class FederatedVAE:
         if not (np.isfinite(self.proximal) and self.proximal >= 0):
             raise ValueError(f"proximal (the FedProx lambda) must be >= 0, got {self.proximal!r}")
 
-    def fit(self, sites: Sequence[Mapping[str, Any]]) -> "FederatedVAE":
-        """Train on ``sites`` (list of ``{view: (n_c, d_view) array}``, every view at every site).
+    def fit(self, X: Any, y: None = None, groups: Any = None) -> "FederatedVAE":
+        """Train on the sites' data, every view at every site: a list of sites ``{view: (n_c, d_view) array}``,
+        or pooled views with ``groups`` (the site of each row), or one mapping or one array (one site;
+        an array is one view), as :meth:`fedhier.estimators.mvppca.FedMVPPCA.fit`.  ``y`` is ignored.
 
         Raises
         ------
@@ -258,7 +263,7 @@ class FederatedVAE:
             On bad parameters, or when a site or a subject lacks a view.
         """
         self._check_params()
-        sites, schema = check_sites(sites, min_subjects=2)
+        sites, schema = check_sites(view_sites(self, X, groups), min_subjects=2)
         for s, site in enumerate(sites):
             _check_complete(f"site {s}", site, schema)
         seed = int(np.random.SeedSequence(self.random_state).generate_state(1)[0])
@@ -288,8 +293,7 @@ class FederatedVAE:
         return self
 
     def _network(self):
-        if not hasattr(self, "params_"):
-            raise RuntimeError("this FederatedVAE is not fitted yet: call fit(sites) first")
+        check_is_fitted(self, "params_", msg=NOT_FITTED)
         torch = _torch()
         net = self._protocol.network()
         torch.nn.utils.vector_to_parameters(torch.from_numpy(self.params_.copy()), net.parameters())
@@ -297,7 +301,7 @@ class FederatedVAE:
 
     def _tensors(self, X: Mapping[str, Any]):
         torch = _torch()
-        views = check_views(X, self.schema_)
+        views = check_views(array_view(self, X), self.schema_)
         _check_complete("X", views, self.schema_)
         return [torch.from_numpy(views[v]) for v in self.schema_.names]
 

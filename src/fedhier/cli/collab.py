@@ -163,7 +163,7 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
 
     frame = pd.read_csv(args.csv)
     X = _numeric(frame, args.columns.split(","), args.csv)
-    rows = [{"row": i, "score": float(v)} for i, v in enumerate(model.score_samples(X, site=args.site))]
+    rows = [{"row": i, "score": float(v)} for i, v in enumerate(model.anomaly_score(X, site=args.site))]
     if args.variable:
         for row, vs in zip(rows, model.variable_scores(X, site=args.site)):
             row.update({f"score_{c}": float(v) for c, v in zip(args.columns.split(","), vs)})

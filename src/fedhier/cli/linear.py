@@ -86,7 +86,7 @@ def _fit_linear(args: argparse.Namespace, command: str | None = None) -> int:
         sites = [(np.column_stack([np.ones(len(y)), X]), y) for X, y in sites]
     out = Path(args.out)
     if args.model == "hm1":
-        est = FedHM1Regressor(n_rounds=args.rounds, eta=args.eta, random_state=args.seed).fit(sites)
+        est = FedHM1Regressor(fit_intercept=False, n_rounds=args.rounds, eta=args.eta, random_state=args.seed).fit(sites)
         rows = [{"site": n, "feature": f, "estimate": float(est.coef_[k, j])} for k, n in enumerate(names) for j, f in enumerate(features)]
     else:
         random = None
@@ -96,7 +96,7 @@ def _fit_linear(args: argparse.Namespace, command: str | None = None) -> int:
             if unknown:
                 raise ValueError(f"--random names unknown column(s) {sorted(unknown)}")
             random = [f in wanted for f in features]
-        est = FedHM2Regressor(prior=args.prior, random=random, noise=args.noise, mu_scale=args.mu_scale, n_rounds=args.rounds, level=args.level, random_state=args.seed).fit(sites)
+        est = FedHM2Regressor(fit_intercept=False, prior=args.prior, random=random, noise=args.noise, mu_scale=args.mu_scale, n_rounds=args.rounds, level=args.level, random_state=args.seed).fit(sites)
         ci = est.coef_interval(args.level)
         rows = [
             {"site": n, "feature": f, "estimate": float(est.coef_[k, j]), "lower": float(ci[k, j, 0]), "upper": float(ci[k, j, 1]), "included": bool(est.selected_features_[k, j])}

@@ -163,7 +163,7 @@ class FedLinFitConfig(TomlFit, Deployment):
     def estimator_params(self) -> dict[str, Any]:
         """Constructor parameters of the estimator of this fit."""
         params = dict(self.options)
-        params.update(n_rounds=self.n_rounds, random_state=self.seed)
+        params.update(n_rounds=self.n_rounds, random_state=self.seed, fit_intercept=False)  # the columns hold the intercept
         if self.model == "fedlin-hm2":
             if params.get("random") is not None:
                 wanted = params["random"]

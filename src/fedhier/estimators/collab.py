@@ -1,21 +1,35 @@
-"""CollabDict estimator and ``fedhier collab`` command (spec collabdict §2-§11).
+"""CollabDict and CollabVAE estimators (spec collabdict §2-§11): scikit-learn outlier detectors.
 
 Sites with no coordinator learn a shared dictionary of sparse Gaussian patterns
 ``{mu_k, Lambda_k}`` while each keeps private mixture weights ``pi^s``; a sample's anomaly
 score at site ``s`` is its log loss under ``p^s(x) = sum_k pi_k^s N(x | mu_k, Lambda_k^{-1})``.
 
 >>> model = CollabDict(n_components=5).fit([X_site0, X_site1, X_site2])   # doctest: +SKIP
->>> model.score_samples(X_new, site=1)                                    # doctest: +SKIP
+>>> model = CollabDict(n_components=5).fit(X, groups=df.mote)             # pooled rows, a site label  # doctest: +SKIP
+>>> model.anomaly_score(X_new, site=1)     # the paper's score, higher = more anomalous  # doctest: +SKIP
+
+Scores follow scikit-learn's outlier-detector convention (``IsolationForest``, ``EllipticEnvelope``):
+``score_samples`` is higher for more normal samples (it is minus the paper's anomaly score, which
+:meth:`CollabDict.anomaly_score` gives), ``decision_function`` is negative for outliers (the site's
+threshold minus the anomaly score) and ``predict`` returns -1 for an outlier and 1 for an inlier.
+The site's threshold is the ``1 - contamination`` quantile of its training anomaly scores
+(``thresholds_``; ``offset_ = -thresholds_``).  Every scoring method takes ``site=`` (an index into
+``sites_``, every row at that site) or ``groups=`` (the site label of each row); a single-site fit
+needs neither.  A site not in the fit has no private weights (or encoder) and is refused.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from sklearn.base import BaseEstimator, OutlierMixin
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..data.validation import check_site_index
 from ..runtime.graphs import check_adjacency
@@ -27,6 +41,7 @@ from ..models.collabdict.rdp import (dp_event, epsilon_dp, optimal_order, paper_
 from ..models.collabdict.scores import score_expected, score_logloss, variable_scores
 from ..utils.io import atomic_write_bytes, json_text
 from ..utils.untrusted import check_finite, read_meta_json, read_npz
+from ._input import NOT_FITTED, site_labels, site_of_rows
 
 __all__ = ["CollabDict", "CollabVAE"]
 
@@ -61,7 +76,7 @@ def _read_model(path: str | Path, kind: str, required: Sequence[str]) -> tuple[d
     del arrays["meta"]
     graph = arrays.pop("graph", None)
     check_finite({**arrays, **({} if graph is None else {"graph": graph})}, str(path),
-                 nan_means_unknown=("weights_", "thresholds_"))
+                 nan_means_unknown=("weights_", "thresholds_", "thresholds"))
     found = meta.get("kind", "CollabDict")  # files written before the kind was recorded hold a CollabDict
     if found != kind:
         raise ValueError(f"{path} holds a {found}, not a {kind}; use {found}.load")
@@ -71,11 +86,126 @@ def _read_model(path: str | Path, kind: str, required: Sequence[str]) -> tuple[d
     return arrays, meta, graph
 
 
+def _names_meta(model: Any) -> dict[str, Any]:
+    names = getattr(model, "feature_names_in_", None)
+    return {"feature_names_in": None if names is None else [str(n) for n in names],
+            "sites": [s.item() if hasattr(s, "item") else s for s in model.sites_]}
+
+
+def _restore_names(model: Any, meta: dict[str, Any]) -> None:
+    if meta.get("feature_names_in") is not None:
+        model.feature_names_in_ = np.asarray(meta["feature_names_in"], dtype=object)
+    sites = meta.get("sites")
+    model.sites_ = np.asarray(sites) if sites is not None and len(sites) == model.n_sites_ else np.arange(model.n_sites_)
+
+
+class _SiteOutlierDetector(OutlierMixin, BaseEstimator):
+    """The data forms (module docstring) and the scikit-learn scores, from a per-site ``anomaly_score``.
+
+    Subclasses define ``_site_anomaly(Z, site)`` on standardised rows ``Z`` of one site and set
+    ``thresholds_`` (S,) in fit.
+    """
+
+    _min_features = 1
+
+    def _fit_sites(self, X: Any, groups: Any) -> list[np.ndarray]:
+        """The sites' arrays of any form; sets ``sites_`` (and, for one array, scikit-learn's
+        ``n_features_in_`` / ``feature_names_in_``)."""
+        name = type(self).__name__
+        if isinstance(X, (list, tuple)) and X and all(np.ndim(x) == 2 for x in X):
+            if groups is not None:
+                raise ValueError(f"{name}.fit: give either a list of arrays, one per site, or one array with groups=, not both")
+            self.sites_ = np.arange(len(X))
+            for stale in ("feature_names_in_", "n_features_in_"):
+                if hasattr(self, stale):
+                    delattr(self, stale)
+            return [np.asarray(x, dtype=float) for x in X]
+        if isinstance(X, (list, tuple)) and X and any(np.ndim(x) == 2 for x in X):
+            raise ValueError(f"{name}.fit: pass a list of 2-D arrays, one per site, or one array with groups=")
+        X = validate_data(self, X, ensure_min_samples=2, ensure_min_features=self._min_features, dtype=np.float64)
+        if groups is None:
+            self.sites_ = np.arange(1)
+            return [X]
+        labels, site = site_labels(groups, X.shape[0])
+        self.sites_ = labels
+        return [X[site == k] for k in range(labels.size)]
+
+    def _rows_sites(self, n: int, site: Any, groups: Any) -> np.ndarray:
+        """The site index (into ``sites_``) of each of ``n`` rows."""
+        if site is not None and groups is not None:
+            raise ValueError("give site= (one site for every row) or groups= (a site per row), not both")
+        if site is not None:
+            return np.full(n, check_site_index(site, self.n_sites_))
+        if groups is not None:
+            index = site_of_rows(self.sites_, groups, n)
+            if np.any(index < 0):
+                unseen = sorted({str(g) for g, k in zip(np.asarray(groups), index) if k < 0})
+                raise ValueError(f"groups holds site label(s) {unseen[:5]} not in the fit; a site's scores need its own "
+                                 f"{'weights' if isinstance(self, CollabDict) else 'encoder'}, learnt in the fit")
+            return index
+        if self.n_sites_ == 1:
+            return np.zeros(n, dtype=int)
+        raise ValueError(f"this {type(self).__name__} has {self.n_sites_} sites, each with its own scores: pass site= "
+                         "(an index into sites_) or groups= (each row's site label)")
+
+    def _checked(self, X: Any) -> np.ndarray:
+        check_is_fitted(self, "center_", msg=NOT_FITTED)
+        return np.asarray(validate_data(self, X, reset=False, dtype=np.float64), dtype=float)
+
+    def anomaly_score(self, X, site: int | None = None, groups=None) -> np.ndarray:
+        """The paper's anomaly score of each row at its site (higher = more anomalous), shape (n,)."""
+        X = self._checked(X)
+        return self._anomaly_at(X, self._rows_sites(X.shape[0], site, groups))
+
+    def score_samples(self, X, site: int | None = None, groups=None) -> np.ndarray:
+        """scikit-learn's convention, higher = more normal: minus :meth:`anomaly_score`, shape (n,)."""
+        return -self.anomaly_score(X, site=site, groups=groups)
+
+    def decision_function(self, X, site: int | None = None, groups=None) -> np.ndarray:
+        """The row's site threshold minus its anomaly score (negative = outlier), shape (n,)."""
+        X = self._checked(X)
+        index = self._rows_sites(X.shape[0], site, groups)
+        thr = self.thresholds_[index]
+        if np.any(np.isnan(thr)):
+            raise ValueError("a site's threshold is not held by this process; use anomaly_score and a threshold of your own")
+        return thr - self._anomaly_at(X, index)
+
+    def _anomaly_at(self, X: np.ndarray, index: np.ndarray) -> np.ndarray:
+        Z = standardise(X, self.center_, self.scale_)
+        out = np.empty(X.shape[0])
+        for k in np.unique(index):
+            rows = index == k
+            out[rows] = self._site_anomaly(Z[rows], int(k))
+        return out
+
+    def predict(self, X, site: int | None = None, groups=None, threshold: float | None = None) -> np.ndarray:
+        """-1 for an outlier (anomaly score above the site's threshold, or ``threshold``), 1 otherwise."""
+        X = self._checked(X)
+        index = self._rows_sites(X.shape[0], site, groups)
+        thr = self.thresholds_[index] if threshold is None else np.full(X.shape[0], float(threshold))
+        if np.any(np.isnan(thr)):
+            raise ValueError("a site's training threshold is not held by this process; pass threshold=")
+        return np.where(self._anomaly_at(X, index) > thr, -1, 1)
+
+    def fit_predict(self, X, y=None, groups=None) -> np.ndarray:
+        """``fit(X, groups=groups).predict(X, groups=groups)``: -1 / 1 for the training rows at their sites."""
+        fitted = self.fit(X, groups=groups)
+        if isinstance(X, (list, tuple)) and X and all(np.ndim(x) == 2 for x in X):
+            return np.concatenate([fitted.predict(x, site=s) for s, x in enumerate(X)])
+        return fitted.predict(X, groups=groups)
+
+    @property
+    def offset_(self) -> np.ndarray:
+        """scikit-learn's offset, per site: ``decision_function = score_samples - offset_[site]``."""
+        check_is_fitted(self, "thresholds_", msg=NOT_FITTED)
+        return -self.thresholds_
+
+
 _ARRAYS = ("center_", "scale_", "mu_", "precision_", "sigma_", "n_bar_", "active_", "published_means_",
            "thresholds_", "weights_")
 
 
-class CollabDict:
+class CollabDict(_SiteOutlierDetector):
     """Decentralised sparse GGM mixture for multi-site anomaly detection (spec §5-§6, §10-§11).
 
     Parameters
@@ -92,8 +222,9 @@ class CollabDict:
         Private per-site weights (the paper) or one pooled weight vector.
     l0_penalty : float or None
         l0-sparse weights of §5.5 with this ``tau``.
-    score : {"expected", "logloss"}
-        Eq. (20) (paper, default) or Eq. (1).
+    score_rule : {"expected", "logloss"}
+        The anomaly score: Eq. (20) (paper, default) or Eq. (1).  (Not called ``score``, the name of
+        scikit-learn's scoring method.)
     aggregation : {"consensus", "chunked", "shamir"}
         How sums are computed without a centre (§3-§4).
     graph : ndarray (S, S) or None
@@ -105,7 +236,8 @@ class CollabDict:
     runtime : {"peer", "star"}
         ``"peer"``: serverless in-process simulator (``S > 2``); ``"star"``: exact sums
         through :func:`fedhier.runtime.simulate.simulate` (the centralised reference; also
-        fits a single site: a local-only or pooled model).  Use
+        fits two sites).  A single site (one array) has no one to talk to and is fitted
+        locally whatever this says (a local-only or pooled model).  Use
         :meth:`fit_mpi` under ``mpiexec`` for real processes.
     max_iter, tol : int, float
         Outer iteration cap and convergence tolerance (§5.7).
@@ -123,7 +255,8 @@ class CollabDict:
     delta : float
         DP ``delta`` for the ``(epsilon, delta)`` conversion (O16: 1e-5).
     contamination : float
-        Per-site training quantile used as the default :meth:`predict` threshold.
+        Expected share of outliers: each site's threshold is the ``1 - contamination`` quantile of
+        its training anomaly scores (:meth:`predict`, :meth:`decision_function`).
     random_state : int
         The one seed of the run.
 
@@ -136,11 +269,16 @@ class CollabDict:
     published_means_ : ndarray (K, M)  posterior draws released under §10 (inactive rows zero)
     privacy_spent_ : dict site -> {"epsilon", "delta", "accountant", ...}
     history_ : list of dict            per-round records (consensus exchanges, bytes, l-diversity)
-    thresholds_ : ndarray (S,)         default per-site anomaly thresholds
+    thresholds_ : ndarray (S,)         default per-site anomaly thresholds (``offset_ = -thresholds_``)
+    sites_ : ndarray (S,)              site labels (``groups`` values, or ``0..S-1``)
+
+    Scores: module docstring (scikit-learn's signs; :meth:`anomaly_score` is the paper's).
     """
 
+    _min_features = 2  # a model of the dependence between variables
+
     def __init__(self, n_components: int = 7, *, rho: float = 0.8, lambda0: float = 1.0, n_min: float | None = None,
-                 weights: str = "local", l0_penalty: float | None = None, score: str = "expected",
+                 weights: str = "local", l0_penalty: float | None = None, score_rule: str = "expected",
                  aggregation: str = "consensus", graph: np.ndarray | None = None, step: str | float = "max-degree",
                  rel_tol: float = 1e-12, n_chunks: int = 3, runtime: str = "peer",
                  max_iter: int = 100,
@@ -154,7 +292,7 @@ class CollabDict:
         self.n_min = n_min
         self.weights = weights
         self.l0_penalty = l0_penalty
-        self.score = score
+        self.score_rule = score_rule
         self.aggregation = aggregation
         self.graph = graph
         self.step = step
@@ -174,14 +312,14 @@ class CollabDict:
 
     # ------------------------------------------------------------------ helpers
     def _params(self) -> dict[str, Any]:
-        keys = ("n_components", "rho", "lambda0", "n_min", "weights", "l0_penalty", "score", "aggregation", "step",
+        keys = ("n_components", "rho", "lambda0", "n_min", "weights", "l0_penalty", "score_rule", "aggregation", "step",
                 "rel_tol", "n_chunks", "runtime", "max_iter", "tol", "glasso_tol", "ell0",
                 "diversity_rule", "mitigate", "clip_norm", "delta", "contamination", "random_state")
         return {k: getattr(self, k) for k in keys}
 
     def _check_params(self) -> None:
-        if self.score not in ("expected", "logloss"):
-            raise ValueError(f"score must be 'expected' or 'logloss', got {self.score!r}")
+        if self.score_rule not in ("expected", "logloss"):
+            raise ValueError(f"score_rule must be 'expected' or 'logloss', got {self.score_rule!r}")
         if self.runtime not in _RUNTIMES:
             raise ValueError(f"runtime must be one of {_RUNTIMES} (use fit_mpi for MPI), got {self.runtime!r}")
         if int(self.n_components) < 1:
@@ -205,8 +343,9 @@ class CollabDict:
                                   clip_norm=self.clip_norm, tol=self.tol, glasso_tol=self.glasso_tol)
 
     def _run(self, protocol, sites, n_rounds, stop):
-        """Run a protocol on the in-process runtime chosen by ``runtime``; (broadcast, states, history)."""
-        if self.runtime == "star":
+        """Run a protocol on the in-process runtime chosen by ``runtime`` (a single site: locally, through the
+        star runtime); (broadcast, states, history)."""
+        if self.runtime == "star" or len(sites) == 1:
             from ..runtime.simulate import simulate
 
             res = simulate(protocol, sites, n_rounds=n_rounds, random_state=int(self.random_state))
@@ -218,31 +357,32 @@ class CollabDict:
         return res.broadcast, res.site_states, res.history
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, sites: Sequence[np.ndarray]) -> "CollabDict":
+    def fit(self, X, y=None, groups=None) -> "CollabDict":
         """Fit on the sites' private data (in-process runtimes).
 
         Parameters
         ----------
-        sites : sequence of ndarray (N^s, M)
-            Site ``s``'s samples; more than two sites (spec §1).
+        X : list of ndarray (N^s, M), or ndarray (N, M)
+            A list: site ``s``'s samples, one array per site (more than two sites for the serverless
+            runtime, spec §1).  One array: with ``groups`` (N,), the site label of each row; without,
+            a single site (fitted locally).
+        y : ignored
 
         Raises
         ------
         ValueError
-            Naming the site, on malformed data or fewer than three sites.
+            Naming the site, on malformed data or two sites on the serverless runtime.
         """
         self._check_params()
-        sites = list(sites)
-        if self.runtime == "peer" and len(sites) < 3:
-            raise ValueError(f"the serverless runtime needs more than 2 sites (spec §1), got {len(sites)}; "
-                             "runtime='star' fits one or two sites (e.g. a local-only or pooled reference)")
-        if not sites:
-            raise ValueError("no sites given")
+        sites = self._fit_sites(X, groups)
+        if self.runtime == "peer" and len(sites) == 2:
+            raise ValueError("the serverless runtime needs more than 2 sites (spec §1), got 2; "
+                             "runtime='star' fits two sites")
         first = check_site_matrix(0, sites[0])
         sites = [check_site_matrix(s, x, first.shape[1]) for s, x in enumerate(sites)]
         if first.shape[1] < 2:
-            raise ValueError("CollabDict models the dependence between variables and needs at least 2 of them, got 1; "
-                             "CollabVAE fits a single variable")
+            raise ValueError("CollabDict models the dependence between variables and needs at least 2 of them, got "
+                             "1 feature(s); CollabVAE fits a single variable")
         if self.graph is not None and check_adjacency(self.graph).shape[0] != len(sites):
             raise ValueError(f"graph has {np.shape(self.graph)[0]} vertices but there are {len(sites)} sites")
 
@@ -251,6 +391,9 @@ class CollabDict:
         model, states, history = self._run(protocol, sites, int(self.max_iter), protocol.converged)
         train = {s: protocol.transform(x) for s, x in enumerate(sites)}
         self._finish(protocol, moments, model, states, history, train, n_sites=len(sites))
+        if not self.converged_:
+            warnings.warn(f"CollabDict ran all max_iter={self.max_iter} iterations without meeting tol={self.tol}; "
+                          "raise max_iter", ConvergenceWarning, stacklevel=2)
         return self
 
     def fit_mpi(self, X: np.ndarray, comm=None, site_seed: int | None = None, *, timeout: float | None = None,
@@ -277,6 +420,7 @@ class CollabDict:
         self._check_params()
         comm = comm if comm is not None else world()
         rank, n_sites = comm.Get_rank(), comm.Get_size()
+        self.sites_ = np.arange(n_sites)
         X = check_site_matrix(rank, X)
         agg = self._aggregation()
         seed = int(self.random_state)
@@ -311,6 +455,8 @@ class CollabDict:
                 n_sites: int, max_norm: float | None = None) -> None:
         k = int(self.n_components)
         self.n_sites_ = n_sites
+        if not hasattr(self, "sites_") or len(self.sites_) != n_sites:
+            self.sites_ = np.arange(n_sites)
         self.n_features_in_ = protocol.n_features
         self.center_, self.scale_ = np.asarray(moments["center"]), np.asarray(moments["scale"])
         self.n_min_ = protocol.n_min
@@ -377,8 +523,7 @@ class CollabDict:
 
     # ------------------------------------------------------------------ scoring
     def _check_fitted(self) -> None:
-        if not hasattr(self, "mu_"):
-            raise ValueError("this CollabDict is not fitted yet: call fit(sites) first")
+        check_is_fitted(self, "mu_", msg=NOT_FITTED)
 
     def _site_weights(self, site: int) -> np.ndarray:
         self._check_fitted()
@@ -388,35 +533,20 @@ class CollabDict:
             raise ValueError(f"site {site}: its private weights are not held by this process")
         return np.where(self.active_, w, 0.0)
 
-    def _standardise(self, X: np.ndarray) -> np.ndarray:
-        self._check_fitted()
-        X = np.asarray(X, dtype=float)
-        if X.ndim != 2 or X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X must have shape (n, {self.n_features_in_}), got {X.shape}")
-        if not np.all(np.isfinite(X)):
-            raise ValueError("X contains NaN or inf")
-        return standardise(X, self.center_, self.scale_)
-
-    def _score_std(self, Z: np.ndarray, site: int) -> np.ndarray:
+    def _site_anomaly(self, Z: np.ndarray, site: int) -> np.ndarray:
+        """Anomaly score ``a^s(z)`` of standardised rows at ``site`` (Eq. (20) or (1)); shape (n,)."""
         w = self._site_weights(site)
-        fn = score_expected if self.score == "expected" else score_logloss
+        fn = score_expected if self.score_rule == "expected" else score_logloss
         return fn(Z, self.mu_, self.precision_, w)
 
-    def score_samples(self, X: np.ndarray, site: int) -> np.ndarray:
-        """Anomaly score ``a^s(x)`` of each row at ``site`` (Eq. (20) or (1)); shape (n,). Higher = more anomalous."""
-        return self._score_std(self._standardise(X), site)
+    _score_std = _site_anomaly
 
-    def variable_scores(self, X: np.ndarray, site: int, kind: str = "logloss") -> np.ndarray:
-        """Variable-wise scores ``a_i^s(x)`` (spec §6.2), shape (n, M)."""
-        return variable_scores(self._standardise(X), self.mu_, self.precision_, self._site_weights(site), kind)
-
-    def predict(self, X: np.ndarray, site: int, threshold: float | None = None) -> np.ndarray:
-        """1 where ``score_samples(X, site) > threshold`` (anomaly), else 0; default ``thresholds_[site]``."""
-        scores = self.score_samples(X, site)
-        thr = self.thresholds_[check_site_index(site, self.n_sites_)] if threshold is None else float(threshold)
-        if np.isnan(thr):
-            raise ValueError(f"site {site}: no training threshold here; pass threshold=")
-        return (scores > thr).astype(np.int64)
+    def variable_scores(self, X: np.ndarray, site: int | None = None, kind: str = "logloss") -> np.ndarray:
+        """Variable-wise scores ``a_i^s(x)`` (spec §6.2) at ``site`` (optional for a single-site fit), shape (n, M)."""
+        X = self._checked(X)
+        site = int(self._rows_sites(1, site, None)[0])
+        Z = standardise(X, self.center_, self.scale_)
+        return variable_scores(Z, self.mu_, self.precision_, self._site_weights(site), kind)
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> Path:
@@ -425,7 +555,7 @@ class CollabDict:
         meta = {"params": self._params(), "n_sites": self.n_sites_, "n_features": self.n_features_in_,
                 "n_min": self.n_min_, "n_iter": self.n_iter_, "converged": bool(self.converged_),
                 "privacy_spent": {str(k): v for k, v in self.privacy_spent_.items()},
-                "diameter": self.diameter_, "bound": self.bound_}
+                "diameter": self.diameter_, "bound": self.bound_, **_names_meta(self)}
         return _write_model(path, "CollabDict", {name: np.asarray(getattr(self, name)) for name in _ARRAYS}, meta,
                             self.graph)
 
@@ -433,7 +563,10 @@ class CollabDict:
     def load(cls, path: str | Path) -> "CollabDict":
         """Read a model written by :meth:`save`."""
         arrays, meta, graph = _read_model(path, "CollabDict", _ARRAYS)
-        model = cls(**meta["params"], graph=graph)
+        params = dict(meta["params"])
+        if "score" in params:  # files written before the parameter was renamed
+            params["score_rule"] = params.pop("score")
+        model = cls(**params, graph=graph)
         for name in _ARRAYS:
             setattr(model, name, arrays[name])
         model.active_ = model.active_.astype(bool)
@@ -442,10 +575,11 @@ class CollabDict:
         model.privacy_spent_ = {int(k): v for k, v in meta["privacy_spent"].items()}
         model.diameter_, model.bound_ = meta["diameter"], meta["bound"]
         model.history_ = []
+        _restore_names(model, meta)
         return model
 
 
-class CollabVAE:
+class CollabVAE(_SiteOutlierDetector):
     """Multi-task VAE on CollabDict (spec §8): shared decoder, private encoders.
 
     Parameters
@@ -465,12 +599,19 @@ class CollabVAE:
         As :class:`CollabDict`.
     n_draws : int
         Monte Carlo draws ``J`` of the score (§8.4: ``J >= 32``).
+    contamination : float
+        As :class:`CollabDict`: each site's threshold is the ``1 - contamination`` quantile of its
+        training anomaly scores.
 
     Attributes
     ----------
     decoder_ : dict of ndarray       the shared decoder ``theta``
     encoders_ : dict site -> dict    each site's private encoder ``phi^s``
     history_ : list of dict          per round, including ``elbo_per_sample``
+    thresholds_ : ndarray (S,)       per-site anomaly thresholds (``offset_ = -thresholds_``)
+    sites_ : ndarray (S,)            site labels
+
+    Scores: module docstring (scikit-learn's signs; :meth:`anomaly_score` is Eq. (39)).
 
     Privacy of the shared gradients is not analysed (spec Table 1: "largely open").
     """
@@ -479,29 +620,31 @@ class CollabVAE:
                  max_grad_norm: float | None = 10.0, local_steps: int = 2, max_iter: int = 200,
                  aggregation: str = "consensus", graph: np.ndarray | None = None, step: str | float = "max-degree",
                  rel_tol: float = 1e-12, n_chunks: int = 3, runtime: str = "peer", n_draws: int = 32,
-                 random_state: int = 0) -> None:
+                 contamination: float = 0.05, random_state: int = 0) -> None:
         self.n_latent, self.width, self.learning_rate = n_latent, width, learning_rate
         self.max_grad_norm = max_grad_norm
         self.local_steps, self.max_iter, self.aggregation = local_steps, max_iter, aggregation
         self.graph, self.step, self.rel_tol, self.n_chunks = graph, step, rel_tol, n_chunks
         self.runtime, self.n_draws, self.random_state = runtime, n_draws, random_state
+        self.contamination = contamination
 
-    def fit(self, sites: Sequence[np.ndarray]) -> "CollabVAE":
-        """Fit on the sites' private data; see :meth:`CollabDict.fit`."""
+    def fit(self, X, y=None, groups=None) -> "CollabVAE":
+        """Fit on the sites' private data: a list of arrays, one per site, or one array with ``groups`` (the
+        site of each row) or without (one site); see :meth:`CollabDict.fit`."""
         from ..models.collabdict.vae import check_n_draws, encoder_shapes
 
         check_vae_options(self.n_latent, self.width, self.learning_rate, self.local_steps, self.max_grad_norm)
         _check_max_iter(self.max_iter)
         check_n_draws(self.n_draws)
+        if not 0.0 < self.contamination < 1.0:
+            raise ValueError(f"contamination must lie in (0, 1), got {self.contamination}")
         helper = CollabDict(aggregation=self.aggregation, graph=self.graph, step=self.step, rel_tol=self.rel_tol,
                             n_chunks=self.n_chunks, runtime=self.runtime, random_state=self.random_state)
-        sites = list(sites)
-        if not sites:
-            raise ValueError("no sites given")
+        sites = self._fit_sites(X, groups)
         n_features = check_site_matrix(0, sites[0]).shape[1]
         sites = [check_site_matrix(s, x, n_features) for s, x in enumerate(sites)]
-        if self.runtime == "peer" and len(sites) < 3:
-            raise ValueError(f"the serverless runtime needs more than 2 sites (spec §1), got {len(sites)}")
+        if self.runtime == "peer" and len(sites) == 2:
+            raise ValueError("the serverless runtime needs more than 2 sites (spec §1), got 2; runtime='star' fits two sites")
         moments, _, _ = helper._run(MomentsProtocol(n_features), sites, 1, None)
         protocol = VAEProtocol(n_features, moments["center"], moments["scale"], n_latent=self.n_latent,
                                width=self.width, learning_rate=self.learning_rate, local_steps=self.local_steps,
@@ -513,38 +656,38 @@ class CollabVAE:
         self.encoders_ = {int(s): {k: state[k] for k in encoder_shapes(n_features, self.n_latent, self.width)}
                           for s, state in states.items()}
         self.history_ = history
+        self.n_iter_ = len(history)
+        self.thresholds_ = np.full(len(sites), np.nan)
+        for s in self.encoders_:
+            Z = standardise(sites[s], self.center_, self.scale_)
+            self.thresholds_[s] = float(np.quantile(self._site_anomaly(Z, s), 1.0 - self.contamination))
         return self
 
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "decoder_"):
-            raise ValueError("this CollabVAE is not fitted yet: call fit(sites) first")
-
-    def variable_scores(self, X: np.ndarray, site: int) -> np.ndarray:
-        """Variable-wise reconstruction scores (spec §8.4 [R]), shape (n, M)."""
+    def _site_variable_scores(self, Z: np.ndarray, site: int) -> np.ndarray:
+        """Variable-wise reconstruction scores (spec §8.4 [R]) of standardised rows at ``site``, shape (n, M)."""
         from ..models.collabdict.vae import reconstruction_scores
 
-        self._check_fitted()
         site = check_site_index(site, self.n_sites_)
         if site not in self.encoders_:
             raise ValueError(f"site {site}: its encoder is not held by this process")
-        X = np.asarray(X, dtype=float)
-        if X.ndim != 2 or X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X must have shape (n, {self.n_features_in_}), got {X.shape}")
-        if not np.all(np.isfinite(X)):
-            raise ValueError("X contains NaN or inf")
         seq = np.random.SeedSequence(int(self.random_state), spawn_key=(9, site))
         rng = np.random.Generator(np.random.PCG64(seq))
-        Z = standardise(X, self.center_, self.scale_)
         return reconstruction_scores(Z, self.decoder_, self.encoders_[site], rng, self.n_draws)
 
-    def score_samples(self, X: np.ndarray, site: int) -> np.ndarray:
-        """Eq. (39): Monte Carlo reconstruction log loss at ``site``, shape (n,)."""
-        return self.variable_scores(X, site).sum(axis=1)
+    def _site_anomaly(self, Z: np.ndarray, site: int) -> np.ndarray:
+        """Eq. (39): Monte Carlo reconstruction log loss of standardised rows at ``site``, shape (n,)."""
+        return self._site_variable_scores(Z, site).sum(axis=1)
+
+    def variable_scores(self, X: np.ndarray, site: int | None = None) -> np.ndarray:
+        """Variable-wise reconstruction scores (spec §8.4 [R]) at ``site`` (optional for one site), shape (n, M)."""
+        X = self._checked(X)
+        site = int(self._rows_sites(1, site, None)[0])
+        return self._site_variable_scores(standardise(X, self.center_, self.scale_), site)
 
     # ------------------------------------------------------------------ persistence
     def _params(self) -> dict[str, Any]:
         keys = ("n_latent", "width", "learning_rate", "max_grad_norm", "local_steps", "max_iter", "aggregation",
-                "step", "rel_tol", "n_chunks", "runtime", "n_draws", "random_state")
+                "step", "rel_tol", "n_chunks", "runtime", "n_draws", "contamination", "random_state")
         return {k: getattr(self, k) for k in keys}
 
     def save(self, path: str | Path) -> Path:
@@ -554,12 +697,13 @@ class CollabVAE:
         :meth:`load` gives back a model whose scores are bit-identical (the score draws are seeded
         by ``random_state`` and the site).  ``history_`` is not written.
         """
-        self._check_fitted()
-        arrays = {"center": self.center_, "scale": self.scale_}
+        check_is_fitted(self, "decoder_", msg=NOT_FITTED)
+        arrays = {"center": self.center_, "scale": self.scale_, "thresholds": self.thresholds_}
         arrays.update({f"decoder/{name}": value for name, value in self.decoder_.items()})
         for site, encoder in self.encoders_.items():
             arrays.update({f"encoder/{site}/{name}": value for name, value in encoder.items()})
-        meta = {"params": self._params(), "n_sites": self.n_sites_, "n_features": self.n_features_in_}
+        meta = {"params": self._params(), "n_sites": self.n_sites_, "n_features": self.n_features_in_,
+                **_names_meta(self)}
         return _write_model(path, "CollabVAE", arrays, meta, self.graph)
 
     @classmethod
@@ -570,7 +714,9 @@ class CollabVAE:
         arrays, meta, graph = _read_model(path, "CollabVAE", ())
         model = cls(**meta["params"], graph=graph)
         M, d, H, n_sites = int(meta["n_features"]), int(model.n_latent), int(model.width), int(meta["n_sites"])
-        expected = {"center": (M,), "scale": (M,)}
+        expected = {"center": (M,), "scale": (M,), "thresholds": (n_sites,)}
+        if "thresholds" not in arrays:  # files written before the thresholds were
+            arrays["thresholds"] = np.full(n_sites, np.nan)
         expected.update({f"decoder/{name}": shape for name, shape in decoder_shapes(M, d, H).items()})
         for site in range(n_sites):
             expected.update({f"encoder/{site}/{name}": shape for name, shape in encoder_shapes(M, d, H).items()})
@@ -580,9 +726,10 @@ class CollabVAE:
             if arrays[name].shape != shape:
                 raise ValueError(f"{path}: {name} has shape {arrays[name].shape}, expected {shape}")
         model.n_features_in_, model.n_sites_ = M, n_sites
-        model.center_, model.scale_ = arrays["center"], arrays["scale"]
+        model.center_, model.scale_, model.thresholds_ = arrays["center"], arrays["scale"], arrays["thresholds"]
         model.decoder_ = {name: arrays[f"decoder/{name}"] for name in decoder_shapes(M, d, H)}
         model.encoders_ = {site: {name: arrays[f"encoder/{site}/{name}"] for name in encoder_shapes(M, d, H)}
                            for site in range(n_sites)}
         model.history_ = []
+        _restore_names(model, meta)
         return model

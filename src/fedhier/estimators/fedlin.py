@@ -1,22 +1,31 @@
-"""FedLin estimators in scikit-learn style (spec ``fedlin.md``): HM1 and HM2.
+"""FedLin estimators (spec ``fedlin.md``): HM1 and HM2, scikit-learn regressors fitted across sites.
 
 >>> model = FedHM2Regressor(prior="lasso").fit([(X1, y1), (X2, y2)])   # doctest: +SKIP
+>>> model = FedHM2Regressor().fit(X, y, groups=df.county)            # pooled rows, a site label  # doctest: +SKIP
 >>> model.coef_interval(0.9)[0]            # 90% credible intervals of site 0   # doctest: +SKIP
 >>> model.selected_features_[1]            # spec §5 inclusion decisions of site 1  # doctest: +SKIP
 
 Fits run through :func:`fedhier.runtime.simulate` with the protocols of
 :mod:`fedhier.protocol.fedlin`; only the declared messages cross a site boundary.
-``sites`` is a list of ``(X (n_k, d), y (n_k,))``, one pair per site.
+The data: a list of ``(X (n_k, d), y (n_k,))``, one pair per site; or ``X (n, d), y (n,)`` with
+``groups`` (n,), the site of each row; or ``X, y`` alone, one site (the centralised fit).
+With ``fit_intercept=True`` (the default, as in scikit-learn) the model's design gets a leading
+column of ones whose coefficient varies across sites (the random intercept of a mixed model).
 """
 
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import r2_score
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..data.validation import check_site_index
 from ..models.fedlin.ep import cavity, converged
@@ -31,15 +40,25 @@ from ..protocol.fedlin import EPProtocol, HM1Protocol, sample_fraction, settle_s
 from ..runtime.simulate import simulate, site_rng
 from ..utils.io import atomic_write_bytes, json_text
 from ..utils.untrusted import check_finite, read_meta_json, read_npz
+from ._input import NOT_FITTED, site_labels, site_of_rows
 
 __all__ = ["FedHM1Regressor", "FedHM2Regressor", "FedLinWarning", "load"]
 
 _FORMAT = "fedhier-fedlin-v1"
 
 
+_INTERCEPT = "(intercept)"
+
+
 def _check_fitted(model: Any) -> None:
-    if not hasattr(model, "coef_"):
-        raise ValueError(f"this {type(model).__name__} is not fitted yet: call fit(sites) first")
+    check_is_fitted(model, "coef_", msg=NOT_FITTED)
+
+
+def _is_site_list(X: Any) -> bool:
+    """True for a list of ``(X_k, y_k)`` pairs (the federated form), False for a design matrix."""
+    return isinstance(X, (list, tuple)) and len(X) > 0 and all(
+        isinstance(pair, (tuple, list)) and len(pair) == 2 and np.ndim(pair[0]) == 2 for pair in X
+    )
 
 
 class FedLinWarning(UserWarning):
@@ -69,18 +88,125 @@ def _read_npz(path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return meta, arrays
 
 
-class FedHM1Regressor:
+class _SiteRegressor(RegressorMixin, BaseEstimator):
+    """What HM1 and HM2 share: the three data forms, the intercept column, prediction and R^2.
+
+    Fitted attributes set here: ``sites_`` (the site labels: ``0..K-1`` for a list of sites, the
+    sorted distinct ``groups`` otherwise), ``n_features_in_`` and, for DataFrame input,
+    ``feature_names_in_``.
+    """
+
+    def _intercept_column(self) -> int:
+        """1 when the model's design starts with a column of ones (the intercept), else 0."""
+        return int(bool(self.fit_intercept))
+
+    def _fit_sites(self, X, y, groups) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The sites' ``(X_k, y_k)`` (user features) of any of the three forms; sets ``sites_``."""
+        name = type(self).__name__
+        if _is_site_list(X):
+            if y is not None or groups is not None:
+                raise ValueError(f"{name}.fit: give either a list of (X_k, y_k) pairs, one per site, or X, y "
+                                 "(with groups= for the site of each row), not both")
+            columns = [tuple(str(c) for c in Xk.columns) for Xk, _ in X if hasattr(Xk, "columns")]
+            if any(c != columns[0] for c in columns):
+                raise ValueError(f"{name}.fit: the sites' DataFrames have different columns; give every site the same "
+                                 "columns in the same order")
+            sites = check_sites(X)
+            self.n_features_in_ = sites[0][0].shape[1]
+            if columns:
+                self.feature_names_in_ = np.asarray(columns[0], dtype=object)
+            elif hasattr(self, "feature_names_in_"):
+                del self.feature_names_in_
+            self.sites_ = np.arange(len(sites))
+            return sites
+        if y is None:
+            raise ValueError(f"{name} requires y to be passed, but the target y is None: fit(X, y) for one site, fit(X, y, groups=site_labels) for pooled rows "
+                             "with a site label, or fit(sites) with a list of (X_k, y_k) pairs, one per site")
+        X, y = validate_data(self, X, y, y_numeric=True, ensure_min_samples=2)
+        X, y = np.asarray(X, dtype=float), np.asarray(y, dtype=float)
+        if groups is None:
+            self.sites_ = np.arange(1)
+            return [(X, y)]
+        labels, site = site_labels(groups, X.shape[0])
+        self.sites_ = labels
+        return [(X[site == k], y[site == k]) for k in range(labels.size)]
+
+    def _design(self, X: np.ndarray) -> np.ndarray:
+        """``X`` (n, d) with the intercept column of ones in front when the design has one."""
+        return np.column_stack([np.ones(X.shape[0]), X]) if self._intercept_column() else X
+
+    def _feature_labels(self, n_design: int) -> list[str]:
+        """Names of the design's columns: ``(intercept)``, then the feature names (or their indices)."""
+        j0 = self._intercept_column()
+        names = getattr(self, "feature_names_in_", None)
+        features = [str(n) for n in names] if names is not None else [str(j) for j in range(n_design - j0)]
+        return [_INTERCEPT] * j0 + features
+
+    def predict(self, X, site: int | None = None, groups=None) -> np.ndarray:
+        """Predictions (n,) for the rows of ``X`` (n, d).
+
+        ``site`` (an index into ``sites_``): every row at that site.  ``groups`` (n,): each row at its
+        own site, by label; a label not seen in fit gets the population-level prediction.  Neither:
+        the one site of a single-site fit, else the population-level prediction
+        ``X @ population_coef_ + population_intercept_`` (as statsmodels' MixedLM predicts from the
+        fixed effects), which is also what a site left out of the fit should use.
+        """
+        _check_fitted(self)
+        if site is not None and groups is not None:
+            raise ValueError("give site= (one site for every row) or groups= (a site per row), not both")
+        X = validate_data(self, X, reset=False)
+        X = np.asarray(X, dtype=float)
+        if site is not None:
+            k = check_site_index(site, self.coef_.shape[0])
+            return X @ self.coef_[k] + self.intercept_[k]
+        if groups is None:
+            if self.coef_.shape[0] == 1 and len(self.sites_) == 1:
+                return X @ self.coef_[0] + self.intercept_[0]
+            return X @ self.population_coef_ + self.population_intercept_
+        index = site_of_rows(self.sites_[: self.coef_.shape[0]], groups, X.shape[0])
+        out = X @ self.population_coef_ + self.population_intercept_
+        known = index >= 0
+        out[known] = np.einsum("nd,nd->n", X[known], self.coef_[index[known]]) + self.intercept_[index[known]]
+        return out
+
+    def score(self, X, y, sample_weight=None, groups=None) -> float:
+        """:math:`R^2` of :meth:`predict` ``(X, groups=groups)`` against ``y`` (scikit-learn's ``r2_score``)."""
+        return float(r2_score(y, self.predict(X, groups=groups), sample_weight=sample_weight))
+
+    def _names_meta(self) -> dict[str, Any]:
+        names = getattr(self, "feature_names_in_", None)
+        return {"feature_names_in": None if names is None else [str(n) for n in names],
+                "sites": [s.item() if hasattr(s, "item") else s for s in self.sites_]}
+
+    def _restore_names(self, meta: dict[str, Any], n_features: int, n_sites: int) -> None:
+        self.n_features_in_ = int(n_features)
+        if meta.get("feature_names_in") is not None:
+            self.feature_names_in_ = np.asarray(meta["feature_names_in"], dtype=object)
+        sites = meta.get("sites")
+        self.sites_ = np.asarray(sites) if sites is not None and len(sites) == n_sites else np.arange(n_sites)
+
+
+class FedHM1Regressor(_SiteRegressor):
     """HM1 by Algorithm 1 (spec §2): federated MAP with a learned site covariance :math:`\\Omega`.
 
-    Parameters mirror :class:`~fedhier.protocol.fedlin.HM1Protocol`; in addition ``n_rounds``
-    (:math:`C`), ``participation`` (fraction of sites per round, spec §9 #7), ``random_state``
-    and ``n_jobs``. HM1 gives a point estimate only: no intervals and no new-site adaptation
-    (spec §2.3).
+    Parameters mirror :class:`~fedhier.protocol.fedlin.HM1Protocol`; in addition ``fit_intercept``
+    (a column of ones in front of the design, whose coefficient each site fits under the same
+    :math:`\\Omega` as the others), ``n_rounds`` (:math:`C`), ``participation`` (fraction of sites
+    per round, spec §9 #7), ``random_state`` and ``n_jobs``. HM1 gives a point estimate only: no
+    intervals and no new-site adaptation (spec §2.3). It runs its ``n_rounds`` rounds (no stopping
+    rule, hence no convergence warning).
 
     Attributes
     ----------
     coef_ : ndarray, shape (K, d)
-        :math:`\\Theta^{(C)\\top}`, one row per site.
+        :math:`\\Theta^{(C)\\top}` without the intercept, one row per site.
+    intercept_ : ndarray, shape (K,)
+        The sites' intercepts (0 when ``fit_intercept=False``).
+    population_coef_, population_intercept_ : ndarray (d,), float
+        Averages over the sites: HM1 has no population mean, this is the prediction of
+        :meth:`predict` for a site it has not seen.
+    sites_ : ndarray, shape (K,)
+        Site labels (``groups`` values, or ``0..K-1``).
     omega_ : ndarray, shape (K, K)
     history_ : list of dict
         Per-round records of the runtime (sites, bytes, ...), plus ``theta`` snapshots when
@@ -90,6 +216,7 @@ class FedHM1Regressor:
     def __init__(
         self,
         *,
+        fit_intercept: bool = True,
         n_rounds: int = 30,
         n_local_steps: int = 20,
         eta: float = 1e-4,
@@ -106,18 +233,23 @@ class FedHM1Regressor:
         random_state: int | None = None,
         n_jobs: int = 1,
     ):
+        self.fit_intercept = fit_intercept
         self.n_rounds, self.n_local_steps, self.eta, self.alpha = n_rounds, n_local_steps, eta, alpha
         self.omega_rule, self.batch_size, self.gradient, self.shrink_scale = omega_rule, batch_size, gradient, shrink_scale
         self.init, self.oracle_omega, self.jitter, self.participation = init, oracle_omega, jitter, participation
         self.record_theta, self.random_state, self.n_jobs = record_theta, random_state, n_jobs
 
     def _params(self) -> dict[str, Any]:
-        keys = ["n_rounds", "n_local_steps", "eta", "alpha", "omega_rule", "batch_size", "gradient", "shrink_scale", "init", "jitter", "participation", "record_theta", "random_state", "n_jobs"]
+        keys = ["fit_intercept", "n_rounds", "n_local_steps", "eta", "alpha", "omega_rule", "batch_size", "gradient", "shrink_scale", "init", "jitter", "participation", "record_theta", "random_state", "n_jobs"]
         return {k: getattr(self, k) for k in keys}
 
-    def fit(self, sites: Sequence[tuple[np.ndarray, np.ndarray]]) -> "FedHM1Regressor":
-        """Run Algorithm 1 for ``n_rounds`` rounds over ``sites`` (list of ``(X, y)``)."""
-        sites = check_sites(sites)
+    def fit(self, X, y=None, groups=None) -> "FedHM1Regressor":
+        """Run Algorithm 1 for ``n_rounds`` rounds.
+
+        ``X``: a list of ``(X_k (n_k, d), y_k (n_k,))``, one per site (then no ``y``); or the pooled
+        ``X (n, d)``, ``y (n,)`` with ``groups (n,)`` the site of each row; or ``X, y`` of one site.
+        """
+        sites = [(self._design(Xk), yk) for Xk, yk in self._fit_sites(X, y, groups)]
         K, d = len(sites), sites[0][0].shape[1]
         protocol = self.protocol(K, d)
         snapshots: list[np.ndarray] = []
@@ -131,7 +263,8 @@ class FedHM1Regressor:
         return self
 
     def protocol(self, n_sites: int, n_features: int) -> HM1Protocol:
-        """The round protocol of a fit to ``n_sites`` sites of ``n_features`` features (every runtime builds it here)."""
+        """The round protocol of a fit to ``n_sites`` sites of ``n_features`` design columns (the intercept
+        column included when ``fit_intercept``; every runtime builds it here)."""
         return HM1Protocol(
             n_sites, n_features, eta=self.eta, n_local_steps=self.n_local_steps, alpha=self.alpha, omega_rule=self.omega_rule,
             batch_size=self.batch_size, gradient=self.gradient, shrink_scale=self.shrink_scale, init=self.init,
@@ -142,49 +275,66 @@ class FedHM1Regressor:
     def from_broadcast(cls, broadcast, history, *, n_sites: int, n_features: int, **params: Any) -> "FedHM1Regressor":
         """A fitted estimator from the final broadcast of an HM1 run on any runtime (e.g. over Flower).
 
-        ``history``: the runtime's round records; ``params``: the constructor's parameters of that run.
+        ``history``: the runtime's round records; ``n_features``: the design's columns (the intercept
+        column included when ``params`` has ``fit_intercept``); ``params``: the constructor's parameters
+        of that run.
         """
         model = cls(**params)
+        model.sites_ = np.arange(int(n_sites))
         model._adopt(broadcast, history, n_sites=n_sites, n_features=n_features)
         model.theta_path_ = None
         return model
 
     def _adopt(self, broadcast, history, *, n_sites: int, n_features: int) -> None:
-        self.coef_ = np.asarray(broadcast["theta"], dtype=float).T.copy()
+        self._set_theta(np.asarray(broadcast["theta"], dtype=float).T.copy())
         self.omega_ = np.asarray(broadcast["omega"], dtype=float).copy()
         self.history_ = [rec.to_dict() for rec in history]
         self.n_sites_, self.n_features_ = int(n_sites), int(n_features)
+        self.n_features_in_ = self.n_features_ - self._intercept_column()
 
-    def predict(self, X, site: int) -> np.ndarray:
-        """:math:`\\hat y=X\\theta_k`; ``X`` of shape (n, d), returns (n,)."""
-        _check_fitted(self)
-        site = check_site_index(site, self.n_sites_)
-        X, _ = check_site(X, np.zeros(np.shape(X)[0]), site=site, n_features=self.n_features_)
-        return X @ self.coef_[site]
+    def _set_theta(self, theta: np.ndarray) -> None:
+        """Split :math:`\\Theta^\\top` (K, design columns) into ``intercept_`` and ``coef_``."""
+        self.design_coef_ = theta
+        j0 = self._intercept_column()
+        self.coef_ = theta[:, j0:]
+        self.intercept_ = theta[:, 0].copy() if j0 else np.zeros(theta.shape[0])
+        self.population_coef_ = self.coef_.mean(axis=0)
+        self.population_intercept_ = float(self.intercept_.mean())
 
     def save(self, path) -> Path:
         """Save to ``path`` (a ``.npz`` of plain arrays plus a JSON header; no pickle)."""
         _check_fitted(self)
         params = {k: v for k, v in self._params().items()}
-        return _save_npz(path, {"coef_": self.coef_, "omega_": self.omega_}, {"kind": "hm1", "params": params, "history": self.history_})
+        return _save_npz(path, {"coef_": self.design_coef_, "omega_": self.omega_},
+                         {"kind": "hm1", "params": params, "history": self.history_, **self._names_meta()})
 
 
-class FedHM2Regressor:
+class FedHM2Regressor(_SiteRegressor):
     """HM2 by federated EP (spec §3–5): posterior of :math:`\\phi`, device posteriors, intervals, tests,
     variable selection and new-site adaptation.
 
     Parameters
     ----------
+    fit_intercept : bool
+        Fit an intercept per site (default True, as in scikit-learn). With the Gaussian hierarchy it is
+        a leading column of ones in the design whose coefficient always varies across sites, as a mixed
+        model's random intercept (:math:`\\mu` and :math:`\\tau` get a component ``(intercept)``);
+        for a common intercept, pass False and a column of ones yourself with ``random`` False there.
+        When ``standardize`` is on (lasso, ridge) every site centres its data instead, which fits each
+        site's intercept whatever this says.
     prior : {"gaussian", "lasso", "ridge"}
         :math:`p(\\theta_k\\mid\\phi)`: the Gaussian hierarchy (spec §3.1) or a shrinkage prior (spec §5).
     covariance, random, noise, tau, mu_scale :
-        Options of :class:`~fedhier.models.fedlin.hierarchy.GaussianHierarchy` (prior="gaussian").
+        Options of :class:`~fedhier.models.fedlin.hierarchy.GaussianHierarchy` (prior="gaussian");
+        ``random`` has one entry per feature (the intercept varies anyway). ``mu_scale`` defaults
+        to 10 (a vague prior on the population means, the command line's default too).
     n_rounds : int
         Largest number of EP rounds :math:`C` (spec §9 #15: 20).
     damping : float
         EP damping :math:`\\delta` (spec §3.4; grid of §9 #12).
     tol : float or None
-        Early-stop threshold of spec §3.4 (None: always run ``n_rounds``).
+        Early-stop threshold of spec §3.4 (None: always run ``n_rounds``). A fit that runs all
+        ``n_rounds`` without meeting it issues scikit-learn's ``ConvergenceWarning``.
     tilted_method : {"auto", "exact", "quadrature", "importance", "mcmc"}
         See :mod:`fedhier.models.fedlin.tilted`.
     n_draws : int
@@ -213,12 +363,22 @@ class FedHM2Regressor:
     Attributes
     ----------
     coef_ : ndarray, shape (K, d)
-        Posterior means of :math:`\\theta_k` (original scale).
+        Posterior means of :math:`\\theta_k` (original scale), without the intercept.
     intercept_ : ndarray, shape (K,)
-        Site intercepts from centring (0 when ``standardize`` is False).
+        Site intercepts: the posterior mean of the intercept coordinate, or from centring when
+        ``standardize`` is on (0 when neither).
     coef_draws_ : ndarray, shape (K, n_posterior_draws, d)
+    intercept_draws_ : ndarray, shape (K, n_posterior_draws) or None
+        Draws of the intercept coordinate (None when the design has none).
+    population_coef_, population_intercept_ : ndarray (d,), float
+        :math:`E[\\mu]` of the Gaussian hierarchy (its intercept component apart); for lasso and
+        ridge, or a standardised Gaussian fit, the average of the sites' coefficients. :meth:`predict`
+        uses them for a site not seen in fit.
+    sites_ : ndarray, shape (K,)
+        Site labels (``groups`` values, or ``0..K-1``).
     phi_mean_, phi_cov_ : ndarray, shapes (p,), (p, p)
-        Moments of :math:`q(\\phi)`; ``phi_names_`` names the components.
+        Moments of :math:`q(\\phi)`; ``phi_names_`` names the components with the feature names
+        (``mu[age]``, ``log_tau[(intercept)]``; indices when the features have no names).
     selected_features_ : ndarray of bool, shape (K, d)
         Spec §5: included iff the ``level`` interval excludes 0.
     inclusion_score_ : ndarray, shape (K, d)
@@ -235,12 +395,13 @@ class FedHM2Regressor:
     def __init__(
         self,
         *,
+        fit_intercept: bool = True,
         prior: str = "gaussian",
         covariance: str = "diagonal",
         random=None,
         noise="local",
         tau=None,
-        mu_scale: float = 1.0,
+        mu_scale: float = 10.0,
         n_rounds: int = 20,
         damping: float = 0.5,
         tol: float | None = 0.05,
@@ -257,6 +418,7 @@ class FedHM2Regressor:
         n_jobs: int = 1,
         privacy: Any = None,
     ):
+        self.fit_intercept = fit_intercept
         self.privacy = privacy
         self.prior, self.covariance, self.random, self.noise, self.tau, self.mu_scale = prior, covariance, random, noise, tau, mu_scale
         self.n_rounds, self.damping, self.tol, self.tilted_method, self.n_draws = n_rounds, damping, tol, tilted_method, n_draws
@@ -266,16 +428,31 @@ class FedHM2Regressor:
 
     # ------------------------------------------------------------------ set-up
     def _params(self) -> dict[str, Any]:
-        keys = ["prior", "covariance", "noise", "tau", "mu_scale", "n_rounds", "damping", "tol", "tilted_method", "n_draws", "mcmc", "n_posterior_draws", "level", "standardize", "participation", "aggregation", "random_state", "n_jobs"]
+        keys = ["fit_intercept", "prior", "covariance", "noise", "tau", "mu_scale", "n_rounds", "damping", "tol", "tilted_method", "n_draws", "mcmc", "n_posterior_draws", "level", "standardize", "participation", "aggregation", "random_state", "n_jobs"]
         out = {k: getattr(self, k) for k in keys}
         out["random"] = None if self.random is None else np.asarray(self.random, dtype=bool).tolist()
         if isinstance(out["tau"], np.ndarray):
             out["tau"] = out["tau"].tolist()
         return out
 
+    def _intercept_column(self) -> int:
+        return int(bool(self.fit_intercept) and not self._standardizes())
+
+    def _random_design(self, d: int):
+        """``random`` over the ``d`` design columns: the intercept column (if any) always varies."""
+        if self.random is None:
+            return None
+        mask = np.asarray(self.random, dtype=bool).reshape(-1)
+        j0 = self._intercept_column()
+        if mask.shape != (d - j0,):
+            raise ValueError(f"random must have one entry per feature ({d - j0},), got shape {np.shape(self.random)}"
+                             + ("; the intercept (fit_intercept=True) varies across sites anyway" if j0 else ""))
+        return np.concatenate([[True], mask]) if j0 else mask
+
     def _make_model(self, d: int):
         if self.prior == "gaussian":
-            return GaussianHierarchy(d, covariance=self.covariance, random=self.random, noise=self.noise, tau=self.tau, mu_scale=self.mu_scale)
+            return GaussianHierarchy(d, covariance=self.covariance, random=self._random_design(d), noise=self.noise,
+                                     tau=self.tau, mu_scale=self.mu_scale)
         if self.prior == "ridge":
             return BayesianRidge(d)
         if self.prior == "lasso":
@@ -326,9 +503,13 @@ class FedHM2Regressor:
                 )
 
     # ------------------------------------------------------------------ fit
-    def fit(self, sites: Sequence[tuple[np.ndarray, np.ndarray]]) -> "FedHM2Regressor":
-        """Run federated EP (Algorithm 3) over ``sites`` and compute every site's posterior."""
-        sites = check_sites(sites)
+    def fit(self, X, y=None, groups=None) -> "FedHM2Regressor":
+        """Run federated EP (Algorithm 3) over the sites and compute every site's posterior.
+
+        ``X``: a list of ``(X_k (n_k, d), y_k (n_k,))``, one per site (then no ``y``); or the pooled
+        ``X (n, d)``, ``y (n,)`` with ``groups (n,)`` the site of each row; or ``X, y`` of one site.
+        """
+        sites = [(self._design(Xk), yk) for Xk, yk in self._fit_sites(X, y, groups)]
         K, d = len(sites), sites[0][0].shape[1]
         protocol = self.protocol(d)
         self.n_sites_ = K
@@ -376,10 +557,14 @@ class FedHM2Regressor:
         self.x_scale_ = np.array([xs for _, xs, _ in scalings])
         self.y_mean_ = np.array([ym for _, _, ym in scalings])
         self._set_draws(np.stack(draws))
+        if self.tol is not None and not history[-1]["converged"]:
+            warnings.warn(f"EP ran all n_rounds={self.n_rounds} rounds without meeting its stopping rule (tol={self.tol}); "
+                          "raise n_rounds, or lower damping if the history oscillates", ConvergenceWarning, stacklevel=2)
         return self
 
     def protocol(self, n_features: int) -> EPProtocol:
-        """The EP round protocol of a fit with ``n_features`` features (every runtime builds it here); sets ``model_``.
+        """The EP round protocol of a fit with ``n_features`` design columns (the intercept column included when
+        the design has one; every runtime builds it here); sets ``model_``.
 
         Checks the options first (``tilted_method``, ``n_posterior_draws``, ``prior``).
         """
@@ -410,8 +595,9 @@ class FedHM2Regressor:
             variances.append(np.diag(S))
             row = record.to_dict()
             row.update(damping=float(broadcast["damping_log"][record.round - 1]), phi_mean=m.tolist(), phi_var=np.diag(S).tolist())
+            row["converged"] = bool(self.tol is not None and converged(means, variances, tol=self.tol))
             history.append(row)
-            return self.tol is not None and converged(means, variances, tol=self.tol)
+            return row["converged"]
 
         return track, history
 
@@ -419,7 +605,12 @@ class FedHM2Regressor:
         self.history_, self.n_rounds_, self.seed_ = history, int(rounds_run), int(seed)
         self.r_, self.Q_ = np.asarray(broadcast["r"], float).copy(), np.asarray(broadcast["Q"], float).copy()
         self.phi_mean_, self.phi_cov_ = to_moments(self.r_, self.Q_)
-        self.phi_names_ = list(self.model_.phi_names)
+        self.phi_names_ = self._named(self.model_.phi_names)
+
+    def _named(self, phi_names: Sequence[str]) -> list[str]:
+        """``mu[0]`` -> ``mu[(intercept)]``, ``mu[1]`` -> ``mu[age]``: design indices replaced by column names."""
+        labels = self._feature_labels(self.n_features_)
+        return [re.sub(r"\[(\d+)\]", lambda m: f"[{labels[int(m.group(1))]}]", name) for name in phi_names]
 
     @classmethod
     def from_broadcast(cls, broadcast, history: list, *, seed: int, n_sites: int, n_features: int, **params: Any) -> "FedHM2Regressor":
@@ -432,8 +623,10 @@ class FedHM2Regressor:
         """
         model = cls(**params)
         model.protocol(n_features)
+        model.n_features_in_ = int(n_features) - model._intercept_column()
         model._adopt(broadcast, history, len(history), seed)
         model.n_sites_ = int(n_sites)
+        model.sites_ = np.arange(int(n_sites))
         d = int(n_features)
         model.x_mean_, model.x_scale_, model.y_mean_ = np.zeros((0, d)), np.ones((0, d)), np.zeros(0)
         model.cavity_fallback_ = []
@@ -458,22 +651,27 @@ class FedHM2Regressor:
         return draws
 
     def _set_draws(self, std_draws: np.ndarray) -> None:
-        """Store draws on the original scale: :math:`\\theta_j=\\theta^{\\rm std}_j/s_j`, intercept :math:`\\bar y-\\bar x^\\top\\theta`."""
-        self.coef_draws_ = std_draws / self.x_scale_[:, None, :]
-        self.coef_ = self.coef_draws_.mean(axis=1)
-        self.intercept_ = self.y_mean_ - np.einsum("kd,kd->k", self.x_mean_, self.coef_)
+        """Store draws on the original scale: :math:`\\theta_j=\\theta^{\\rm std}_j/s_j`, intercept
+        :math:`\\bar y-\\bar x^\\top\\theta` plus the intercept coordinate when the design has one."""
+        self.design_draws_ = std_draws / self.x_scale_[:, None, :]
+        design_coef = self.design_draws_.mean(axis=1)
+        j0 = self._intercept_column()
+        self.coef_draws_ = self.design_draws_[:, :, j0:]
+        self.intercept_draws_ = self.design_draws_[:, :, 0] if j0 else None
+        self.coef_ = design_coef[:, j0:]
+        self.intercept_ = self.y_mean_ - np.einsum("kd,kd->k", self.x_mean_, design_coef) + (design_coef[:, 0] if j0 else 0.0)
+        if self.prior == "gaussian" and not self._standardizes():
+            mu = self.phi_mean_[: self.n_features_]
+            self.population_coef_, self.population_intercept_ = mu[j0:].copy(), float(mu[0]) if j0 else 0.0
+        elif self.coef_.shape[0]:
+            self.population_coef_, self.population_intercept_ = self.coef_.mean(axis=0), float(self.intercept_.mean())
+        else:
+            self.population_coef_, self.population_intercept_ = np.zeros(self.coef_.shape[1]), 0.0
         K, _, d = self.coef_draws_.shape
         self.selected_features_ = np.array([select_features(dr, self.level) for dr in self.coef_draws_], dtype=bool).reshape(K, d)
         self.inclusion_score_ = np.array([inclusion_score(dr) for dr in self.coef_draws_], dtype=float).reshape(K, d)
 
     # ------------------------------------------------------------------ products
-    def predict(self, X, site: int) -> np.ndarray:
-        """Posterior-mean prediction on ``site``: ``X (n, d) @ coef_[site] + intercept_[site]``."""
-        _check_fitted(self)
-        site = check_site_index(site, self.coef_.shape[0])
-        X, _ = check_site(X, np.zeros(np.shape(X)[0]), site=site, n_features=self.n_features_)
-        return X @ self.coef_[site] + self.intercept_[site]
-
     def coef_interval(self, level: float = 0.9) -> np.ndarray:
         """Equal-tailed credible intervals of every :math:`\\theta_{kj}` (spec §4.2), shape (K, d, 2)."""
         _check_fitted(self)
@@ -485,8 +683,8 @@ class FedHM2Regressor:
         ``value``: c, a number or one per feature (d,).
         """
         _check_fitted(self)
-        if np.ndim(value) > 1 or np.size(value) not in (1, self.n_features_):
-            raise ValueError(f"value must be a number or one per feature ({self.n_features_},), got shape {np.shape(value)}")
+        if np.ndim(value) > 1 or np.size(value) not in (1, self.n_features_in_):
+            raise ValueError(f"value must be a number or one per feature ({self.n_features_in_},), got shape {np.shape(value)}")
         reject = np.stack([reject_null(dr, value, level) for dr in self.coef_draws_])
         tail = np.stack([tail_probability(dr, value) for dr in self.coef_draws_])
         return reject, tail
@@ -500,14 +698,15 @@ class FedHM2Regressor:
             ci[logs] = np.exp(ci[logs])
         return ci
 
-    def adapt(self, X_new, y_new) -> int:
+    def adapt(self, X_new, y_new, label=None) -> int:
         """Posterior of a new site from its data and :math:`q(\\phi)` only (spec §4.3, full Bayesian version).
 
-        The new site is appended (its index is returned) so that :meth:`predict`,
-        :meth:`coef_interval` and :attr:`selected_features_` cover it.
+        The new site is appended (its index is returned; ``label`` is its entry in ``sites_``, default
+        the index) so that :meth:`predict`, :meth:`coef_interval` and :attr:`selected_features_` cover it.
         """
         _check_fitted(self)
-        X, y = check_site(X_new, y_new, site="new", n_features=self.n_features_)
+        X, y = check_site(X_new, y_new, site="new", n_features=self.n_features_in_)
+        X = self._design(X)
         xm, xs, ym = self._scaling(X, y)
         stats = SiteStats.from_data((X - xm) / xs, y - ym, site="new")
         k = self.coef_draws_.shape[0]
@@ -516,7 +715,8 @@ class FedHM2Regressor:
         self.x_mean_ = np.vstack([self.x_mean_, xm])
         self.x_scale_ = np.vstack([self.x_scale_, xs])
         self.y_mean_ = np.append(self.y_mean_, ym)
-        self._set_draws(np.concatenate([self.coef_draws_ * self.x_scale_[:-1, None, :], std[None]]))
+        self._set_draws(np.concatenate([self.design_draws_ * self.x_scale_[:-1, None, :], std[None]]))
+        self.sites_ = np.append(self.sites_[:k], k if label is None else label)
         return k
 
     # ------------------------------------------------------------------ persistence
@@ -524,10 +724,11 @@ class FedHM2Regressor:
         """Save to ``path`` (``.npz`` of plain arrays plus a JSON header; no pickle)."""
         _check_fitted(self)
         arrays = {
-            "r_": self.r_, "Q_": self.Q_, "coef_draws_": self.coef_draws_, "x_mean_": self.x_mean_,
+            "r_": self.r_, "Q_": self.Q_, "coef_draws_": self.design_draws_, "x_mean_": self.x_mean_,
             "x_scale_": self.x_scale_, "y_mean_": self.y_mean_,
         }
-        meta = {"kind": "hm2", "params": self._params(), "history": self.history_, "n_rounds_": self.n_rounds_, "seed_": self.seed_, "n_sites_": self.n_sites_}
+        meta = {"kind": "hm2", "params": self._params(), "history": self.history_, "n_rounds_": self.n_rounds_, "seed_": self.seed_, "n_sites_": self.n_sites_,
+                **self._names_meta()}
         return _save_npz(path, arrays, meta)
 
 
@@ -540,12 +741,15 @@ def _check_shapes(path, arrays: dict[str, np.ndarray], ndims: dict[str, int]) ->
 def load(path) -> FedHM1Regressor | FedHM2Regressor:
     """Load a model written by ``save`` (no pickle; refuses other files with a ValueError)."""
     meta, arrays = _read_npz(path)
-    params = meta["params"]
+    params = {"fit_intercept": False, "mu_scale": 1.0, **meta["params"]}  # the defaults of files written before them
     if meta["kind"] == "hm1":
+        params.pop("mu_scale")
         est = FedHM1Regressor(**params)
         _check_shapes(path, arrays, {"coef_": 2, "omega_": 2})
-        est.coef_, est.omega_, est.history_ = arrays["coef_"], arrays["omega_"], meta["history"]
-        est.n_sites_, est.n_features_ = est.coef_.shape
+        est._set_theta(arrays["coef_"])
+        est.omega_, est.history_ = arrays["omega_"], meta["history"]
+        est.n_sites_, est.n_features_ = est.design_coef_.shape
+        est._restore_names(meta, est.n_features_ - est._intercept_column(), est.n_sites_)
         if est.omega_.shape != (est.n_sites_, est.n_sites_):
             raise ValueError(f"{path}: array 'omega_' has shape {est.omega_.shape}, expected {(est.n_sites_,) * 2}")
         est.theta_path_ = None
@@ -562,7 +766,8 @@ def load(path) -> FedHM1Regressor | FedHM2Regressor:
     est.model_ = est._make_model(est.n_features_)
     est.r_, est.Q_ = arrays["r_"], arrays["Q_"]
     est.phi_mean_, est.phi_cov_ = to_moments(est.r_, est.Q_)
-    est.phi_names_ = list(est.model_.phi_names)
+    est._restore_names(meta, est.n_features_ - est._intercept_column(), K)
+    est.phi_names_ = est._named(est.model_.phi_names)
     est.x_mean_, est.x_scale_, est.y_mean_ = arrays["x_mean_"], arrays["x_scale_"], arrays["y_mean_"]
     est.history_, est.n_rounds_, est.seed_, est.n_sites_ = meta["history"], meta["n_rounds_"], meta["seed_"], meta["n_sites_"]
     est._set_draws(arrays["coef_draws_"] * est.x_scale_[:, None, :])

@@ -1,6 +1,9 @@
-"""``FedMVPPCA``: the scikit-learn style estimator of Fed-mv-PPCA (spec fed-mv-ppca).
+"""``FedMVPPCA``: the scikit-learn estimator of Fed-mv-PPCA (spec fed-mv-ppca).
 
-The estimator validates the sites, builds the round protocol
+Data: a list of sites, each a mapping ``{view: (n_c, d_view) array or DataFrame}``; or one mapping of
+pooled views with ``groups`` (n,), the site of each row; or one mapping, one site; or one array
+(n, d), a single view (named ``"X"``) at a single site, which is probabilistic PCA and what
+scikit-learn's tools pass.  The estimator validates the sites, builds the round protocol
 (:class:`fedhier.protocol.mvppca.MVPPCAProtocol`) and runs it on the in-process
 runtime (:func:`fedhier.runtime.simulate`).  Prediction uses the global point model
 (mu~, W~, s-bar) of §9.
@@ -16,6 +19,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
+from sklearn.utils.validation import check_is_fitted
 
 from ..data.schema import ViewSchema
 from ..data.validation import check_feature_names, check_sites, check_views, feature_names
@@ -27,8 +33,9 @@ from ..runtime.checkpoint import read_checkpoint
 from ..runtime.simulate import RoundRecord, simulate
 from ..utils.io import atomic_write_bytes, json_text
 from ..utils.untrusted import check_finite, read_meta_json, read_npz
+from ._input import ARRAY_VIEW, NOT_FITTED, array_view, view_sites
 
-__all__ = ["FedMVPPCA", "ComponentScores", "NotFittedError", "DataScaleWarning"]
+__all__ = ["FedMVPPCA", "ComponentScores", "NotFittedError", "DataScaleWarning"]  # NotFittedError: scikit-learn's
 
 log = logging.getLogger(__name__)
 _FORMAT = "fedhier.FedMVPPCA/1"
@@ -66,11 +73,7 @@ class ComponentScores:
     criterion: str
 
 
-class NotFittedError(RuntimeError):
-    """The estimator is used before ``fit``."""
-
-
-class FedMVPPCA:
+class FedMVPPCA(TransformerMixin, BaseEstimator):
     """Federated multi-view probabilistic PCA with hierarchical priors.
 
     Parameters
@@ -142,6 +145,9 @@ class FedMVPPCA:
     progress : bool, default False
         Show a progress bar over rounds.
 
+    A fit whose ``tol`` rule has not stopped it after ``n_rounds`` rounds issues scikit-learn's
+    ``ConvergenceWarning``.
+
     Attributes
     ----------
     global_params_ : dict
@@ -155,10 +161,13 @@ class FedMVPPCA:
     n_rounds_ : int
         Rounds run by the kept start (fewer than ``n_rounds`` when ``tol`` stopped it).
     schema_ : ViewSchema
-    feature_names_in_ : dict
+    feature_names_in_ : dict or ndarray
         ``{view: column names}`` of the views the sites gave as pandas DataFrames; a DataFrame
-        given for prediction must have these columns in this order (as in scikit-learn).
+        given for prediction must have these columns in this order (as in scikit-learn).  For data
+        given as one array (one view), scikit-learn's array of column names, and ``n_features_in_``.
     n_sites_ : int
+    sites_ : ndarray
+        Site labels: the sorted distinct ``groups``, or ``0..n_sites_-1``.
     init_seeds_, init_scores_ : list of int, ndarray (n_init,)
         Seed and final expected log-likelihood of every start; ``seed_`` is the kept one's.
     """
@@ -257,8 +266,7 @@ class FedMVPPCA:
                 )
 
     def _check_fitted(self) -> None:
-        if not hasattr(self, "_global"):
-            raise NotFittedError("this FedMVPPCA is not fitted yet: call fit(sites) first")
+        check_is_fitted(self, "_global", msg=NOT_FITTED)
 
     # ------------------------------------------------------------------ fitting
     def _protocol(self, schema: ViewSchema) -> MVPPCAProtocol:
@@ -286,12 +294,17 @@ class FedMVPPCA:
 
     def fit(
         self,
-        sites: Sequence[Mapping[str, Any]],
+        X: Any,
+        y: None = None,
+        groups: Any = None,
         callbacks: Sequence[Callable[[RoundRecord, Any], None]] = (),
         checkpoint: str | Path | None = None,
     ) -> "FedMVPPCA":
-        """Fit the global model on ``sites`` (list of ``{view: (n, d) array}``).
+        """Fit the global model.
 
+        ``X``: a list of sites ``{view: (n_c, d) array or DataFrame}``; or pooled views
+        ``{view: (n, d)}`` with ``groups`` (n,), the site of each row; or one mapping (one site); or
+        one array (n, d), a single view at a single site.  ``y`` is ignored.
         A site may lack views (absent keys) and subjects may lack views (all-NaN rows).
         Bad input raises ``ValueError`` naming the site and view before any work.
         ``callbacks`` are called after every round (of every start, with ``n_init > 1``)
@@ -304,14 +317,22 @@ class FedMVPPCA:
             for name, value in (("privacy", self.privacy), ("participation", self.participation), ("checkpoint", checkpoint)):
                 if value is not None:
                     raise ValueError(f"n_init > 1 cannot be combined with {name} (see the n_init parameter); fit one start at a time")
-        given = sites
+        given = view_sites(self, X, groups)
+        if self._array_input and self.n_components >= given[0][ARRAY_VIEW].shape[1]:
+            d = given[0][ARRAY_VIEW].shape[1]
+            raise ValueError(f"n_components={self.n_components} must be below the number of features; X has {d} feature(s)")
         sites, schema = check_sites(given, n_components=self.n_components, min_subjects=2)
-        names = feature_names(given)  # of the views given as DataFrames; checked again at prediction
+        if self._array_input:  # scikit-learn's names, set by validate_data
+            names = getattr(self, "feature_names_in_", None)
+        else:
+            names = feature_names(given)  # of the views given as DataFrames; checked again at prediction
+            if hasattr(self, "n_features_in_"):
+                del self.n_features_in_
         if _record_dp(self.privacy):  # one release per site, the fit is post-processing (fedhier.record_dp)
             from ..record_dp import fit_mvppca
 
             fit_mvppca(self, sites, schema)
-            self.feature_names_in_ = names
+            self._set_names(names)
             return self
         protocol = self._protocol(schema)
         if self.privacy is not None:
@@ -357,7 +378,14 @@ class FedMVPPCA:
         scores = np.array([r.history[-1].metrics.get("expected_ll", np.nan) for r in results])
         result = results[int(np.argmax(scores))]
         self._adopt(result.broadcast, schema, result.history, seed=result.seed, n_sites=len(sites))
-        self.feature_names_in_ = names
+        self._set_names(names)
+        last = self.history_[-1]["metrics"].get("rel_change", np.inf) if self.history_ else np.inf
+        if self.tol is not None and self.n_rounds_ >= self.n_rounds and not last < self.tol:
+            import warnings
+
+            moved = f"still moved by {last:.3g} (relative) in the last one" if np.isfinite(last) else "had no second round to compare"
+            warnings.warn(f"Fed-mv-PPCA ran all n_rounds={self.n_rounds} rounds and its parameters {moved}, "
+                          f"above tol={self.tol}; raise n_rounds", ConvergenceWarning, stacklevel=2)
         self.init_seeds_ = [r.seed for r in results]
         self.init_scores_ = scores
         if self.privacy is not None:
@@ -369,6 +397,13 @@ class FedMVPPCA:
             )
             self.privacy_spent_ = self.privacy_ledger_.spent(self._privacy_delta())
         return self
+
+    def _set_names(self, names: Any) -> None:
+        if names is None:
+            if hasattr(self, "feature_names_in_"):
+                del self.feature_names_in_
+        else:
+            self.feature_names_in_ = names
 
     def privacy_table(self, delta: float | None = None) -> list[dict[str, Any]]:
         """Cumulative epsilon per site after each round (one PLD computation per row).
@@ -411,6 +446,8 @@ class FedMVPPCA:
         self.history_ = [self._history_row(r) for r in history]
         self.n_rounds_ = len(self.history_)
         self.feature_names_in_: dict[str, tuple[str, ...]] = {}
+        if not hasattr(self, "sites_") or len(self.sites_) != self.n_sites_:
+            self.sites_ = np.arange(self.n_sites_)
 
     @classmethod
     def from_broadcast(
@@ -453,8 +490,10 @@ class FedMVPPCA:
 
     def _views(self, X: Mapping[str, Any]) -> dict[str, np.ndarray]:
         self._check_fitted()
+        X = array_view(self, X)
         views = check_views(X, self.schema_)
-        check_feature_names(self.feature_names_in_, X)
+        if isinstance(getattr(self, "feature_names_in_", None), dict):
+            check_feature_names(self.feature_names_in_, X)
         return views
 
     def transform(self, X: Mapping[str, Any]) -> np.ndarray:
@@ -495,8 +534,9 @@ class FedMVPPCA:
         0 for a subject with no observed view."""
         return predictive.marginal_loglik(self.model_, self._views(X))
 
-    def score(self, X: Mapping[str, Any]) -> float:
-        """Mean marginal log-likelihood over the subjects that have at least one observed view."""
+    def score(self, X: Mapping[str, Any], y: None = None) -> float:
+        """Mean marginal log-likelihood over the subjects that have at least one observed view
+        (as scikit-learn's ``PCA.score``: the average log-likelihood; ``y`` is ignored)."""
         views = self._views(X)
         observed = np.zeros(next(iter(views.values())).shape[0], dtype=bool)
         for values in views.values():
@@ -638,7 +678,11 @@ class FedMVPPCA:
             },
             "schema": {"names": list(self.schema_.names), "dims": list(self.schema_.dims)},
             "n_sites": self.n_sites_,
-            "feature_names_in": {view: list(names) for view, names in self.feature_names_in_.items()},
+            "feature_names_in": ({view: list(names) for view, names in self.feature_names_in_.items()}
+                                 if isinstance(getattr(self, "feature_names_in_", None), dict) else {}),
+            "array_input": bool(getattr(self, "_array_input", False)),
+            "array_feature_names": (None if isinstance(getattr(self, "feature_names_in_", {}), dict)
+                                    else [str(n) for n in self.feature_names_in_]),
             "history": self.history_,
         }
         arrays["__meta__"] = np.frombuffer(json_text(meta).encode(), dtype=np.uint8)
@@ -683,4 +727,10 @@ class FedMVPPCA:
         model.history_ = meta["history"]
         model.feature_names_in_ = {view: tuple(names) for view, names in meta.get("feature_names_in", {}).items()}
         model.n_rounds_ = len(model.history_)
+        model.sites_ = np.arange(int(model.n_sites_))
+        model._array_input = bool(meta.get("array_input", False))
+        if model._array_input:
+            model.n_features_in_ = int(schema.dims[0])
+            model._set_names(None if meta.get("array_feature_names") is None
+                             else np.asarray(meta["array_feature_names"], dtype=object))
         return model

@@ -77,9 +77,9 @@ def _evaluate(dataset: str, sites: list[AnomalySite], *, seed: int, quick: bool,
         local = CollabDict(runtime="star", **common).fit([x_tr])
         z_te = (x_te - pooled.center_) / pooled.scale_
         scores = {
-            "collabdict": collab.score_samples(x_te, site=s),
-            "local-only": local.score_samples(x_te, site=0),
-            "pooled-ggm": pooled.score_samples(x_te, site=0),
+            "collabdict": collab.anomaly_score(x_te, site=s),
+            "local-only": local.anomaly_score(x_te, site=0),
+            "pooled-ggm": pooled.anomaly_score(x_te, site=0),
             "pooled-gmm": -gmm.score_samples(z_te),
             "pooled-iforest": -iforest.score_samples(z_te),
         }

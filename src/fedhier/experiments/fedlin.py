@@ -151,7 +151,7 @@ def run_sim_hm1(out_dir: Path, *, quick: bool, seed: int) -> None:
             rng = np.random.default_rng([seed, run, ord(case[-1]), len(case)])
             train, test, theta_true, _, ev = _hm1_case(case, rng, False, n_test)
             fig_rounds = 60 if (case in curves and not quick) else C
-            hm1 = FedHM1Regressor(n_rounds=fig_rounds, n_local_steps=T, eta=eta, alpha=alpha, record_theta=True, random_state=seed + run).fit(train)
+            hm1 = FedHM1Regressor(fit_intercept=False, n_rounds=fig_rounds, n_local_steps=T, eta=eta, alpha=alpha, record_theta=True, random_state=seed + run).fit(train)
             if case in curves:
                 curves[case].append(np.linalg.norm(hm1.theta_path_ - theta_true.T[None], axis=(1, 2)) / np.sqrt(len(train)))
             coef_hm1 = hm1.theta_path_[C - 1]
@@ -277,7 +277,7 @@ def run_uq(out_dir: Path, *, quick: bool, seed: int) -> None:
         th = mu_true + np.sqrt(tau_true) * rng.standard_normal(4)
         X = rng.standard_normal((n, 4))
         sites.append((X, X @ th + 0.1 * rng.standard_normal(n)))
-    est = FedHM2Regressor(prior="gaussian", covariance="diagonal", noise="local", damping=0.5, n_rounds=6 if quick else 20, n_posterior_draws=500, random_state=seed).fit(sites)
+    est = FedHM2Regressor(fit_intercept=False, mu_scale=1.0, prior="gaussian", covariance="diagonal", noise="local", damping=0.5, n_rounds=6 if quick else 20, n_posterior_draws=500, random_state=seed).fit(sites)
     truth = np.r_[mu_true, np.log(tau_true)]
     ci_phi = est.phi_interval(0.9)
     rows_phi = [{"component": nm, "true": float(truth[i]), "mean": float(est.phi_mean_[i]), "lower": float(ci_phi[i, 0]), "upper": float(ci_phi[i, 1]), "covered": bool(ci_phi[i, 0] <= truth[i] <= ci_phi[i, 1])} for i, nm in enumerate(est.phi_names_)]
@@ -425,7 +425,7 @@ def run_cmapss(out_dir: Path, *, quick: bool, seed: int) -> None:
     def fit_all(train, eta, run_seed, lam):
         coefs = {}
         for name, kw in hm1_variants.items():
-            coefs[name] = FedHM1Regressor(n_rounds=C, n_local_steps=T, eta=eta[name], batch_size=b, random_state=run_seed, **kw).fit(train).coef_
+            coefs[name] = FedHM1Regressor(fit_intercept=False, n_rounds=C, n_local_steps=T, eta=eta[name], batch_size=b, random_state=run_seed, **kw).fit(train).coef_
         rng = np.random.default_rng(run_seed)
         coefs["Separate"] = fit_separate(train, eta=eta["Separate"], n_steps=C * T, batch_size=b, rng=rng).T
         avg = _fedavg(train, eta=eta["FedAvg"], T=T, C=C, batch_size=b, seed=run_seed)
@@ -505,8 +505,8 @@ def run_heart(out_dir: Path, *, quick: bool, seed: int) -> None:
         splits = [_split(len(y), 0.7, rng) for _, y in sites]
         tr = [(X[a], y[a]) for (X, y), (a, _) in zip(sites, splits)]
         te = [(X[b], y[b]) for (X, y), (_, b) in zip(sites, splits)]
-        hm2 = FedHM2Regressor(prior="gaussian", mu_scale=3.0, damping=0.5, n_rounds=8 if quick else 20, n_posterior_draws=1000, random_state=seed + run).fit(tr)
-        hm1 = FedHM1Regressor(n_rounds=50, n_local_steps=20, eta=0.05, gradient="mean", random_state=seed + run).fit(tr)
+        hm2 = FedHM2Regressor(fit_intercept=False, prior="gaussian", mu_scale=3.0, damping=0.5, n_rounds=8 if quick else 20, n_posterior_draws=1000, random_state=seed + run).fit(tr)
+        hm1 = FedHM1Regressor(fit_intercept=False, n_rounds=50, n_local_steps=20, eta=0.05, gradient="mean", random_state=seed + run).fit(tr)
         sep = np.array([np.linalg.lstsq(X, y, rcond=None)[0] for X, y in tr])
         cen = fit_centralised_ols(tr)
         with warnings.catch_warnings():
@@ -554,8 +554,8 @@ def run_radon(out_dir: Path, *, quick: bool, seed: int) -> None:
     fe, se = mixed.fe, mixed.se
     blup = mixed.random_effects[:, 0]
     rounds = 6 if quick else 20
-    hm2 = FedHM2Regressor(random=[True, False, False], noise="shared", mu_scale=10.0, damping=0.7, n_rounds=rounds, n_posterior_draws=1000, random_state=seed).fit(sites)
-    hm2s = FedHM2Regressor(random=[True, True, False], noise="shared", mu_scale=10.0, damping=0.7, n_rounds=rounds, n_posterior_draws=1000, random_state=seed).fit(sites)
+    hm2 = FedHM2Regressor(fit_intercept=False, random=[True, False, False], noise="shared", mu_scale=10.0, damping=0.7, n_rounds=rounds, n_posterior_draws=1000, random_state=seed).fit(sites)
+    hm2s = FedHM2Regressor(fit_intercept=False, random=[True, True, False], noise="shared", mu_scale=10.0, damping=0.7, n_rounds=rounds, n_posterior_draws=1000, random_state=seed).fit(sites)
     sd = np.sqrt(np.diag(hm2.phi_cov_))
     sds = np.sqrt(np.diag(hm2s.phi_cov_))
     fe_rows = [

@@ -209,6 +209,7 @@ class MVPPCAProtocol(RoundProtocol):
         if privacy is not None and initial_prior is None:
             initial_prior = master.data_independent_prior(dict(zip(schema.names, schema.dims)), self.n_components)
         self.initial_prior = initial_prior
+        self._logged: set[str] = set()  # safeguard notes already logged at INFO by this process
         q = self.n_components
         # raw diagnostics: sent only without privacy (check_disclosure refuses them otherwise)
         reply: dict[str, Field] = {"expected_ll": Field((), optional=True), "safeguards": Field((), optional=True)}
@@ -269,6 +270,15 @@ class MVPPCAProtocol(RoundProtocol):
             return self.initial_prior
         return None
 
+    def _log_once(self, note: str, fmt: str, *args: Any) -> None:
+        """A safeguard note at INFO the first time this process meets it in the fit, at DEBUG afterwards
+        (the same note every round would otherwise flood an INFO log)."""
+        if note in self._logged:
+            log.debug(fmt, *args)
+        else:
+            self._logged.add(note)
+            log.info(fmt + " (logged once; later occurrences at DEBUG)", *args)
+
     def site_step(self, ctx: SiteContext, broadcast: Message) -> Message:
         prior = global_from_message(broadcast, self.schema)
         n_iter = self.n_first_iter if prior is None else self.n_local_iter
@@ -277,7 +287,7 @@ class MVPPCAProtocol(RoundProtocol):
             init=self.init, tol=self.local_tol,
         )
         for note in fit.safeguards:
-            log.info("site %d, round %d: %s", ctx.site, ctx.round, note)
+            self._log_once(note, "site %d, round %d: %s", ctx.site, ctx.round, note)
         params = fit.params
         anchor = self._anchor(broadcast)
         site_spread = spread.posterior_spread(ctx.data, params, prior) if self.prior_update == "em" else None
@@ -325,7 +335,7 @@ class MVPPCAProtocol(RoundProtocol):
             prior_update=self.prior_update,
         )
         for note in safeguards:
-            log.info("round %d, master: %s", round, note)
+            self._log_once(note, "round %d, master: %s", round, note)
         if self.privacy is not None and self.privacy.denoise and anchor is not None:
             from ..models.mvppca import dp
 

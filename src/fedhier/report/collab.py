@@ -34,7 +34,7 @@ def write_collab_report(
     sites : each site's samples (N_s, M) in their recorded order (the score figure's horizontal axis).
     labels : optional (N_s,) 0/1 per site, 1 = known anomaly; adds the ROC curves and detection rates.
     """
-    scores = [model.score_samples(X, site=s) for s, X in enumerate(sites)]
+    scores = [model.anomaly_score(X, site=s) for s, X in enumerate(sites)]
     report = Report(title, intro)
     if command:
         report.command(command)

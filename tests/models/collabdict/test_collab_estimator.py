@@ -67,12 +67,15 @@ def test_local_weights_differ_by_site_and_scores_follow_them():
     assert np.allclose(model.weights_.sum(axis=1), 1.0)
     assert np.ptp(model.weights_[:, model.active_], axis=0).max() > 0.05  # private weights differ
     X = sites[2][:10]
-    assert np.all(np.isfinite(model.score_samples(X, site=2)))
+    assert np.all(np.isfinite(model.anomaly_score(X, site=2)))
     assert model.variable_scores(X, site=2).shape == (10, M)
     anomaly = np.array([[1.5, 1.5, 0.0]])  # breaks both modes' x1-x2 correlation
-    assert model.score_samples(anomaly, site=2)[0] > np.quantile(model.score_samples(sites[2], site=2), 0.95)
-    assert model.predict(anomaly, site=2)[0] == 1
-    assert model.predict(sites[2], site=2).mean() <= 0.1
+    assert model.anomaly_score(anomaly, site=2)[0] > np.quantile(model.anomaly_score(sites[2], site=2), 0.95)
+    assert model.predict(anomaly, site=2)[0] == -1  # scikit-learn's outlier label
+    assert (model.predict(sites[2], site=2) == -1).mean() <= 0.1
+    # scikit-learn's signs: score_samples higher = more normal, decision_function < 0 for outliers
+    np.testing.assert_allclose(model.score_samples(X, site=2), -model.anomaly_score(X, site=2))
+    np.testing.assert_allclose(model.decision_function(X, site=2), model.thresholds_[2] - model.anomaly_score(X, site=2))
 
 
 def test_privacy_spent_equals_direct_formula():
@@ -112,7 +115,7 @@ def test_save_load_roundtrip(tmp_path):
     model = CollabDict(K, max_iter=5, random_state=0, graph=ring).fit(sites)
     path = model.save(tmp_path / "m.npz")
     again = CollabDict.load(path)
-    assert np.allclose(again.score_samples(sites[1], site=1), model.score_samples(sites[1], site=1))
+    assert np.allclose(again.anomaly_score(sites[1], site=1), model.anomaly_score(sites[1], site=1))
     assert again.privacy_spent_ == model.privacy_spent_
     np.testing.assert_array_equal(again.graph, ring)  # a refit runs on the same peer graph
     assert CollabDict.load(CollabDict(K, max_iter=2, random_state=0).fit(sites).save(tmp_path / "n.npz")).graph is None
@@ -143,10 +146,10 @@ def test_scoring_refuses_a_fractional_site_and_flags_overflowing_rows():
     # far rows, the last two so far that every component density underflows to 0: +inf, flagged (not nan)
     far = np.array([[1e100, 0.0, 0.0], [1e160, 0.0, 0.0], [0.0, -1e200, 0.0]])
     for score in ("expected", "logloss"):
-        model.score = score
-        scores = model.score_samples(far, site=0)
+        model.score_rule = score
+        scores = model.anomaly_score(far, site=0)
         assert scores[0] > 1e150 and np.all(scores[1:] == np.inf), scores
-        assert np.all(model.predict(far, site=0) == 1)
+        assert np.all(model.predict(far, site=0) == -1)
 
 
 def test_shamir_overflow_names_the_site_and_the_remedy():
@@ -154,7 +157,7 @@ def test_shamir_overflow_names_the_site_and_the_remedy():
     with pytest.raises(OverflowError, match="site 0: Shamir sharing encodes values up to .*Centre and scale the data"):
         CollabDict(K, aggregation="shamir").fit(sites)
     model = CollabDict(K, aggregation="shamir", max_iter=3, random_state=0).fit([x - 2e4 for x in sites])
-    assert np.all(np.isfinite(model.score_samples(sites[0] - 2e4, site=0)))
+    assert np.all(np.isfinite(model.anomaly_score(sites[0] - 2e4, site=0)))
 
 
 def test_cli_fit_and_score(tmp_path):
@@ -169,7 +172,7 @@ def test_cli_fit_and_score(tmp_path):
                        "--columns", "a,b,c", "--out", str(tmp_path / "s.csv"), "--variable"]) == 0
     scores = pd.read_csv(tmp_path / "s.csv")
     model = CollabDict.load(tmp_path / "m.npz")
-    assert np.allclose(scores["score"], model.score_samples(frame[["a", "b", "c"]].to_numpy(), site=1))
+    assert np.allclose(scores["score"], model.anomaly_score(frame[["a", "b", "c"]].to_numpy(), site=1))
 
 
 def test_spec_smoke_test_variable_scores_point_at_the_broken_variables():
@@ -197,7 +200,7 @@ def test_spec_smoke_test_variable_scores_point_at_the_broken_variables():
     model = CollabDict(4, rho=0.8, max_iter=20, random_state=0).fit(sites)
     from sklearn.metrics import roc_auc_score
 
-    scores = np.concatenate([model.score_samples(normal, site=1), model.score_samples(anomalies, site=1)])
+    scores = np.concatenate([model.anomaly_score(normal, site=1), model.anomaly_score(anomalies, site=1)])
     assert roc_auc_score(np.r_[np.zeros(100), np.ones(100)], scores) > 0.7
     var = model.variable_scores(anomalies, site=1) - model.variable_scores(normal, site=1).mean(axis=0)
     assert var[:, :4].mean() > 0.3 and var[:, 4].mean() < 0.3 * var[:, :4].mean()

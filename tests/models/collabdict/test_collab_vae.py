@@ -90,13 +90,13 @@ def test_decentralised_vae_equals_star_and_learns():
     assert elbo[-1] > elbo[0] + 0.5
     X = sites[1][:5]
     outlier = X + np.array([0, 0, 8.0, -8.0])
-    assert np.all(peer.score_samples(outlier, site=1) > peer.score_samples(X, site=1))
+    assert np.all(peer.anomaly_score(outlier, site=1) > peer.anomaly_score(X, site=1))
     assert peer.variable_scores(outlier, site=1).shape == (5, 4)
     for bad in (np.nan, np.inf):
-        with pytest.raises(ValueError, match="NaN or inf"):
-            peer.score_samples(np.where(np.arange(4) == 0, bad, X), site=1)
+        with pytest.raises(ValueError, match="NaN|infinity"):
+            peer.anomaly_score(np.where(np.arange(4) == 0, bad, X), site=1)
     with pytest.raises(ValueError, match="site must be an integer"):
-        peer.score_samples(X, site=1.5)
+        peer.anomaly_score(X, site=1.5)
 
 
 def test_save_load_gives_identical_scores_and_refuses_wrong_files(tmp_path):

@@ -63,7 +63,7 @@ def test_hm1_fixed_omega_converges_to_closed_form_map():
         A[k * d : (k + 1) * d, k * d : (k + 1) * d] += X.T @ X
         rhs[k * d : (k + 1) * d] = X.T @ y
     theta_map = np.linalg.solve(A, rhs).reshape(K, d)
-    est = FedHM1Regressor(n_rounds=400, n_local_steps=1, eta=0.005, oracle_omega=omega, random_state=0).fit(sites)
+    est = FedHM1Regressor(fit_intercept=False, n_rounds=400, n_local_steps=1, eta=0.005, oracle_omega=omega, random_state=0).fit(sites)
     np.testing.assert_allclose(est.coef_, theta_map, atol=1e-6)
     # and the objective there is below that of nearby points
     base = hm1_objective(sites, theta_map.T, omega)
@@ -73,7 +73,7 @@ def test_hm1_fixed_omega_converges_to_closed_form_map():
 def test_hm1_partial_participation_keeps_absent_columns():
     rng = np.random.default_rng(4)
     sites = _sites(rng, K=5, d=2)
-    est = FedHM1Regressor(n_rounds=1, n_local_steps=3, eta=0.01, participation=0.4, random_state=7).fit(sites)
+    est = FedHM1Regressor(fit_intercept=False, n_rounds=1, n_local_steps=3, eta=0.01, participation=0.4, random_state=7).fit(sites)
     took_part = est.history_[0]["sites"]
     assert len(took_part) == 2
     for k in range(5):
