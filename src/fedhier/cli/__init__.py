@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from .console import run
+
 __all__ = ["main"]
 
 
@@ -99,8 +101,7 @@ def _cmd_experiment(args) -> int:
         print("\n".join(sorted(registry)))
         return 0
     if args.name not in registry:
-        print(f"unknown experiment {args.name!r}; available: {', '.join(sorted(registry))}", file=sys.stderr)
-        return 2
+        raise ValueError(f"unknown experiment {args.name!r}; available: {', '.join(sorted(registry))}")
     out = Path(args.out) if args.out else Path("reports") / args.name
     registry[args.name](out, quick=args.quick, seed=args.seed)
     print(f"{args.name}: results in {out}")
@@ -150,21 +151,21 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: optional packages -> the extra that installs them (pyproject.toml)
-_EXTRAS = {"pandas": "stats", "statsmodels": "stats", "flwr": "flower", "mpi4py": "mpi", "torch": "torch"}
+def _command_name(argv: list[str]) -> str:
+    """The command as typed, without its options (``fedhier collab fit``), for messages."""
+    words = []
+    for word in argv:
+        if word.startswith("-") or len(words) == 2 or (words and words[0] not in ("fit", "collab", "flower", "experiment")):
+            break
+        words.append(word)
+    return " ".join(["fedhier", *words])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``fedhier ARGV``; the exit code (0, 2 after ``fedhier: error: ...`` for a user's mistake; see
+    :mod:`fedhier.cli.console`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return _dispatch(argv)
-    except ModuleNotFoundError as exc:  # an optional dependency that this installation lacks: one line, no traceback
-        package = (exc.name or "").split(".")[0]
-        if package not in _EXTRAS:
-            raise
-        print(f'fedhier: error: this command needs the optional package {package}: pip install "fedhier[{_EXTRAS[package]}]"',
-              file=sys.stderr)
-        return 2
+    return run(lambda: _dispatch(argv), _command_name(argv))
 
 
 def _dispatch(argv: list[str]) -> int:
@@ -179,17 +180,9 @@ def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["collab"]:
         from .collab import cli_collab
 
-        try:
-            return int(cli_collab(argv[1:]) or 0)
-        except (ValueError, FileNotFoundError) as exc:
-            print(f"fedhier: error: {exc}", file=sys.stderr)
-            return 2
+        return int(cli_collab(argv[1:]) or 0)
     args = _build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"fedhier: error: {exc}", file=sys.stderr)
-        return 2
+    return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import csv
 import shlex
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import numpy as np
 from ..estimators.fedlin import FedHM1Regressor, FedHM2Regressor
 from ..utils.io import atomic_write_text, markdown_table, write_csv, write_json
 from ..utils.untrusted import check_outputs_spare_inputs
+from .console import run
 
 def add_fit_linear_arguments(parser) -> None:
     """Arguments of ``fedhier fit linear``."""
@@ -69,11 +69,7 @@ def cli_fit_linear(argv) -> int:
     parser = argparse.ArgumentParser(prog="fedhier fit linear", description="FedLin: federated hierarchical linear regression (HM1 / HM2).")
     add_fit_linear_arguments(parser)
     args = parser.parse_args(list(argv))
-    try:
-        return _fit_linear(args, command="fedhier fit linear " + shlex.join(str(a) for a in argv))
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"fedhier: error: {exc}", file=sys.stderr)
-        return 2
+    return run(lambda: _fit_linear(args, command="fedhier fit linear " + shlex.join(str(a) for a in argv)), "fedhier fit linear")
 
 
 def _fit_linear(args: argparse.Namespace, command: str | None = None) -> int:
