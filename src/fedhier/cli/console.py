@@ -53,8 +53,11 @@ def user_error(exc: BaseException, command: str = "fedhier", also: tuple[type[Ba
     answered, a missing optional package (named with the extra that installs it), and the
     classes in ``also``.
     """
-    if isinstance(exc, ModuleNotFoundError):
-        return _missing_extra(exc, command)
+    if isinstance(exc, ImportError):  # also a module's own "needs the extra" ImportError raised from the missing one
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, ModuleNotFoundError):
+            cause = cause.__cause__ or cause.__context__
+        return None if cause is None else _missing_extra(cause, command)
     kinds: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
                                                PermissionError, *also)
     if "fedhier.protocol.base" in sys.modules:

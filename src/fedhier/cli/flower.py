@@ -72,6 +72,15 @@ def _bin(name: str) -> str:
 # --------------------------------------------------------------------------- command lines
 
 
+def _require_flower() -> None:
+    """Raise ModuleNotFoundError for ``flwr`` (the command then names the "flower" extra) when Flower is not
+    installed, before a Flower executable is started."""
+    import importlib.util
+
+    if importlib.util.find_spec("flwr") is None:
+        raise ModuleNotFoundError("No module named 'flwr'", name="flwr")
+
+
 def superlink_command(
     *,
     host: str = "127.0.0.1",
@@ -697,6 +706,7 @@ def submit(
     ValueError : bad configuration or options; TimeoutError : the run did not end in time;
     RuntimeError : ``flwr run`` failed.
     """
+    _require_flower()
     from ..deploy import read_fit
     from ..runtime.flower import CHECKPOINT, RESUME_KEY, RUN_CONFIG_KEY
 
@@ -850,6 +860,7 @@ def _run(cmd: list[str], print_only: bool) -> int:
         print(shlex.join(cmd))
         return 0
     # Flower starts helpers (flower-superexec) by name: put this environment's bin first on PATH
+    _require_flower()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     with _Forwarding() as forwarding:
         code = forwarding.start(cmd, env=env).wait()
