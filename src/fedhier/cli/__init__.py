@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .console import run
+from .console import rounds_shown, run
 
 __all__ = ["main"]
 
@@ -103,7 +103,8 @@ def _cmd_experiment(args) -> int:
     if args.name not in registry:
         raise ValueError(f"unknown experiment {args.name!r}; available: {', '.join(sorted(registry))}")
     out = Path(args.out) if args.out else Path("reports") / args.name
-    registry[args.name](out, quick=args.quick, seed=args.seed)
+    with rounds_shown(None, args.name):  # the experiment's fits and rounds (those run in this process)
+        registry[args.name](out, quick=args.quick, seed=args.seed)
     print(f"{args.name}: results in {out}")
     return 0
 

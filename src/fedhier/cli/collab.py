@@ -14,6 +14,7 @@ import numpy as np
 from ..estimators.collab import CollabDict
 from ..utils.io import write_csv
 from ..utils.untrusted import check_outputs_spare_inputs
+from .console import rounds_shown
 
 
 def _numeric(frame, columns: list[str], csv_path: str) -> np.ndarray:
@@ -91,6 +92,7 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
                           "evaluate it in the report")
     fit.add_argument("--report", default=None,
                      help="folder of the report (report.html, report.md, figures/); default: the model file's folder")
+    fit.add_argument("--quiet", action="store_true", help="no progress display")
     score = sub.add_parser("score", help="score a CSV with a fitted model")
     score.add_argument("--model", required=True)
     score.add_argument("--csv", required=True)
@@ -132,7 +134,8 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
                 print(f"site {rank}: {exc}.{where}", file=sys.stderr, flush=True)
                 os._exit(3)  # MPI_Finalize would wait for the lost peers
         else:
-            model.fit(sites)
+            with rounds_shown(args.max_iter + 1, "CollabDict rounds", quiet=args.quiet):  # + the round of moments
+                model.fit(sites)
             out = Path(args.out)
         check_outputs_spare_inputs([out], [args.csv])
         model.save(out)

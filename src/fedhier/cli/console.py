@@ -5,6 +5,7 @@
   ``fedhier: error: ...``, and exit code 2.  No traceback: the message names what is wrong.
 * Anything else is a bug or an environment problem: Python's traceback, as usual.
 * A warning prints as ``fedhier: warning: ...``, without Python's source line.
+* A long fit shows its rounds (:func:`rounds_shown`): a bar on a terminal, a line a minute otherwise.
 * ``FEDHIER_DEBUG=1`` in the environment: tracebacks for user errors too, and Python's own
   warning format (file and line).
 
@@ -19,9 +20,9 @@ import os
 import signal
 import sys
 import warnings
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-__all__ = ["EXTRAS", "run", "user_error", "debugging", "one_line_warnings"]
+__all__ = ["EXTRAS", "run", "user_error", "debugging", "one_line_warnings", "rounds_shown"]
 
 #: optional packages -> the extra of pyproject.toml that installs them
 EXTRAS = {"pandas": "stats", "statsmodels": "stats", "flwr": "flower", "mpi4py": "mpi", "torch": "torch"}
@@ -117,3 +118,26 @@ def run(command: Callable[[], int | None], name: str = "fedhier", *, also: tuple
                 raise
             print(f"fedhier: error: {message}", file=sys.stderr, flush=True)
             return USER_ERROR
+
+
+@contextlib.contextmanager
+def rounds_shown(n_rounds: int | None, description: str, *, quiet: bool = False) -> Iterator[None]:
+    """Within the block, the rounds of the fits run in this process are shown on standard error: a bar on a
+    terminal, a line a minute otherwise (:mod:`fedhier.utils.progress`; the runtimes report each round to
+    :func:`fedhier.runtime.observers.observe_rounds`).
+
+    ``n_rounds``: the most rounds the fit can run (:class:`~fedhier.utils.progress.RoundProgress`); None for
+    a run of many fits (:class:`~fedhier.utils.progress.FitsProgress`).  ``quiet``: nothing is shown.
+    """
+    if quiet:
+        yield
+        return
+    from ..runtime.observers import observe_rounds
+    from ..utils.progress import FitsProgress, RoundProgress
+
+    display = FitsProgress(description) if n_rounds is None else RoundProgress(n_rounds, description)
+    try:
+        with observe_rounds(display):
+            yield
+    finally:
+        display.close()

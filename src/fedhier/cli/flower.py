@@ -665,6 +665,55 @@ def _run_streaming(cmd: list[str], env: dict[str, str], timeout: float | None) -
     return code, "".join(lines)
 
 
+class _HistoryFollower(threading.Thread):
+    """Shows the rounds of a Flower fit as the coordinator completes them, from its ``history.json``.
+
+    The ServerApp rewrites ``history.json`` in the result folder after every round
+    (:func:`fedhier.runtime.flower.coordinate`); when that folder is readable from here (``fedhier flower run``
+    on the SuperLink's machine or a shared disk) each new round advances ``display`` (a
+    :class:`~fedhier.utils.progress.RoundProgress`).  A file already there when the run starts (an earlier run's,
+    or the one a resumed run goes on from) counts only once it has been rewritten.
+    """
+
+    def __init__(self, path: Path, display, poll: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        self.path, self.display, self.poll = path, display, poll
+        self.shown = 0
+        self._before = self._stamp()
+        self._done = threading.Event()
+
+    def _stamp(self):
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return None
+        return stat.st_mtime_ns, stat.st_size
+
+    def update(self) -> None:
+        stamp = self._stamp()
+        if stamp is None or stamp == self._before:
+            return
+        try:
+            rows = json.loads(self.path.read_text())
+        except (OSError, ValueError):  # being replaced: next time
+            return
+        from ..runtime.simulate import RoundRecord
+
+        for row in rows[self.shown:] if isinstance(rows, list) else []:
+            self.display(RoundRecord.from_dict(row))
+        self.shown = max(self.shown, len(rows) if isinstance(rows, list) else 0)
+
+    def run(self) -> None:
+        while not self._done.wait(self.poll):
+            self.update()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+        self.update()
+        self.display.close()
+
+
 def submit(
     config_path: str | Path,
     *,
@@ -676,6 +725,7 @@ def submit(
     out: str | Path | None = None,
     env: dict[str, str] | None = None,
     resume: bool = False,
+    progress: bool = False,
 ) -> dict:
     """Submit the fit of ``fit.toml`` to a SuperLink with ``flwr run`` and wait for it.
 
@@ -691,6 +741,8 @@ def submit(
     env : environment of ``flwr run`` (default: this process's).
     resume : go on from the coordinator checkpoint in the result folder (a fit whose SuperLink
         or ServerApp stopped), as :func:`fedhier.runtime.flower.coordinate` with ``resume=True``.
+    progress : show the rounds as the coordinator completes them (a bar on a terminal, a line a minute
+        otherwise), when the result folder is readable from here (:class:`_HistoryFollower`).
 
     When the run ends (or this call fails) and the result folder is readable from here but its
     ``summary.json`` still says "running" (the ServerApp was killed), it is rewritten as "failed".
@@ -739,12 +791,21 @@ def submit(
             if run_id:
                 subprocess.run([_bin("flwr"), "stop", run_id.group(1), connection], env=env, timeout=60, capture_output=True)
 
+        follower = None
+        if progress:
+            from ..utils.progress import RoundProgress
+
+            follower = _HistoryFollower(Path(config.out) / "history.json", RoundProgress(config.n_rounds, f"{config.model} rounds"))
+            follower.start()
         try:
             try:
                 code, output = _run_streaming(flwr_run_command(app, connection, overrides), env, timeout)
             except Interrupted as exc:  # Ctrl-C or kill of this command: the fit stops too
                 stop_run(exc.output)
                 raise
+            finally:
+                if follower is not None:
+                    follower.stop()
             if code is None:
                 stop_run(output)
                 raise TimeoutError(f"the fit did not end within {timeout:g} s (run stopped)")
@@ -834,6 +895,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, help="seconds to wait for the fit")
     p.add_argument("--out", help="result folder on the SuperLink host (overrides fit.toml)")
     p.add_argument("--resume", action="store_true", help="go on from the checkpoint of an interrupted run of this fit")
+    p.add_argument("--quiet", action="store_true", help="no progress display (rounds are shown when the result folder is on this machine)")
 
     p = sub.add_parser("demo-data", help="example sites with a fit.toml: hospitals (Alzheimer data) or a fleet of engines (FedLin)")
     p.add_argument("--out", required=True)
@@ -903,7 +965,7 @@ def _flower(args: argparse.Namespace) -> int:
     if args.command == "run":
         summary = submit(
             args.config, superlink=args.superlink, federation=args.federation, root_certificates=args.root_certificates,
-            insecure=args.insecure, timeout=args.timeout, out=args.out, resume=args.resume,
+            insecure=args.insecure, timeout=args.timeout, out=args.out, resume=args.resume, progress=not args.quiet,
         )
         print(json.dumps(summary, indent=2))
         return 0 if summary.get("status") in ("completed", "ended") else 1

@@ -12,7 +12,7 @@ import numpy as np
 from ..estimators.fedlin import FedHM1Regressor, FedHM2Regressor
 from ..utils.io import atomic_write_text, markdown_table, write_csv, write_json
 from ..utils.untrusted import check_outputs_spare_inputs
-from .console import run
+from .console import rounds_shown, run
 
 def add_fit_linear_arguments(parser) -> None:
     """Arguments of ``fedhier fit linear``."""
@@ -31,6 +31,7 @@ def add_fit_linear_arguments(parser) -> None:
     parser.add_argument("--eta", type=float, default=1e-4, help="HM1 step size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 def _read_sites(path: Path, site_col: str, target: str, features: list[str]):
@@ -82,7 +83,8 @@ def _fit_linear(args: argparse.Namespace, command: str | None = None) -> int:
         sites = [(np.column_stack([np.ones(len(y)), X]), y) for X, y in sites]
     out = Path(args.out)
     if args.model == "hm1":
-        est = FedHM1Regressor(n_rounds=args.rounds, eta=args.eta, random_state=args.seed).fit(sites)
+        with rounds_shown(args.rounds, "FedLin HM1 rounds", quiet=getattr(args, "quiet", False)):
+            est = FedHM1Regressor(n_rounds=args.rounds, eta=args.eta, random_state=args.seed).fit(sites)
         rows = [{"site": n, "feature": f, "estimate": float(est.coef_[k, j])} for k, n in enumerate(names) for j, f in enumerate(features)]
     else:
         random = None
@@ -92,7 +94,8 @@ def _fit_linear(args: argparse.Namespace, command: str | None = None) -> int:
             if unknown:
                 raise ValueError(f"--random names unknown column(s) {sorted(unknown)}")
             random = [f in wanted for f in features]
-        est = FedHM2Regressor(prior=args.prior, random=random, noise=args.noise, mu_scale=args.mu_scale, n_rounds=args.rounds, level=args.level, random_state=args.seed).fit(sites)
+        with rounds_shown(args.rounds, "FedLin HM2 rounds", quiet=getattr(args, "quiet", False)):
+            est = FedHM2Regressor(prior=args.prior, random=random, noise=args.noise, mu_scale=args.mu_scale, n_rounds=args.rounds, level=args.level, random_state=args.seed).fit(sites)
         ci = est.coef_interval(args.level)
         rows = [
             {"site": n, "feature": f, "estimate": float(est.coef_[k, j]), "lower": float(ci[k, j, 0]), "upper": float(ci[k, j, 1]), "included": bool(est.selected_features_[k, j])}
