@@ -38,6 +38,7 @@ from ..models.mvppca.mstep import weak_ig_prior
 from ..models.mvppca.params import GlobalParams, GlobalView
 from .base import RoundProtocol, SiteContext
 from .messages import Field, Message, MessageSpec
+from ..utils.logs import OnceLog
 
 __all__ = [
     "MVPPCAProtocol", "DataScaleWarning", "GLOBAL_FIELDS", "global_from_message", "global_to_message", "BroadcastMetrics",
@@ -45,6 +46,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+#: the safeguards' notes repeat every round: each kind is logged once at INFO, then at DEBUG
+_safeguard_log = OnceLog(log)
 
 
 def _variance_per_entry(values: np.ndarray, rows: np.ndarray | None) -> float:
@@ -277,7 +280,7 @@ class MVPPCAProtocol(RoundProtocol):
             init=self.init, tol=self.local_tol,
         )
         for note in fit.safeguards:
-            log.info("site %d, round %d: %s", ctx.site, ctx.round, note)
+            _safeguard_log(note, "site %d, round %d: %s", ctx.site, ctx.round, note)
         params = fit.params
         anchor = self._anchor(broadcast)
         site_spread = spread.posterior_spread(ctx.data, params, prior) if self.prior_update == "em" else None
@@ -325,7 +328,7 @@ class MVPPCAProtocol(RoundProtocol):
             prior_update=self.prior_update,
         )
         for note in safeguards:
-            log.info("round %d, master: %s", round, note)
+            _safeguard_log(note, "round %d, master: %s", round, note)
         if self.privacy is not None and self.privacy.denoise and anchor is not None:
             from ..models.mvppca import dp
 
