@@ -120,9 +120,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="Fed-mv-PPCA on the bundled Alzheimer data (3 sites, G/K)")
     p.add_argument("--out", default="fedhier-report", help="report folder (default fedhier-report)")
-    p.add_argument("--rounds", type=int, default=100)
-    p.add_argument("--components", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=100, help="most communication rounds (default 100; stops earlier once converged)")
+    p.add_argument("--components", type=int, default=5, help="number of latent components (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data split and the fit (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     privacy_flags(p)
     p.add_argument(
@@ -132,10 +132,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("fit", help="Fed-mv-PPCA on your data (`fedhier fit linear -h` for FedLin)")
+    p = sub.add_parser("fit", help="Fed-mv-PPCA on your data (`fedhier fit linear -h` for FedLin)",
+                       description="Fed-mv-PPCA on your data: one CSV file per site and a TOML file (docs/cli.md). "
+                                   "For FedLin (hierarchical linear regression) see `fedhier fit linear --help`.")
     p.add_argument("--config", required=True, help="TOML file: views -> columns, sites -> CSV files")
     p.add_argument("--out", default="fedhier-fit", help="output folder")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     privacy_flags(p)
     p.set_defaults(func=_cmd_fit)
 
@@ -143,7 +145,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="the experiment; `list` prints their names")
     p.add_argument("--quick", action="store_true", help="small version (minutes), as run by CI")
     p.add_argument("--out", default=None, help="output folder (default reports/NAME)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the experiment's splits and fits (default 0)")
     p.set_defaults(func=_cmd_experiment)
 
     # dispatched by main() before parsing; listed here so that `fedhier -h` shows them

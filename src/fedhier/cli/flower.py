@@ -858,7 +858,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("certs", help="create a CA and a SuperLink certificate for TLS")
     p.add_argument("--out", required=True, help="folder for ca.pem, ca.key, server.pem, server.key")
     p.add_argument("--host", action="append", help="SuperLink host name or IP the sites use (repeatable; default 127.0.0.1 and localhost)")
-    p.add_argument("--days", type=int, default=365)
+    p.add_argument("--days", type=int, default=365, help="days the certificates are valid (default 365)")
 
     p = sub.add_parser("key", help="create a site's key pair for node authentication")
     p.add_argument("--out", required=True, help="private key file; the public key goes to OUT.pub")
@@ -868,7 +868,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--certificates", help="folder made by `fedhier flower certs`")
     g.add_argument("--insecure", action="store_true", help="no TLS (loopback tests only)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default all interfaces)")
-    p.add_argument("--port", type=int, default=9091)
+    p.add_argument("--port", type=int, default=9091, help="port of the SuperLink's APIs (default 9091)")
     p.add_argument("--node-auth", action="store_true", help="accept only registered SuperNodes (flwr supernode register)")
     p.add_argument("--database", help="SQLite file for the SuperLink state")
     p.add_argument("--print-command", action="store_true", help="print the flower-superlink command instead of running it")
@@ -898,11 +898,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress display (rounds are shown when the result folder is on this machine)")
 
     p = sub.add_parser("demo-data", help="example sites with a fit.toml: hospitals (Alzheimer data) or a fleet of engines (FedLin)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="folder for the site files and fit.toml")
     p.add_argument("--model", choices=["fed-mv-ppca", "fedlin-hm1", "fedlin-hm2"], default="fed-mv-ppca",
                    help="fed-mv-ppca: hospitals cut from the bundled Alzheimer data; fedlin-*: C-MAPSS engines, one per machine")
     p.add_argument("--sites", type=int, default=None, help="number of sites (default 3 hospitals, 4 machines)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the split into sites and of the fit (default 0)")
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 20 for fed-mv-ppca, 10 for FedLin)")
     return parser
 
