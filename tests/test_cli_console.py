@@ -216,3 +216,15 @@ def test_a_bar_opened_inside_another_shares_its_live_display_on_a_terminal(monke
     live = outer._progress
     outer.close()
     assert not live.live.is_started and progress._live == {"progress": None, "users": 0}
+
+
+def test_an_experiment_s_display_counts_its_fits_and_rounds(capsys):
+    from fedhier.cli.console import rounds_shown
+    from fedhier.estimators.fedlin import FedHM2Regressor
+
+    rng = np.random.default_rng(2)
+    with rounds_shown(None, "toy experiment"):
+        fits = [FedHM2Regressor(n_rounds=n, random_state=0).fit(_hm2_sites(rng)) for n in (2, 3)]
+    lines = capsys.readouterr().err.splitlines()
+    rounds = sum(len(f.history_) for f in fits)
+    assert lines and lines[-1].startswith(f"toy experiment: 2 fits, {rounds} rounds, ")

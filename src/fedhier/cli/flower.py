@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 #: the Flower app shipped with fedhier (pyproject.toml, server_app.py, client_app.py, fit.toml)
-APP_TEMPLATE = Path(__file__).parent / "runtime" / "flower_app"
+APP_TEMPLATE = Path(__file__).parents[1] / "runtime" / "flower_app"
 _CONNECTION = "fedhier"
 
 
