@@ -108,3 +108,47 @@ def test_link_and_site_wrappers_stop_their_flower_processes(tmp_path, sig):
                 pass
         for proc in procs:
             proc.wait(timeout=60)
+
+
+def test_run_wrapper_passes_sigterm_to_flwr_run_and_stops_the_fit(tmp_path):
+    import json
+
+    from fedhier.cli.flower import LoopbackFederation, write_demo_sites
+
+    config = write_demo_sites(tmp_path / "sites", n_rounds=20)
+    names = ["hospital-a", "hospital-b", "hospital-c"]
+    out, log = tmp_path / "out", tmp_path / "run.log"
+    cluster = LoopbackFederation(tmp_path / "cluster", {n: tmp_path / "sites" / f"{n}.csv" for n in names}, site_seed=0)
+    wrapper = None
+    started: list[int] = []
+    try:
+        wrapper = _fedhier(["flower", "run", "--config", str(config), "--superlink", cluster.address, "--insecure",
+                            "--out", str(out)], log)
+
+        def rounds() -> int:
+            try:
+                return len(json.loads((out / "history.json").read_text()))
+            except (OSError, ValueError):
+                return 0
+
+        _wait(lambda: rounds() >= 1 or wrapper.poll() is not None, "no round completed", log)
+        assert wrapper.poll() is None, log.read_text(errors="replace")[-3000:]
+        started = descendants(wrapper.pid)
+        assert any("flwr" in _cmdline(pid) for pid in started)
+        wrapper.send_signal(signal.SIGTERM)
+        _wait(lambda: wrapper.poll() is not None, "the wrapper did not exit after SIGTERM", log)
+        _wait(lambda: not any(running(pid) for pid in started), "flwr run still runs after SIGTERM", log)
+        text = log.read_text(errors="replace")
+        assert wrapper.returncode == 128 + signal.SIGTERM and "fedhier: interrupted" in text, text[-3000:]
+        assert "fedhier/cli" not in text
+        # the fit was stopped at the SuperLink: its summary ends "failed" and no round is added any more
+        assert json.loads((out / "summary.json").read_text())["status"] == "failed"
+    finally:
+        if wrapper is not None:
+            for pid in [*started, *descendants(wrapper.pid), wrapper.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            wrapper.wait(timeout=60)
+        cluster.stop()
