@@ -228,3 +228,15 @@ def test_an_experiment_s_display_counts_its_fits_and_rounds(capsys):
     lines = capsys.readouterr().err.splitlines()
     rounds = sum(len(f.history_) for f in fits)
     assert lines and lines[-1].startswith(f"toy experiment: 2 fits, {rounds} rounds, ")
+
+
+def test_fedhier_log_records_print_their_first_line_only(capsys, monkeypatch):
+    import logging
+
+    monkeypatch.delenv("FEDHIER_DEBUG", raising=False)
+    with one_line_warnings():
+        logging.getLogger("fedhier.site").warning("site %d, round %d failed: %s\n%s", 1, 3, "LinAlgError: singular",
+                                                  "Traceback (most recent call last):\n  File ...")
+        logging.getLogger("fedhier.protocol.mvppca").info("round 2, master: a safeguard")  # below WARNING: not shown
+    assert capsys.readouterr().err.splitlines() == ["fedhier: warning: site 1, round 3 failed: LinAlgError: singular"]
+    assert logging.getLogger("fedhier").handlers == []

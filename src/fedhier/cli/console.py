@@ -4,10 +4,11 @@
   site's policy refusing the analysis) ends the command with one line on standard error,
   ``fedhier: error: ...``, and exit code 2.  No traceback: the message names what is wrong.
 * Anything else is a bug or an environment problem: Python's traceback, as usual.
-* A warning prints as ``fedhier: warning: ...``, without Python's source line.
+* A warning prints as ``fedhier: warning: ...``, without Python's source line; so does a record that
+  fedhier logs at WARNING or above (its first line: a failed site's traceback stays in the log).
 * A long fit shows its rounds (:func:`rounds_shown`): a bar on a terminal, a line a minute otherwise.
 * ``FEDHIER_DEBUG=1`` in the environment: tracebacks for user errors too, and Python's own
-  warning format (file and line).
+  warning format (file and line), and fedhier's log at INFO in full.
 
 One place decides (:func:`run`), so every command -- ``demo``, ``fit``, ``fit linear``,
 ``collab``, ``experiment``, ``flower`` -- behaves the same way.
@@ -16,6 +17,7 @@ One place decides (:func:`run`), so every command -- ``demo``, ``fit``, ``fit li
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -82,16 +84,36 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"fedhier: warning: {text}", file=sys.stderr if file is None else file, flush=True)
 
 
+class _FirstLine(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        lines = record.getMessage().strip().splitlines() or [""]
+        return f"fedhier: {record.levelname.lower()}: {lines[0]}"
+
+
 @contextlib.contextmanager
 def one_line_warnings() -> Iterator[None]:
-    """Warnings print as ``fedhier: warning: MESSAGE`` (one line, no source line) within the block."""
+    """Within the block, warnings print as ``fedhier: warning: MESSAGE`` (one line, no source line), and so do
+    fedhier's log records at WARNING or above (``FEDHIER_DEBUG``: Python's formats, and the log at INFO)."""
     previous = warnings.showwarning
-    if not debugging():
+    handler = logging.StreamHandler()  # the standard error of the moment (pytest's capture, a redirect)
+    logger = logging.getLogger("fedhier")
+    if debugging():
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler.setLevel(logging.INFO)
+        level = logger.level
+        logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+    else:
         warnings.showwarning = _show_warning
+        handler.setFormatter(_FirstLine())
+        handler.setLevel(logging.WARNING)
+        level = logger.level
+    logger.addHandler(handler)
     try:
         yield
     finally:
         warnings.showwarning = previous
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def run(command: Callable[[], int | None], name: str = "fedhier", *, also: tuple[type[BaseException], ...] = ()) -> int:
