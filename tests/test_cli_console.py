@@ -240,3 +240,17 @@ def test_fedhier_log_records_print_their_first_line_only(capsys, monkeypatch):
         logging.getLogger("fedhier.protocol.mvppca").info("round 2, master: a safeguard")  # below WARNING: not shown
     assert capsys.readouterr().err.splitlines() == ["fedhier: warning: site 1, round 3 failed: LinAlgError: singular"]
     assert logging.getLogger("fedhier").handlers == []
+
+
+def test_collab_fit_shows_its_rounds(tmp_path, capsys):
+    pytest.importorskip("pandas")
+    rng = np.random.default_rng(3)
+    rows = ["site,a,b,c"] + [f"{s},{x[0]:.4f},{x[1]:.4f},{x[2]:.4f}" for s in "pqr" for x in rng.normal(size=(40, 3))]
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
+    assert main(["collab", "fit", "--csv", str(tmp_path / "d.csv"), "--site-column", "site", "--components", "2",
+                 "--max-iter", "4", "--out", str(tmp_path / "m.npz")]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("CollabDict rounds: ")]
+    from fedhier.estimators.collab import CollabDict
+
+    n_iter = CollabDict.load(tmp_path / "m.npz").n_iter_
+    assert lines and lines[-1].startswith(f"CollabDict rounds: {n_iter + 1}/5 ")  # + the round of moments
