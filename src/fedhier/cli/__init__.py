@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -156,11 +157,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _command_name(argv: list[str]) -> str:
     """The command as typed, without its options (``fedhier collab fit``), for messages."""
-    words = []
-    for word in argv:
-        if word.startswith("-") or len(words) == 2 or (words and words[0] not in ("fit", "collab", "flower", "experiment")):
-            break
-        words.append(word)
+    words = list(itertools.takewhile(lambda word: not word.startswith("-"), argv))[:2]
+    if words[:1] not in (["fit"], ["collab"], ["flower"], ["experiment"]):  # commands without subcommands
+        words = words[:1]
     return " ".join(["fedhier", *words])
 
 
