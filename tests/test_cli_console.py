@@ -254,3 +254,24 @@ def test_collab_fit_shows_its_rounds(tmp_path, capsys):
 
     n_iter = CollabDict.load(tmp_path / "m.npz").n_iter_
     assert lines and lines[-1].startswith(f"CollabDict rounds: {n_iter + 1}/5 ")  # + the round of moments
+
+
+def test_an_experiment_s_line_appears_with_its_first_round_only(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from fedhier.utils import progress
+
+    class Terminal(Console):
+        def __init__(self, **kw):
+            super().__init__(file=io.StringIO(), force_terminal=True, **{k: v for k, v in kw.items() if k != "stderr"})
+
+    monkeypatch.setattr(progress, "Console", Terminal)
+    fits = progress.FitsProgress("cells elsewhere")  # e.g. every fit in a worker process: nothing to show
+    assert progress._live["progress"] is None
+    fits(RoundRecord(round=1, sites=[0], absent=[], failed={}, bytes_up={}, bytes_down={}))
+    assert [t.description for t in progress._live["progress"].tasks] == ["cells elsewhere"]
+    fits.close()
+    fits.close()
+    assert progress._live == {"progress": None, "users": 0}

@@ -36,6 +36,9 @@ class StepProgress:
     log_every : float, seconds between two plain lines when not on a terminal
     """
 
+    #: show the line when created (False: at the first step)
+    _opens_at_start = True
+
     def __init__(self, total: int, description: str, *, transient: bool = False, log_every: float = 60.0):
         self.total = int(total)
         self.description = description
@@ -44,7 +47,14 @@ class StepProgress:
         self._started = self._logged = time.monotonic()
         self._logged_done = 0
         self._progress = None
-        if Console(stderr=True).is_terminal:
+        self._transient = transient
+        self._terminal = Console(stderr=True).is_terminal
+        if self._terminal and self._opens_at_start:
+            self._open(total)
+
+    def _open(self, total: int | None) -> None:
+        """Add this display's line to the live display (started if none is shown)."""
+        if self._progress is None:
             if _live["progress"] is None:
                 _live["progress"] = Progress(
                     TextColumn("[bold]{task.description}"),
@@ -54,18 +64,19 @@ class StepProgress:
                     TimeRemainingColumn(),
                     TextColumn("{task.fields[info]}"),
                     console=Console(stderr=True),
-                    transient=transient,
+                    transient=self._transient,
                 )
                 _live["progress"].start()
             _live["users"] += 1
             self._progress = _live["progress"]
             self._nested = _live["users"] > 1
-            self._task = self._progress.add_task(description, total=self.total, info="")
+            self._task = self._progress.add_task(self.description, total=total, info="")
 
     def advance(self, n: int = 1, info: str = "") -> None:
         self.done += n
-        if self._progress is not None:
-            self._progress.update(self._task, advance=n, info=info)
+        if self._terminal:
+            if self._progress is not None:
+                self._progress.update(self._task, advance=n, info=info)
             return
         now = time.monotonic()
         if now - self._logged >= self.log_every or self.done >= self.total:
@@ -85,9 +96,11 @@ class StepProgress:
 
     def close(self) -> None:
         """End the display; off a terminal, a last line if the count moved since the last one (a fit that stopped early)."""
-        if self._progress is None:
+        if not self._terminal:
             if self.done != self._logged_done:
                 self._print(time.monotonic())
+            return
+        if self._progress is None:  # closed already, or never shown
             return
         if self._nested:  # an inner bar (a fit's rounds within cells): its line goes, the outer one stays
             self._progress.remove_task(self._task)
@@ -128,16 +141,18 @@ class FitsProgress(StepProgress):
     (an experiment): counts rounds and fits; on a terminal a bar without a total, otherwise a line a minute
     (``fedlin-radon: 3 fits, 412 rounds, 2.1 min elapsed``).  A round numbered 1 starts a new fit."""
 
+    #: the line appears with the first round: fits run elsewhere (in worker processes) show none
+    _opens_at_start = False
+
     def __init__(self, description: str, *, log_every: float = 60.0):
-        super().__init__(0, description, transient=True, log_every=log_every)
         self.fits = 0
-        if self._progress is not None:
-            self._progress.update(self._task, total=None)
+        super().__init__(0, description, transient=True, log_every=log_every)
 
     def __call__(self, record: Any, broadcast: Any = None) -> None:
         self.fits += int(record.round == 1)
         self.done += 1
-        if self._progress is not None:
+        if self._terminal:
+            self._open(None)
             self._progress.update(self._task, completed=self.done, info=f"{self.fits} fits, {self.done} rounds")
             return
         now = time.monotonic()
