@@ -27,3 +27,21 @@ def test_round_progress_reports_the_expected_log_likelihood_and_site_count(capsy
     bar = RoundProgress(1, "fit")
     bar(SimpleNamespace(metrics={"expected_ll": -12.5}, failed=[1], absent=[], sites=[0, 2]), None)
     assert capsys.readouterr().err.strip().endswith("expected log-lik -12.5  sites 2")
+
+
+def test_a_repeated_safeguard_is_logged_once_at_its_level_then_at_debug(caplog):
+    import logging
+
+    from fedhier.utils.logs import OnceLog
+
+    once = OnceLog(logging.getLogger("fedhier.test.once"))
+    with caplog.at_level(logging.DEBUG, logger="fedhier.test.once"):
+        for rnd in range(1, 31):
+            for site in range(2):
+                once(f"iteration {rnd}: view 'csf': zero spread of W, sigma2_W set to 1e-20",
+                     "site %d, round %d: %s", site, rnd, "zero spread of W")
+        once("view 'csf': alpha 0.5 floored at 1.0", "round %d: %s", 3, "alpha floored")
+    levels = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert [m for lvl, m in levels if lvl == logging.INFO] == [
+        "site 0, round 1: zero spread of W (repeats at DEBUG)", "round 3: alpha floored (repeats at DEBUG)"]
+    assert sum(lvl == logging.DEBUG for lvl, _ in levels) == 59

@@ -13,10 +13,13 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
 from typing import Sequence
+
+from .console import rounds_shown, run
 
 __all__ = ["main"]
 
@@ -99,10 +102,10 @@ def _cmd_experiment(args) -> int:
         print("\n".join(sorted(registry)))
         return 0
     if args.name not in registry:
-        print(f"unknown experiment {args.name!r}; available: {', '.join(sorted(registry))}", file=sys.stderr)
-        return 2
+        raise ValueError(f"unknown experiment {args.name!r}; available: {', '.join(sorted(registry))}")
     out = Path(args.out) if args.out else Path("reports") / args.name
-    registry[args.name](out, quick=args.quick, seed=args.seed)
+    with rounds_shown(None, args.name):  # the experiment's fits and rounds (those run in this process)
+        registry[args.name](out, quick=args.quick, seed=args.seed)
     print(f"{args.name}: results in {out}")
     return 0
 
@@ -118,9 +121,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="Fed-mv-PPCA on the bundled Alzheimer data (3 sites, G/K)")
     p.add_argument("--out", default="fedhier-report", help="report folder (default fedhier-report)")
-    p.add_argument("--rounds", type=int, default=100)
-    p.add_argument("--components", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=100, help="most communication rounds (default 100; stops earlier once converged)")
+    p.add_argument("--components", type=int, default=5, help="number of latent components (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data split and the fit (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     privacy_flags(p)
     p.add_argument(
@@ -130,10 +133,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("fit", help="Fed-mv-PPCA on your data (`fedhier fit linear -h` for FedLin)")
+    p = sub.add_parser("fit", help="Fed-mv-PPCA on your data (`fedhier fit linear -h` for FedLin)",
+                       description="Fed-mv-PPCA on your data: one CSV file per site and a TOML file (docs/cli.md). "
+                                   "For FedLin (hierarchical linear regression) see `fedhier fit linear --help`.")
     p.add_argument("--config", required=True, help="TOML file: views -> columns, sites -> CSV files")
     p.add_argument("--out", default="fedhier-fit", help="output folder")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     privacy_flags(p)
     p.set_defaults(func=_cmd_fit)
 
@@ -141,7 +146,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="the experiment; `list` prints their names")
     p.add_argument("--quick", action="store_true", help="small version (minutes), as run by CI")
     p.add_argument("--out", default=None, help="output folder (default reports/NAME)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the experiment's splits and fits (default 0)")
     p.set_defaults(func=_cmd_experiment)
 
     # dispatched by main() before parsing; listed here so that `fedhier -h` shows them
@@ -150,21 +155,19 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: optional packages -> the extra that installs them (pyproject.toml)
-_EXTRAS = {"pandas": "stats", "statsmodels": "stats", "flwr": "flower", "mpi4py": "mpi", "torch": "torch"}
+def _command_name(argv: list[str]) -> str:
+    """The command as typed, without its options (``fedhier collab fit``), for messages."""
+    words = list(itertools.takewhile(lambda word: not word.startswith("-"), argv))[:2]
+    if words[:1] not in (["fit"], ["collab"], ["flower"], ["experiment"]):  # commands without subcommands
+        words = words[:1]
+    return " ".join(["fedhier", *words])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``fedhier ARGV``; the exit code (0, 2 after ``fedhier: error: ...`` for a user's mistake; see
+    :mod:`fedhier.cli.console`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return _dispatch(argv)
-    except ModuleNotFoundError as exc:  # an optional dependency that this installation lacks: one line, no traceback
-        package = (exc.name or "").split(".")[0]
-        if package not in _EXTRAS:
-            raise
-        print(f'fedhier: error: this command needs the optional package {package}: pip install "fedhier[{_EXTRAS[package]}]"',
-              file=sys.stderr)
-        return 2
+    return run(lambda: _dispatch(argv), _command_name(argv))
 
 
 def _dispatch(argv: list[str]) -> int:
@@ -179,17 +182,9 @@ def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["collab"]:
         from .collab import cli_collab
 
-        try:
-            return int(cli_collab(argv[1:]) or 0)
-        except (ValueError, FileNotFoundError) as exc:
-            print(f"fedhier: error: {exc}", file=sys.stderr)
-            return 2
+        return int(cli_collab(argv[1:]) or 0)
     args = _build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"fedhier: error: {exc}", file=sys.stderr)
-        return 2
+    return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,6 +14,7 @@ import numpy as np
 from ..estimators.collab import CollabDict
 from ..utils.io import write_csv
 from ..utils.untrusted import check_outputs_spare_inputs
+from .console import rounds_shown
 
 
 def _numeric(frame, columns: list[str], csv_path: str) -> np.ndarray:
@@ -67,20 +68,23 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedhier collab", description="Serverless collaborative anomaly detection")
     sub = parser.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("fit", help="fit on a CSV whose rows belong to sites")
-    fit.add_argument("--csv", required=True)
-    fit.add_argument("--site-column", required=True)
+    fit.add_argument("--csv", required=True, help="CSV file with a header row; each row belongs to the site named in --site-column")
+    fit.add_argument("--site-column", required=True, help="column naming the site of each row")
     fit.add_argument("--columns", help="comma-separated variables (default: all but site/drop columns)")
     fit.add_argument("--drop-columns", default="", help="comma-separated columns to ignore (e.g. labels)")
     fit.add_argument("--out", required=True, help="model .npz path")
-    fit.add_argument("--runtime", choices=["peer", "star", "mpi"], default="peer")
+    fit.add_argument("--runtime", choices=["peer", "star", "mpi"], default="peer",
+                     help="peer: serverless, in this process (default); star: exact sums, the centralised reference; "
+                          "mpi: one process per site under mpiexec")
     fit.add_argument("--peer-timeout", type=float, default=None,
                      help="with --runtime mpi: seconds without a message before a peer is reported lost "
                           "(default 300; must exceed the longest site step)")
-    fit.add_argument("--aggregation", choices=["consensus", "chunked", "shamir"], default="consensus")
-    fit.add_argument("--components", type=int, default=7)
-    fit.add_argument("--rho", type=float, default=0.8)
-    fit.add_argument("--weights", choices=["local", "shared"], default="local")
-    fit.add_argument("--max-iter", type=int, default=100)
+    fit.add_argument("--aggregation", choices=["consensus", "chunked", "shamir"], default="consensus",
+                     help="how the peers compute sums without a centre (default consensus)")
+    fit.add_argument("--components", type=int, default=7, help="initial number of patterns (default 7; unused ones are pruned)")
+    fit.add_argument("--rho", type=float, default=0.8, help="sparsity (l1 strength) of the patterns' precision matrices, on standardised data (default 0.8)")
+    fit.add_argument("--weights", choices=["local", "shared"], default="local", help="private pattern weights per site (default) or one shared set")
+    fit.add_argument("--max-iter", type=int, default=100, help="most rounds (default 100; stops earlier once converged)")
     fit.add_argument("--seed", type=int, default=0,
                      help="the run's seed (with --runtime mpi: public, every site knows it)")
     fit.add_argument("--site-seed", type=int, default=None,
@@ -91,9 +95,10 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
                           "evaluate it in the report")
     fit.add_argument("--report", default=None,
                      help="folder of the report (report.html, report.md, figures/); default: the model file's folder")
+    fit.add_argument("--quiet", action="store_true", help="no progress display")
     score = sub.add_parser("score", help="score a CSV with a fitted model")
-    score.add_argument("--model", required=True)
-    score.add_argument("--csv", required=True)
+    score.add_argument("--model", required=True, help="model file written by `fedhier collab fit`")
+    score.add_argument("--csv", required=True, help="CSV file of the samples to score")
     score.add_argument("--site", type=int, required=True, help="site index (sorted order of the site column)")
     score.add_argument("--columns", required=True, help="comma-separated variables, in the model's order")
     score.add_argument("--out", required=True, help="CSV of scores")
@@ -132,7 +137,8 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
                 print(f"site {rank}: {exc}.{where}", file=sys.stderr, flush=True)
                 os._exit(3)  # MPI_Finalize would wait for the lost peers
         else:
-            model.fit(sites)
+            with rounds_shown(args.max_iter + 1, "CollabDict rounds", quiet=args.quiet):  # + the round of moments
+                model.fit(sites)
             out = Path(args.out)
         check_outputs_spare_inputs([out], [args.csv])
         model.save(out)

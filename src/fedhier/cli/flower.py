@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 #: the Flower app shipped with fedhier (pyproject.toml, server_app.py, client_app.py, fit.toml)
-APP_TEMPLATE = Path(__file__).parent.parent / "runtime" / "flower_app"
+APP_TEMPLATE = Path(__file__).parents[1] / "runtime" / "flower_app"
 _CONNECTION = "fedhier"
 
 
@@ -70,6 +70,15 @@ def _bin(name: str) -> str:
 
 
 # --------------------------------------------------------------------------- command lines
+
+
+def _require_flower() -> None:
+    """Raise ModuleNotFoundError for ``flwr`` (the command then names the "flower" extra) when Flower is not
+    installed, before a Flower executable is started."""
+    import importlib.util
+
+    if importlib.util.find_spec("flwr") is None:
+        raise ModuleNotFoundError("No module named 'flwr'", name="flwr")
 
 
 def superlink_command(
@@ -408,6 +417,62 @@ def _signal(pids, sig: int) -> None:
             pass
 
 
+class _Forwarding:
+    """SIGTERM and SIGINT sent to this command go to the Flower process it runs (:meth:`start`).
+
+    ``kill PID`` of ``fedhier flower link`` (systemd's stop, a test's clean-up) or Ctrl-C then stop
+    ``flower-superlink`` as if it had been sent the signal itself; when it has exited, whatever it had
+    started and left running (Flower's helpers, seen at the time of the signal) gets SIGTERM too.
+    A signal that arrives before the process is started is passed on as soon as it is.
+    Handlers can only be set in the main thread; elsewhere nothing is forwarded.
+    """
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.received: int | None = None
+        self._helpers: set[int] = set()
+        self._previous: dict = {}
+
+    def __enter__(self) -> "_Forwarding":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def start(self, cmd: list[str], **popen) -> subprocess.Popen:
+        self.proc = subprocess.Popen(cmd, **popen)
+        if self.received is not None:
+            self._forward(self.received, None)
+        return self.proc
+
+    def _forward(self, signum: int, _frame) -> None:
+        self.received = signum
+        if self.proc is not None and self.proc.poll() is None:
+            self._helpers.update(_descendants(self.proc.pid))
+            self.proc.send_signal(signum)
+
+    def exit_code(self, code: int) -> int:
+        """The command's exit code: 128 + the signal it was stopped by (the shell's convention)."""
+        if self.received is not None:
+            return 128 + self.received
+        return 128 - code if code < 0 else code
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        if self.received is not None and self.proc is not None:
+            if self.proc.poll() is not None:
+                _signal([pid for pid in self._helpers if Path(f"/proc/{pid}").exists()], signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A command stopped by SIGINT or SIGTERM (``signum``) after passing it on to its Flower process."""
+
+    def __init__(self, signum: int, output: str = "") -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.output = output
+
+
 class LoopbackFederation:
     """A SuperLink and one SuperNode per site on 127.0.0.1 (tests, benchmarks, trying it out).
 
@@ -572,26 +637,81 @@ def register_site_key(
 
 
 def _run_streaming(cmd: list[str], env: dict[str, str], timeout: float | None) -> tuple[int | None, str]:
-    """Run ``cmd``, echoing its output live; (exit code or None on timeout, output)."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    """Run ``cmd``, echoing its output live; (exit code or None on timeout, output).
+
+    SIGINT/SIGTERM are passed on to it (:class:`_Forwarding`); once it has exited, :class:`Interrupted`
+    is raised with its output."""
     lines: list[str] = []
+    with _Forwarding() as forwarding:
+        proc = forwarding.start(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
 
-    def pump() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            sys.stdout.write(line)
-            sys.stdout.flush()
+        def pump() -> None:
+            for line in proc.stdout:
+                lines.append(line)
+                sys.stdout.write(line)
+                sys.stdout.flush()
 
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    try:
-        code: int | None = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        code = None
-    reader.join(timeout=10)
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            code: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = None
+        reader.join(timeout=10)
+    if forwarding.received is not None:
+        raise Interrupted(forwarding.received, "".join(lines))
     return code, "".join(lines)
+
+
+class _HistoryFollower(threading.Thread):
+    """Shows the rounds of a Flower fit as the coordinator completes them, from its ``history.json``.
+
+    The ServerApp rewrites ``history.json`` in the result folder after every round
+    (:func:`fedhier.runtime.flower.coordinate`); when that folder is readable from here (``fedhier flower run``
+    on the SuperLink's machine or a shared disk) each new round advances ``display`` (a
+    :class:`~fedhier.utils.progress.RoundProgress`).  A file already there when the run starts (an earlier run's,
+    or the one a resumed run goes on from) counts only once it has been rewritten.
+    """
+
+    def __init__(self, path: Path, display, poll: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        self.path, self.display, self.poll = path, display, poll
+        self.shown = 0
+        self._before = self._stamp()
+        self._done = threading.Event()
+
+    def _stamp(self):
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return None
+        return stat.st_mtime_ns, stat.st_size
+
+    def update(self) -> None:
+        stamp = self._stamp()
+        if stamp is None or stamp == self._before:
+            return
+        try:
+            rows = json.loads(self.path.read_text())
+        except (OSError, ValueError):  # being replaced: next time
+            return
+        from ..runtime.simulate import RoundRecord
+
+        for row in rows[self.shown:] if isinstance(rows, list) else []:
+            self.display(RoundRecord.from_dict(row))
+        self.shown = max(self.shown, len(rows) if isinstance(rows, list) else 0)
+
+    def run(self) -> None:
+        while not self._done.wait(self.poll):
+            self.update()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+        self.update()
+        self.display.close()
 
 
 def submit(
@@ -605,6 +725,7 @@ def submit(
     out: str | Path | None = None,
     env: dict[str, str] | None = None,
     resume: bool = False,
+    progress: bool = False,
 ) -> dict:
     """Submit the fit of ``fit.toml`` to a SuperLink with ``flwr run`` and wait for it.
 
@@ -620,6 +741,8 @@ def submit(
     env : environment of ``flwr run`` (default: this process's).
     resume : go on from the coordinator checkpoint in the result folder (a fit whose SuperLink
         or ServerApp stopped), as :func:`fedhier.runtime.flower.coordinate` with ``resume=True``.
+    progress : show the rounds as the coordinator completes them (a bar on a terminal, a line a minute
+        otherwise), when the result folder is readable from here (:class:`_HistoryFollower`).
 
     When the run ends (or this call fails) and the result folder is readable from here but its
     ``summary.json`` still says "running" (the ServerApp was killed), it is rewritten as "failed".
@@ -635,6 +758,7 @@ def submit(
     ValueError : bad configuration or options; TimeoutError : the run did not end in time;
     RuntimeError : ``flwr run`` failed.
     """
+    _require_flower()
     from ..deploy import read_fit
     from ..runtime.flower import CHECKPOINT, RESUME_KEY, RUN_CONFIG_KEY
 
@@ -662,12 +786,28 @@ def submit(
             connection = _CONNECTION
         summary_path = Path(config.out) / "summary.json"
         summary_path.unlink(missing_ok=True)  # a stale result must not pass for this run's
+        def stop_run(output: str) -> None:
+            run_id = re.search(r"started run (\d+)", output)
+            if run_id:
+                subprocess.run([_bin("flwr"), "stop", run_id.group(1), connection], env=env, timeout=60, capture_output=True)
+
+        follower = None
+        if progress:
+            from ..utils.progress import RoundProgress
+
+            follower = _HistoryFollower(Path(config.out) / "history.json", RoundProgress(config.n_rounds, f"{config.model} rounds"))
+            follower.start()
         try:
-            code, output = _run_streaming(flwr_run_command(app, connection, overrides), env, timeout)
+            try:
+                code, output = _run_streaming(flwr_run_command(app, connection, overrides), env, timeout)
+            except Interrupted as exc:  # Ctrl-C or kill of this command: the fit stops too
+                stop_run(exc.output)
+                raise
+            finally:
+                if follower is not None:
+                    follower.stop()
             if code is None:
-                run_id = re.search(r"started run (\d+)", output)
-                if run_id:
-                    subprocess.run([_bin("flwr"), "stop", run_id.group(1), connection], env=env, timeout=60, capture_output=True)
+                stop_run(output)
                 raise TimeoutError(f"the fit did not end within {timeout:g} s (run stopped)")
             if code != 0 or "started run" not in output:
                 raise RuntimeError(f"flwr run failed (exit code {code}): {output.strip()[-2000:]}")
@@ -718,7 +858,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("certs", help="create a CA and a SuperLink certificate for TLS")
     p.add_argument("--out", required=True, help="folder for ca.pem, ca.key, server.pem, server.key")
     p.add_argument("--host", action="append", help="SuperLink host name or IP the sites use (repeatable; default 127.0.0.1 and localhost)")
-    p.add_argument("--days", type=int, default=365)
+    p.add_argument("--days", type=int, default=365, help="days the certificates are valid (default 365)")
 
     p = sub.add_parser("key", help="create a site's key pair for node authentication")
     p.add_argument("--out", required=True, help="private key file; the public key goes to OUT.pub")
@@ -728,7 +868,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--certificates", help="folder made by `fedhier flower certs`")
     g.add_argument("--insecure", action="store_true", help="no TLS (loopback tests only)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default all interfaces)")
-    p.add_argument("--port", type=int, default=9091)
+    p.add_argument("--port", type=int, default=9091, help="port of the SuperLink's APIs (default 9091)")
     p.add_argument("--node-auth", action="store_true", help="accept only registered SuperNodes (flwr supernode register)")
     p.add_argument("--database", help="SQLite file for the SuperLink state")
     p.add_argument("--print-command", action="store_true", help="print the flower-superlink command instead of running it")
@@ -755,13 +895,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, help="seconds to wait for the fit")
     p.add_argument("--out", help="result folder on the SuperLink host (overrides fit.toml)")
     p.add_argument("--resume", action="store_true", help="go on from the checkpoint of an interrupted run of this fit")
+    p.add_argument("--quiet", action="store_true", help="no progress display (rounds are shown when the result folder is on this machine)")
 
     p = sub.add_parser("demo-data", help="example sites with a fit.toml: hospitals (Alzheimer data) or a fleet of engines (FedLin)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="folder for the site files and fit.toml")
     p.add_argument("--model", choices=["fed-mv-ppca", "fedlin-hm1", "fedlin-hm2"], default="fed-mv-ppca",
                    help="fed-mv-ppca: hospitals cut from the bundled Alzheimer data; fedlin-*: C-MAPSS engines, one per machine")
     p.add_argument("--sites", type=int, default=None, help="number of sites (default 3 hospitals, 4 machines)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the split into sites and of the fit (default 0)")
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 20 for fed-mv-ppca, 10 for FedLin)")
     return parser
 
@@ -776,70 +917,66 @@ def _describe(data) -> str:
 
 
 def _run(cmd: list[str], print_only: bool) -> int:
+    """Run a Flower process in the foreground until it exits; SIGINT/SIGTERM are passed on to it."""
     if print_only:
         print(shlex.join(cmd))
         return 0
     # Flower starts helpers (flower-superexec) by name: put this environment's bin first on PATH
+    _require_flower()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.Popen(cmd, env=env)
-
-    def forward(signum, _frame) -> None:  # `kill PID` of this command stops the Flower process it runs
-        proc.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with _Forwarding() as forwarding:
+        code = forwarding.start(cmd, env=env).wait()
+    return forwarding.exit_code(code)
 
 
 def cli_flower(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``fedhier flower ...``; returns the exit code."""
-    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        if args.command == "certs":
-            paths = make_certificates(args.out, hosts=args.host or ("127.0.0.1", "localhost"), days=args.days)
-            print(f"wrote {', '.join(str(p) for p in paths.values())}; give ca.pem to every site, keep ca.key offline")
-            return 0
-        if args.command == "key":
-            private, public = make_site_key(args.out)
-            print(f"wrote {private} (keep it at the site) and {public} (send it to the coordinator)")
-            return 0
-        if args.command == "link":
-            cmd = superlink_command(
-                host=args.host, port=args.port, certificates=args.certificates, insecure=args.insecure,
-                node_auth=args.node_auth, database=args.database,
-            )
-            return _run(cmd, args.print_command)
-        if args.command == "site":
-            if args.config:
-                from ..deploy import read_fit
+    from .console import run
 
-                print(f"site {args.site!r}: " + _describe(read_fit(args.config).load_site(args.site, args.data)))
-            cmd = supernode_command(
-                superlink=args.superlink, site=args.site, data=args.data, root_certificates=args.root_certificates,
-                insecure=args.insecure, port=args.port, auth_key=args.auth_key, seed=args.seed,
-            )
-            return _run(cmd, args.print_command)
-        if args.command == "run":
-            summary = submit(
-                args.config, superlink=args.superlink, federation=args.federation, root_certificates=args.root_certificates,
-                insecure=args.insecure, timeout=args.timeout, out=args.out, resume=args.resume,
-            )
-            print(json.dumps(summary, indent=2))
-            return 0 if summary.get("status") in ("completed", "ended") else 1
-        if args.command == "demo-data":
-            if args.model == "fed-mv-ppca":
-                n_sites = 3 if args.sites is None else args.sites
-                path = write_demo_sites(args.out, n_sites=n_sites, seed=args.seed, n_rounds=20 if args.rounds is None else args.rounds)
-            else:
-                n_sites = 4 if args.sites is None else args.sites
-                path = write_fleet_sites(args.out, model=args.model, n_sites=n_sites, seed=args.seed,
-                                         n_rounds=10 if args.rounds is None else args.rounds)
-            print(f"wrote {n_sites} site files and {path}")
-            return 0
-    except (ValueError, FileNotFoundError, TimeoutError, RuntimeError) as exc:
-        print(f"fedhier flower: error: {exc}", file=sys.stderr)
-        return 2
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    return run(lambda: _flower(args), f"fedhier flower {args.command}", also=(TimeoutError, RuntimeError))
+
+
+def _flower(args: argparse.Namespace) -> int:
+    if args.command == "certs":
+        paths = make_certificates(args.out, hosts=args.host or ("127.0.0.1", "localhost"), days=args.days)
+        print(f"wrote {', '.join(str(p) for p in paths.values())}; give ca.pem to every site, keep ca.key offline")
+        return 0
+    if args.command == "key":
+        private, public = make_site_key(args.out)
+        print(f"wrote {private} (keep it at the site) and {public} (send it to the coordinator)")
+        return 0
+    if args.command == "link":
+        cmd = superlink_command(
+            host=args.host, port=args.port, certificates=args.certificates, insecure=args.insecure,
+            node_auth=args.node_auth, database=args.database,
+        )
+        return _run(cmd, args.print_command)
+    if args.command == "site":
+        if args.config:
+            from ..deploy import read_fit
+
+            print(f"site {args.site!r}: " + _describe(read_fit(args.config).load_site(args.site, args.data)))
+        cmd = supernode_command(
+            superlink=args.superlink, site=args.site, data=args.data, root_certificates=args.root_certificates,
+            insecure=args.insecure, port=args.port, auth_key=args.auth_key, seed=args.seed,
+        )
+        return _run(cmd, args.print_command)
+    if args.command == "run":
+        summary = submit(
+            args.config, superlink=args.superlink, federation=args.federation, root_certificates=args.root_certificates,
+            insecure=args.insecure, timeout=args.timeout, out=args.out, resume=args.resume, progress=not args.quiet,
+        )
+        print(json.dumps(summary, indent=2))
+        return 0 if summary.get("status") in ("completed", "ended") else 1
+    if args.command == "demo-data":
+        if args.model == "fed-mv-ppca":
+            n_sites = 3 if args.sites is None else args.sites
+            path = write_demo_sites(args.out, n_sites=n_sites, seed=args.seed, n_rounds=20 if args.rounds is None else args.rounds)
+        else:
+            n_sites = 4 if args.sites is None else args.sites
+            path = write_fleet_sites(args.out, model=args.model, n_sites=n_sites, seed=args.seed,
+                                     n_rounds=10 if args.rounds is None else args.rounds)
+        print(f"wrote {n_sites} site files and {path}")
+        return 0
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover - argparse restricts commands

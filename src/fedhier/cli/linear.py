@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import csv
 import shlex
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import numpy as np
 from ..estimators.fedlin import FedHM1Regressor, FedHM2Regressor
 from ..utils.io import atomic_write_text, markdown_table, write_csv, write_json
 from ..utils.untrusted import check_outputs_spare_inputs
+from .console import rounds_shown, run
 
 def add_fit_linear_arguments(parser) -> None:
     """Arguments of ``fedhier fit linear``."""
@@ -20,17 +20,18 @@ def add_fit_linear_arguments(parser) -> None:
     parser.add_argument("--site", required=True, help="column naming the site of each row")
     parser.add_argument("--target", required=True, help="response column")
     parser.add_argument("--features", required=True, help="comma-separated predictor columns")
-    parser.add_argument("--model", choices=["hm2", "hm1"], default="hm2")
-    parser.add_argument("--prior", choices=["gaussian", "lasso", "ridge"], default="gaussian")
+    parser.add_argument("--model", choices=["hm2", "hm1"], default="hm2", help="hm2: federated expectation propagation with intervals (default); hm1: federated MAP")
+    parser.add_argument("--prior", choices=["gaussian", "lasso", "ridge"], default="gaussian", help="HM2 prior of the site coefficients (default gaussian)")
     parser.add_argument("--intercept", action="store_true", help="add a column of ones (prior=gaussian, hm1)")
     parser.add_argument("--random", default=None, help="comma-separated columns with site-varying coefficients (gaussian prior; default all)")
     parser.add_argument("--noise", choices=["local", "shared"], default="local", help="gaussian prior: site-local log sigma_k or one shared log sigma^2 in phi")
     parser.add_argument("--mu-scale", type=float, default=10.0, help="gaussian prior: mu ~ N(0, mu_scale^2 I) (default 10, vague)")
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--level", type=float, default=0.9)
+    parser.add_argument("--rounds", type=int, default=20, help="most communication rounds (default 20; HM2 stops earlier once converged)")
+    parser.add_argument("--level", type=float, default=0.9, help="HM2 credible level of the intervals and of feature inclusion (default 0.9)")
     parser.add_argument("--eta", type=float, default=1e-4, help="HM1 step size")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the fit (default 0)")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 def _read_sites(path: Path, site_col: str, target: str, features: list[str]):
@@ -69,11 +70,7 @@ def cli_fit_linear(argv) -> int:
     parser = argparse.ArgumentParser(prog="fedhier fit linear", description="FedLin: federated hierarchical linear regression (HM1 / HM2).")
     add_fit_linear_arguments(parser)
     args = parser.parse_args(list(argv))
-    try:
-        return _fit_linear(args, command="fedhier fit linear " + shlex.join(str(a) for a in argv))
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"fedhier: error: {exc}", file=sys.stderr)
-        return 2
+    return run(lambda: _fit_linear(args, command="fedhier fit linear " + shlex.join(str(a) for a in argv)), "fedhier fit linear")
 
 
 def _fit_linear(args: argparse.Namespace, command: str | None = None) -> int:
@@ -86,7 +83,8 @@ def _fit_linear(args: argparse.Namespace, command: str | None = None) -> int:
         sites = [(np.column_stack([np.ones(len(y)), X]), y) for X, y in sites]
     out = Path(args.out)
     if args.model == "hm1":
-        est = FedHM1Regressor(fit_intercept=False, n_rounds=args.rounds, eta=args.eta, random_state=args.seed).fit(sites)
+        with rounds_shown(args.rounds, "FedLin HM1 rounds", quiet=getattr(args, "quiet", False)):
+            est = FedHM1Regressor(fit_intercept=False, n_rounds=args.rounds, eta=args.eta, random_state=args.seed).fit(sites)
         rows = [{"site": n, "feature": f, "estimate": float(est.coef_[k, j])} for k, n in enumerate(names) for j, f in enumerate(features)]
     else:
         random = None
@@ -96,7 +94,8 @@ def _fit_linear(args: argparse.Namespace, command: str | None = None) -> int:
             if unknown:
                 raise ValueError(f"--random names unknown column(s) {sorted(unknown)}")
             random = [f in wanted for f in features]
-        est = FedHM2Regressor(fit_intercept=False, prior=args.prior, random=random, noise=args.noise, mu_scale=args.mu_scale, n_rounds=args.rounds, level=args.level, random_state=args.seed).fit(sites)
+        with rounds_shown(args.rounds, "FedLin HM2 rounds", quiet=getattr(args, "quiet", False)):
+            est = FedHM2Regressor(fit_intercept=False, prior=args.prior, random=random, noise=args.noise, mu_scale=args.mu_scale, n_rounds=args.rounds, level=args.level, random_state=args.seed).fit(sites)
         ci = est.coef_interval(args.level)
         rows = [
             {"site": n, "feature": f, "estimate": float(est.coef_[k, j]), "lower": float(ci[k, j, 0]), "upper": float(ci[k, j, 1]), "included": bool(est.selected_features_[k, j])}

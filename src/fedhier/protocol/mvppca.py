@@ -38,6 +38,7 @@ from ..models.mvppca.mstep import weak_ig_prior
 from ..models.mvppca.params import GlobalParams, GlobalView
 from .base import RoundProtocol, SiteContext
 from .messages import Field, Message, MessageSpec
+from ..utils.logs import OnceLog
 
 __all__ = [
     "MVPPCAProtocol", "DataScaleWarning", "GLOBAL_FIELDS", "global_from_message", "global_to_message", "BroadcastMetrics",
@@ -209,7 +210,8 @@ class MVPPCAProtocol(RoundProtocol):
         if privacy is not None and initial_prior is None:
             initial_prior = master.data_independent_prior(dict(zip(schema.names, schema.dims)), self.n_components)
         self.initial_prior = initial_prior
-        self._logged: set[str] = set()  # safeguard notes already logged at INFO by this process
+        #: the safeguards' notes repeat every round: each kind once per fit at INFO, then at DEBUG
+        self._safeguard_log = OnceLog(log)
         q = self.n_components
         # raw diagnostics: sent only without privacy (check_disclosure refuses them otherwise)
         reply: dict[str, Field] = {"expected_ll": Field((), optional=True), "safeguards": Field((), optional=True)}
@@ -270,15 +272,6 @@ class MVPPCAProtocol(RoundProtocol):
             return self.initial_prior
         return None
 
-    def _log_once(self, note: str, fmt: str, *args: Any) -> None:
-        """A safeguard note at INFO the first time this process meets it in the fit, at DEBUG afterwards
-        (the same note every round would otherwise flood an INFO log)."""
-        if note in self._logged:
-            log.debug(fmt, *args)
-        else:
-            self._logged.add(note)
-            log.info(fmt + " (logged once; later occurrences at DEBUG)", *args)
-
     def site_step(self, ctx: SiteContext, broadcast: Message) -> Message:
         prior = global_from_message(broadcast, self.schema)
         n_iter = self.n_first_iter if prior is None else self.n_local_iter
@@ -287,7 +280,7 @@ class MVPPCAProtocol(RoundProtocol):
             init=self.init, tol=self.local_tol,
         )
         for note in fit.safeguards:
-            self._log_once(note, "site %d, round %d: %s", ctx.site, ctx.round, note)
+            self._safeguard_log(note, "site %d, round %d: %s", ctx.site, ctx.round, note)
         params = fit.params
         anchor = self._anchor(broadcast)
         site_spread = spread.posterior_spread(ctx.data, params, prior) if self.prior_update == "em" else None
@@ -335,7 +328,7 @@ class MVPPCAProtocol(RoundProtocol):
             prior_update=self.prior_update,
         )
         for note in safeguards:
-            self._log_once(note, "round %d, master: %s", round, note)
+            self._safeguard_log(note, "round %d, master: %s", round, note)
         if self.privacy is not None and self.privacy.denoise and anchor is not None:
             from ..models.mvppca import dp
 

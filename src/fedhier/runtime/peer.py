@@ -33,7 +33,8 @@ from .graphs import (GraphSpectrum, StepRule, check_adjacency, consensus_steps, 
                                         diameter, laplacian_spectrum, relabel, step_size)
 from ..protocol.base import RoundProtocol, SiteContext, check_disclosure
 from ..protocol.messages import Field, Message, MessageSpec, decode, encode
-from .simulate import site_rng
+from .observers import round_done
+from .simulate import RoundRecord, site_rng
 
 __all__ = ["PeerAggregation", "ConsensusPlan", "PeerResult", "simulate_peers", "run_peer_rounds", "Transport",
            "InProcessTransport", "aggregate_sums", "PeerLost", "PeerGraphSplit"]
@@ -577,6 +578,8 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
             "absent": sorted(lost_so_far),
         }
         history.append(record)
+        round_done(RoundRecord(round=rnd, sites=list(alive), absent=sorted(lost_so_far), failed={s: "lost" for s in lost_now},
+                               bytes_up=record["bytes_sent"], bytes_down={}, metrics=record["metrics"]), broadcasts[first])
         result = PeerResult(broadcasts, history, states, plan, seed)
         if on_round is not None:
             on_round(result)

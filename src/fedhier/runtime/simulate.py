@@ -29,7 +29,8 @@ the results:
   (:mod:`fedhier.runtime.workers`);
 * a round with fewer than ``min_sites`` replies stops the fit with
   :class:`RoundFailed` -- no partial global update is ever broadcast;
-* callbacks run after every round (progress bar, history, checkpoint).
+* callbacks run after every round (progress bar, history, checkpoint); so do the observers registered
+  around the call (:mod:`fedhier.runtime.observers`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import numpy as np
 
 from ..protocol.base import RoundProtocol, SiteContext, check_disclosure, sum_messages
 from .checkpoint import Checkpoint, Fingerprint, read_checkpoint, write_checkpoint
+from .observers import round_done
 from ..protocol.messages import Field, Message, MessageError, MessageSpec, decode, encode, header_fields
 from .workers import SiteWorkers
 
@@ -543,6 +545,7 @@ def simulate(
                     checkpoint,
                     Checkpoint(protocol.name, rnd, seed, broadcast, states, [h.to_dict() for h in history], fingerprint),
                 )
+            round_done(record, broadcast)  # observers registered by the caller (fedhier.runtime.observers)
             if stop is not None and stop(record, broadcast):
                 break
     finally:
