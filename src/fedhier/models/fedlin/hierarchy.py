@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .natural import row_dot
 from .stats import SiteStats
 
 __all__ = ["GaussianHierarchy", "BayesianRidge", "log_marginal", "conditional_theta"]
@@ -42,7 +43,7 @@ def log_marginal(stats: SiteStats, mu: np.ndarray, tau: np.ndarray, s2: np.ndarr
     ndarray, shape (n,)
     """
     mu_xx = mu @ stats.xx
-    ee = stats.yy - 2.0 * mu @ stats.xy + (mu_xx * mu).sum(1)
+    ee = stats.yy - 2.0 * mu @ stats.xy + row_dot(mu_xx, mu)
     out = -0.5 * stats.n * (_LOG_2PI + np.log(s2)) - 0.5 * ee / s2
     if random.size == 1:  # a random intercept (or one slope): P is a scalar per point
         j = int(random[0])
@@ -55,7 +56,7 @@ def log_marginal(stats: SiteStats, mu: np.ndarray, tau: np.ndarray, s2: np.ndarr
         L = np.linalg.cholesky(P)
         z = np.linalg.solve(L, b[..., None])[..., 0]
         logdet_P = 2.0 * np.log(np.diagonal(L, axis1=-2, axis2=-1)).sum(-1)
-        out = out - 0.5 * np.log(tau).sum(-1) - 0.5 * logdet_P + 0.5 * (z * z).sum(-1) / s2**2
+        out = out - 0.5 * np.log(tau).sum(-1) - 0.5 * logdet_P + 0.5 * row_dot(z, z) / s2**2
     return out
 
 

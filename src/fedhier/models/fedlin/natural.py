@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["inv_pd", "is_pd", "to_moments", "moments_from_draws", "unbiased_precision", "symmetrise"]
+__all__ = ["inv_pd", "is_pd", "to_moments", "moments_from_draws", "unbiased_precision", "symmetrise", "row_dot"]
 
 
 def symmetrise(a: np.ndarray) -> np.ndarray:
     """:math:`(A+A^\\top)/2`, shape unchanged."""
     return 0.5 * (a + np.swapaxes(a, -1, -2))
+
+
+def row_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise inner products ``sum_j a[i, j] b[i, j]`` of two ``(n, p)`` arrays; shape (n,).
+
+    ``(a * b).sum(1)`` with few columns costs numpy's strided reduction per row (tens of
+    microseconds for n = 2000, p = 5); einsum contracts in one pass.
+    """
+    return np.einsum("ij,ij->i", a, b)
 
 
 def is_pd(Q: np.ndarray) -> bool:

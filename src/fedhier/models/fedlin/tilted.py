@@ -40,7 +40,7 @@ import numpy as np
 from scipy import special
 
 from .lasso import sample_lasso_tilted
-from .natural import inv_pd, is_pd, moments_from_draws, symmetrise, to_moments, unbiased_precision
+from .natural import inv_pd, moments_from_draws, row_dot, symmetrise, to_moments, unbiased_precision
 from .stats import SiteStats
 
 __all__ = ["TiltedFailure", "TiltedResult", "tilted_moments", "DevicePosterior", "device_posterior", "METHODS"]
@@ -91,16 +91,26 @@ class TiltedResult:
 
 
 def _log_tilted(model, stats, cavity_mean, cavity_prec, z):
+    """Log tilted density (up to a constant) at the points ``z (n, p + n_local)``; -inf where it is not finite.
+
+    Call under ``np.errstate(over="ignore", invalid="ignore", divide="ignore")`` (as
+    :func:`tilted_moments` does): far points overflow to a non-finite value, reported as -inf.
+    """
     p = model.p
     phi, u = z[:, :p], z[:, p:]
     diff = phi - cavity_mean
-    out = -0.5 * ((diff @ cavity_prec) * diff).sum(1) + model.local_log_prior(u)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        try:
-            ll = model.log_lik(stats, phi, u)
-        except np.linalg.LinAlgError:
-            ll = np.full(z.shape[0], -np.inf)
+    out = -0.5 * row_dot(diff @ cavity_prec, diff)
+    if model.n_local:
+        out += model.local_log_prior(u)
+    try:
+        ll = model.log_lik(stats, phi, u)
+    except np.linalg.LinAlgError:
+        ll = np.full(z.shape[0], -np.inf)
     return np.where(np.isfinite(ll), out + ll, -np.inf)
+
+
+#: Newton decrement g^T (-H)^{-1} g below which the Laplace search takes its last step (see :func:`_laplace`)
+_FINAL_DECREMENT = 1e-6
 
 
 @functools.lru_cache(maxsize=16)
@@ -132,9 +142,9 @@ def _derivatives(logf, x: np.ndarray, h: np.ndarray):
     f0 = vals[0]
     quads = vals[1 + 2 * D :].reshape(-1, 4)
     H = np.empty((D, D))
-    with np.errstate(invalid="ignore"):  # -inf - -inf: reported as a non-finite derivative
-        grad = (vals[1 : 1 + D] - vals[1 + D : 1 + 2 * D]) / (2 * h)
-        second = (quads[:, 0] - quads[:, 1] - quads[:, 2] + quads[:, 3]) / (4 * h[I] * h[J])
+    # -inf - -inf is nan: a non-finite derivative, which the caller reports (it runs under np.errstate)
+    grad = (vals[1 : 1 + D] - vals[1 + D : 1 + 2 * D]) / (2 * h)
+    second = (quads[:, 0] - quads[:, 1] - quads[:, 2] + quads[:, 3]) / (4 * h[I] * h[J])
     H[I, J] = second
     H[J, I] = second
     return f0, grad, H
@@ -144,7 +154,12 @@ def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.
     """Mode and inverse negative Hessian of a vectorised log density (damped Newton, finite differences).
 
     The full Newton step is tried with the derivatives at the new point, in one call of
-    ``logf``: when it is accepted (the usual case) they serve the next iteration.
+    ``logf``: when it is accepted (the usual case) they serve the next iteration.  The search
+    ends with a step of Newton decrement g^T (-H)^{-1} g below :data:`_FINAL_DECREMENT` (1e-6),
+    taken without evaluating the derivatives again: the Hessian there differs by O(1e-3)
+    relative.  The result is the proposal of the importance sampler and the quadrature centre;
+    both estimators are consistent for any such Gaussian (the sampler's control variate uses
+    the proposal's own moments), so this accuracy sets only their variance, not their value.
 
     Raises
     ------
@@ -153,24 +168,33 @@ def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.
     """
     x = np.array(x0, dtype=float)
     D = x.size
+    eye = np.eye(D)
     h = 1e-3 * np.maximum(1.0, np.abs(x))
     f0, g, H = _derivatives(logf, x, h)
     for _ in range(max_iter):
-        if not (np.isfinite(f0) and np.all(np.isfinite(g)) and np.all(np.isfinite(H))):
+        if not (np.isfinite(f0) and np.isfinite(g).all() and np.isfinite(H).all()):
             raise TiltedFailure("tilted log density is not finite near the current point")
-        A = -H
+        A = -H  # symmetric by construction
         lam = 0.0
-        while not is_pd(A + lam * np.eye(D)):
-            lam = max(2 * lam, 1e-6 * max(1.0, float(np.abs(np.diag(A)).max())))
-        step = np.linalg.solve(A + lam * np.eye(D), g)
+        while True:  # Levenberg shift until A + lam I has a Cholesky factor
+            try:
+                np.linalg.cholesky(A + lam * eye if lam else A)
+                break
+            except np.linalg.LinAlgError:
+                lam = max(2 * lam, 1e-6 * max(1.0, float(np.abs(np.diag(A)).max())))
+        step = np.linalg.solve(A + lam * eye if lam else A, g)
         slope = g @ step
+        if abs(slope) < _FINAL_DECREMENT and lam == 0.0:
+            # the step is shorter than 1e-3 in the metric of -H: after it, x is within ~1e-6 of the
+            # mode (Newton converges quadratically); keep the Hessian of this point
+            x = x + step
+            break
         # full step, with the derivatives there
         x_new = x + step
         h_new = 1e-3 * np.maximum(1.0, np.abs(x_new))
         derivs = _derivatives(logf, x_new, h_new)
         f_new = derivs[0]
-        settled = abs(slope) < 1e-9 and lam == 0.0  # a step within rounding of the mode: no line search
-        if not settled and not (np.isfinite(f_new) and f_new >= f0 + 1e-4 * slope):
+        if not (np.isfinite(f_new) and f_new >= f0 + 1e-4 * slope):
             t = 0.5
             while t > 1e-8:
                 x_new = x + t * step
@@ -179,14 +203,11 @@ def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.
                     break
                 t *= 0.5
             else:
-                break
+                break  # no ascent along the step: x is the mode to working precision
             h_new = 1e-3 * np.maximum(1.0, np.abs(x_new))
             derivs = _derivatives(logf, x_new, h_new)
-        x, h = x_new, h_new
-        if settled:
-            break
+        x = x_new
         f0, g, H = derivs
-    H = derivs[2] if x is x_new else H
     try:
         cov = inv_pd(-H, "negative Hessian at the mode")
     except ValueError as exc:
@@ -207,6 +228,7 @@ def tilted_moments(
     min_ess: float = 100.0,
     mcmc: dict | None = None,
     init: dict | None = None,
+    start: np.ndarray | None = None,
 ) -> TiltedResult:
     """Moments of the tilted distribution of one site (module docstring).
 
@@ -228,6 +250,10 @@ def tilted_moments(
         Keyword arguments of :func:`~.lasso.sample_lasso_tilted` (chains, warm-up, draws).
     init : dict, optional
         ``{"phi": (chains, p), "theta": (chains, d)}`` starting points for MCMC.
+    start : ndarray, shape (p + n_local,), optional
+        Where the Laplace mode search starts (quadrature, importance), e.g. the site's mode of
+        the previous EP round (``diagnostics["mode"]``); default the cavity mean and
+        ``model.local_start``.  The search runs to the same tolerance from any start.
 
     Raises
     ------
@@ -280,43 +306,77 @@ def tilted_moments(
         return _log_tilted(model, stats, cavity_mean, cavity_Q, z)
 
     x0 = np.concatenate([cavity_mean, model.local_start(stats)])
+    if start is not None and np.shape(start) == x0.shape and np.isfinite(start).all():
+        x0 = np.asarray(start, dtype=float)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # non-finite values are -inf (_log_tilted)
+        if method == "quadrature":
+            return _quadrature(model, logf, x0, n_nodes)
+        return _importance(model, logf, x0, rng, n_draws, min_ess)
+
+
+def _quadrature(model, logf, x0: np.ndarray, n_nodes: int) -> TiltedResult:
+    """Tensor Gauss–Hermite rule of ``n_nodes`` per dimension at the Laplace approximation."""
     mode, lap_cov = _laplace(logf, x0)
     D = mode.size
     L = np.linalg.cholesky(lap_cov)
-    if method == "quadrature":
-        x, w = special.roots_hermite(n_nodes)
-        grid = np.array(list(itertools.product(range(n_nodes), repeat=D)))
-        xs = x[grid]
-        z = mode + np.sqrt(2.0) * xs @ L.T
-        log_w = np.log(w[grid]).sum(1) + (xs**2).sum(1) + logf(z)
-    else:
-        half = max(n_draws // 2, 1)
-        xi = rng.standard_normal((half, D))
-        eps = xi @ L.T
-        z = mode + np.concatenate([eps, -eps])  # antithetic pairs: the plain sample mean is the mode
-        # log N(z; mode, L L^T) with L^{-1}(z - mode) = +-xi: no second factorisation or solve
-        log_q = -0.5 * (xi * xi).sum(1) - np.log(np.diag(L)).sum() - 0.5 * D * np.log(2.0 * np.pi)
-        log_w = logf(z) - np.concatenate([log_q, log_q])
-    if not np.any(np.isfinite(log_w)):
+    x, w = special.roots_hermite(n_nodes)
+    grid = np.array(list(itertools.product(range(n_nodes), repeat=D)))
+    xs = x[grid]
+    z = mode + np.sqrt(2.0) * xs @ L.T
+    weights, ess = _normalised(np.log(w[grid]).sum(1) + row_dot(xs, xs) + logf(z))
+    phi = np.ascontiguousarray(z[:, : model.p])
+    mean, cov = moments_from_draws(phi, weights)
+    return _result(model, mean, cov, phi, z, weights, "quadrature", {"ess": ess, "mode": mode})
+
+
+def _importance(model, logf, x0: np.ndarray, rng: np.random.Generator, n_draws: int, min_ess: float) -> TiltedResult:
+    """Self-normalised importance sampling from the Laplace approximation, antithetic, with control variate.
+
+    With draws z = mode +- e_i (i = 1..h, n = 2h), weights w_i^+ and w_i^-, and the
+    phi-part of the offsets e_i, the weighted moments minus the plain moments of the same
+    draws plus the Laplace moments are
+
+        mean = mode + sum_i (w_i^+ - w_i^-) e_i,
+        cov  = Sigma_Laplace + sum_i (w_i^+ + w_i^- - 1/h) e_i e_i^T - (mean - mode)(mean - mode)^T
+
+    (the plain mean of antithetic pairs is the mode), i.e. one product over the h offsets.
+    """
+    mode, lap_cov = _laplace(logf, x0)
+    D, p = mode.size, model.p
+    L = np.linalg.cholesky(lap_cov)
+    half = max(n_draws // 2, 1)
+    xi = rng.standard_normal((half, D))
+    eps = xi @ L.T
+    z = mode + np.concatenate([eps, -eps])  # antithetic pairs: the plain sample mean is the mode
+    # log N(z; mode, L L^T) with L^{-1}(z - mode) = +-xi: no second factorisation or solve
+    log_q = -0.5 * row_dot(xi, xi) - np.log(np.diag(L)).sum() - 0.5 * D * np.log(2.0 * np.pi)
+    weights, ess = _normalised(logf(z) - np.concatenate([log_q, log_q]))
+    if ess < min_ess:
+        raise TiltedFailure(f"effective sample size {ess:.1f} is below {min_ess}")
+    e = eps[:, :p]
+    plus, minus = weights[:half], weights[half:]
+    shift = (plus - minus) @ e
+    cov = lap_cov[:p, :p] + (e.T * (plus + minus - 1.0 / half)) @ e - np.outer(shift, shift)
+    phi = np.ascontiguousarray(z[:, :p])
+    return _result(model, mode[:p] + shift, symmetrise(cov), phi, z, weights, "importance", {"ess": ess, "mode": mode})
+
+
+def _normalised(log_w: np.ndarray) -> tuple[np.ndarray, float]:
+    """Self-normalised weights from log weights (non-finite ones count as zero) and their ESS."""
+    if not np.isfinite(log_w).any():
         raise TiltedFailure("tilted density is not finite at any point")
     log_w = np.where(np.isfinite(log_w), log_w, -np.inf)
     weights = np.exp(log_w - log_w.max())
     weights /= weights.sum()
-    ess = float(1.0 / np.sum(weights**2))
-    if method == "importance" and ess < min_ess:
-        raise TiltedFailure(f"effective sample size {ess:.1f} is below {min_ess}")
-    phi = np.ascontiguousarray(z[:, : model.p])
-    mean, cov = moments_from_draws(phi, weights)
-    if method == "importance":
-        # control variate: the same draws, unweighted, estimate the known Laplace moments
-        plain_mean, plain_cov = moments_from_draws(phi)
-        mean = mean - plain_mean + mode[: model.p]
-        cov = symmetrise(cov - plain_cov + lap_cov[: model.p, : model.p])
+    return weights, float(1.0 / (weights @ weights))
+
+
+def _result(model, mean, cov, phi, z, weights, method: str, diagnostics: dict) -> TiltedResult:
     try:
         Q = inv_pd(cov, "tilted covariance")
     except ValueError as exc:
         raise TiltedFailure(str(exc)) from exc
-    return TiltedResult(mean, cov, Q @ mean, Q, phi, z[:, model.p :], weights, None, method, {"ess": ess})
+    return TiltedResult(mean, cov, Q @ mean, Q, phi, z[:, model.p :], weights, None, method, diagnostics)
 
 
 @dataclass
