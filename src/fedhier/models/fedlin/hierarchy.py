@@ -76,8 +76,11 @@ def conditional_theta(stats: SiteStats, mu: np.ndarray, tau: np.ndarray, s2: np.
     if random.size:
         b = stats.xy[random] - mu @ stats.xx[:, random]
         P = stats.xx[np.ix_(random, random)][None] / s2[:, None, None] + _diag(1.0 / tau)
-        Pinv = np.linalg.inv(P)
-        Pinv = 0.5 * (Pinv + np.swapaxes(Pinv, -1, -2))
+        if random.size == 1:  # a random intercept (or one slope): 1 x 1 blocks
+            Pinv = 1.0 / P
+        else:
+            Pinv = np.linalg.inv(P)
+            Pinv = 0.5 * (Pinv + np.swapaxes(Pinv, -1, -2))
         mean[:, random] += np.einsum("nij,nj->ni", Pinv, b) / s2[:, None]
         cov[:, random[:, None], random[None, :]] = Pinv
     return mean, cov

@@ -13,7 +13,7 @@ __all__ = ["inv_pd", "is_pd", "to_moments", "moments_from_draws", "unbiased_prec
 
 def symmetrise(a: np.ndarray) -> np.ndarray:
     """:math:`(A+A^\\top)/2`, shape unchanged."""
-    return 0.5 * (a + np.swapaxes(a, -1, -2))
+    return 0.5 * (a + a.swapaxes(-1, -2))
 
 
 def row_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:

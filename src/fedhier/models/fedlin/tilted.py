@@ -410,10 +410,12 @@ def device_posterior(model, stats: SiteStats, tilted: TiltedResult, rng: np.rand
         return DevicePosterior(mean, cov, tilted.theta)
     m, C = model.theta_conditional(stats, tilted.phi, tilted.local)
     w = tilted.weights
+    n, d = m.shape
     mean = w @ m
-    cov = symmetrise(np.einsum("n,nij->ij", w, C) + np.einsum("n,ni,nj->ij", w, m, m) - np.outer(mean, mean))
+    cov = symmetrise((w @ C.reshape(n, d * d)).reshape(d, d) + (m.T * w) @ m - np.outer(mean, mean))
     # C may be singular on fixed coordinates: draw through an eigen-decomposition, computed once
-    # per distinct point (conjugate case: C does not depend on phi, one decomposition)
+    # per distinct point (conjugate case: C does not depend on phi, one decomposition), of the
+    # block of the coordinates that vary (C is zero outside it)
     if tilted.gaussian:
         phi = rng.multivariate_normal(tilted.mean, tilted.cov, size=n_draws)
         m_d, _ = model.theta_conditional(stats, phi, np.zeros((n_draws, 0)))
@@ -422,7 +424,9 @@ def device_posterior(model, stats: SiteStats, tilted: TiltedResult, rng: np.rand
         idx = rng.choice(len(w), size=n_draws, p=w)
         used, which = np.unique(idx, return_inverse=True)
         m_d, C_u = m[idx], C[used]
-    vals, vecs = np.linalg.eigh(C_u)
-    z = rng.standard_normal(m_d.shape) * np.sqrt(np.clip(vals[which], 0.0, None))
-    draws = m_d + np.einsum("nij,nj->ni", vecs[which], z)
+    varying = np.flatnonzero(np.any(C_u != 0.0, axis=(0, 1)))
+    vals, vecs = np.linalg.eigh(C_u[:, varying[:, None], varying[None, :]])
+    z = rng.standard_normal(m_d.shape)[:, : varying.size] * np.sqrt(np.clip(vals[which], 0.0, None))
+    draws = m_d.copy()
+    draws[:, varying] += np.einsum("nij,nj->ni", vecs[which], z)
     return DevicePosterior(mean, cov, draws)
