@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import special
+from scipy.linalg import lapack
 
 from .lasso import sample_lasso_tilted
-from .natural import inv_pd, moments_from_draws, row_dot, symmetrise, to_moments, unbiased_precision
+from .natural import cholesky_lower, inv_pd, moments_from_draws, row_dot, symmetrise, to_moments, unbiased_precision
 from .stats import SiteStats
 
 __all__ = ["TiltedFailure", "TiltedResult", "tilted_moments", "DevicePosterior", "device_posterior", "METHODS"]
@@ -176,13 +177,9 @@ def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.
             raise TiltedFailure("tilted log density is not finite near the current point")
         A = -H  # symmetric by construction
         lam = 0.0
-        while True:  # Levenberg shift until A + lam I has a Cholesky factor
-            try:
-                np.linalg.cholesky(A + lam * eye if lam else A)
-                break
-            except np.linalg.LinAlgError:
-                lam = max(2 * lam, 1e-6 * max(1.0, float(np.abs(np.diag(A)).max())))
-        step = np.linalg.solve(A + lam * eye if lam else A, g)
+        while (factor := cholesky_lower(A + lam * eye if lam else A)) is None:  # Levenberg shift until positive definite
+            lam = max(2 * lam, 1e-6 * max(1.0, float(np.abs(np.diag(A)).max())))
+        step, _ = lapack.dpotrs(factor, g, lower=1)
         slope = g @ step
         if abs(slope) < _FINAL_DECREMENT and lam == 0.0:
             # the step is shorter than 1e-3 in the metric of -H: after it, x is within ~1e-6 of the
@@ -343,7 +340,9 @@ def _importance(model, logf, x0: np.ndarray, rng: np.random.Generator, n_draws: 
     """
     mode, lap_cov = _laplace(logf, x0)
     D, p = mode.size, model.p
-    L = np.linalg.cholesky(lap_cov)
+    L = cholesky_lower(lap_cov)
+    if L is None:
+        raise TiltedFailure("the Laplace covariance is not positive definite")
     half = max(n_draws // 2, 1)
     xi = rng.standard_normal((half, D))
     eps = xi @ L.T
