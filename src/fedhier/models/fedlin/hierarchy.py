@@ -43,14 +43,16 @@ def log_marginal(stats: SiteStats, mu: np.ndarray, tau: np.ndarray, s2: np.ndarr
     ndarray, shape (n,)
     """
     mu_xx = mu @ stats.xx
-    ee = stats.yy - 2.0 * mu @ stats.xy + row_dot(mu_xx, mu)
-    out = -0.5 * stats.n * (_LOG_2PI + np.log(s2)) - 0.5 * ee / s2
+    ee = row_dot(mu_xx - 2.0 * stats.xy, mu) + stats.yy  # ||Y - X^T mu||^2
     if random.size == 1:  # a random intercept (or one slope): P is a scalar per point
+        # with s2 P = xx_jj + s2 / tau: log P = log(s2 P) - log s2 and b^2 / (P s2^2) = b^2 / (s2 P s2)
         j = int(random[0])
         b = stats.xy[j] - mu_xx[:, j]
-        P = stats.xx[j, j] / s2 + 1.0 / tau[:, 0]
-        out = out - 0.5 * np.log(tau[:, 0]) - 0.5 * np.log(P) + 0.5 * (b * b / P) / s2**2
-    elif random.size:
+        s2P = stats.xx[j, j] + s2 / tau[:, 0]
+        return (-0.5 * stats.n * _LOG_2PI - 0.5 * (stats.n - 1) * np.log(s2) - 0.5 * (ee - b * b / s2P) / s2
+                - 0.5 * np.log(tau[:, 0] * s2P))
+    out = -0.5 * stats.n * (_LOG_2PI + np.log(s2)) - 0.5 * ee / s2
+    if random.size:
         b = stats.xy[random] - mu_xx[:, random]  # X^T X is symmetric: (mu X^T X)_r = mu (X^T X)_{:, r}
         P = stats.xx[np.ix_(random, random)][None] / s2[:, None, None] + _diag(1.0 / tau)
         L = np.linalg.cholesky(P)

@@ -346,10 +346,15 @@ def _importance(model, logf, x0: np.ndarray, rng: np.random.Generator, n_draws: 
     half = max(n_draws // 2, 1)
     xi = rng.standard_normal((half, D))
     eps = xi @ L.T
-    z = mode + np.concatenate([eps, -eps])  # antithetic pairs: the plain sample mean is the mode
+    z = np.empty((2 * half, D))  # antithetic pairs mode +- eps: the plain sample mean is the mode
+    np.add(mode, eps, out=z[:half])
+    np.subtract(mode, eps, out=z[half:])
     # log N(z; mode, L L^T) with L^{-1}(z - mode) = +-xi: no second factorisation or solve
-    log_q = -0.5 * row_dot(xi, xi) - np.log(np.diag(L)).sum() - 0.5 * D * np.log(2.0 * np.pi)
-    weights, ess = _normalised(logf(z) - np.concatenate([log_q, log_q]))
+    log_q = -0.5 * row_dot(xi, xi) - (np.log(np.diag(L)).sum() + 0.5 * D * np.log(2.0 * np.pi))
+    log_w = logf(z)
+    log_w[:half] -= log_q
+    log_w[half:] -= log_q
+    weights, ess = _normalised(log_w)
     if ess < min_ess:
         raise TiltedFailure(f"effective sample size {ess:.1f} is below {min_ess}")
     e = eps[:, :p]
