@@ -264,3 +264,13 @@ def test_laplace_search_from_another_start_gives_the_same_tilted_moments():
     sd = np.sqrt(np.diag(cold.cov))
     assert np.max(np.abs(warm.mean - cold.mean) / sd) < 1e-3
     np.testing.assert_allclose(warm.cov, cold.cov, rtol=1e-2)
+    # the next round: another cavity, the search starting from the site's derivatives of this one
+    cav_Q2 = 1.5 * cav_Q
+    cav_r2 = cav_Q2 @ np.array([0.4, 0.1, -1.2, -0.4])
+    fresh = tilted_moments(model, stats, cav_r2, cav_Q2, np.random.default_rng(8), method="importance")
+    reused = tilted_moments(model, stats, cav_r2, cav_Q2, np.random.default_rng(8), method="importance",
+                            start=cold.diagnostics["laplace"])
+    sd = np.sqrt(np.diag(fresh.cov))
+    assert np.max(np.abs(reused.mean - fresh.mean) / sd) < 1e-3
+    np.testing.assert_allclose(reused.cov, fresh.cov, rtol=1e-2)
+    np.testing.assert_allclose(reused.diagnostics["mode"], fresh.diagnostics["mode"], atol=1e-4)

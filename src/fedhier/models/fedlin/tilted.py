@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 from scipy import special
@@ -151,8 +152,12 @@ def _derivatives(logf, x: np.ndarray, h: np.ndarray):
     return f0, grad, H
 
 
-def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.ndarray]:
+def _laplace(logf, x0: np.ndarray, known=None, max_iter: int = 100):
     """Mode and inverse negative Hessian of a vectorised log density (damped Newton, finite differences).
+
+    ``known``: the value, gradient and Hessian of ``logf`` at ``x0`` when they are known (then
+    not evaluated again).  Returns ``(mode, cov, (x_e, f_e, g_e, H_e))``, the last tuple the
+    last point where the derivatives were evaluated, and their values there.
 
     The full Newton step is tried with the derivatives at the new point, in one call of
     ``logf``: when it is accepted (the usual case) they serve the next iteration.  The search
@@ -170,8 +175,8 @@ def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.
     x = np.array(x0, dtype=float)
     D = x.size
     eye = np.eye(D)
-    h = 1e-3 * np.maximum(1.0, np.abs(x))
-    f0, g, H = _derivatives(logf, x, h)
+    f0, g, H = known if known is not None else _derivatives(logf, x, 1e-3 * np.maximum(1.0, np.abs(x)))
+    x_e = x
     for _ in range(max_iter):
         if not (np.isfinite(f0) and np.isfinite(g).all() and np.isfinite(H).all()):
             raise TiltedFailure("tilted log density is not finite near the current point")
@@ -203,13 +208,23 @@ def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.
                 break  # no ascent along the step: x is the mode to working precision
             h_new = 1e-3 * np.maximum(1.0, np.abs(x_new))
             derivs = _derivatives(logf, x_new, h_new)
-        x = x_new
+        x = x_e = x_new
         f0, g, H = derivs
     try:
         cov = inv_pd(-H, "negative Hessian at the mode")
     except ValueError as exc:
         raise TiltedFailure(str(exc)) from exc
-    return x, cov
+    return x, cov, (x_e, f0, g, H)
+
+
+def _cavity_part(x: np.ndarray, cavity_mean: np.ndarray, cavity_Q: np.ndarray, p: int):
+    """Value, gradient and Hessian at ``x (D,)`` of the cavity's term -(phi - m)^T Q (phi - m) / 2 of the log tilted density."""
+    D = x.size
+    diff = x[:p] - cavity_mean
+    grad, hess = np.zeros(D), np.zeros((D, D))
+    grad[:p] = -(cavity_Q @ diff)
+    hess[:p, :p] = -cavity_Q
+    return -0.5 * float(diff @ cavity_Q @ diff), grad, hess
 
 
 def tilted_moments(
@@ -247,10 +262,13 @@ def tilted_moments(
         Keyword arguments of :func:`~.lasso.sample_lasso_tilted` (chains, warm-up, draws).
     init : dict, optional
         ``{"phi": (chains, p), "theta": (chains, d)}`` starting points for MCMC.
-    start : ndarray, shape (p + n_local,), optional
-        Where the Laplace mode search starts (quadrature, importance), e.g. the site's mode of
-        the previous EP round (``diagnostics["mode"]``); default the cavity mean and
-        ``model.local_start``.  The search runs to the same tolerance from any start.
+    start : ndarray of shape (p + n_local,) or mapping, optional
+        Where the Laplace mode search starts (quadrature, importance); default the cavity mean
+        and ``model.local_start``.  A mapping is the ``diagnostics["laplace"]`` of the site's
+        previous call (what EP rounds pass): ``point``, and the ``value``, ``grad`` and ``hess``
+        there of the site's part of the log tilted density (without the cavity's term, which
+        is added analytically), so that the search needs no evaluation at its start.  The
+        search runs to the same tolerance from any start.
 
     Raises
     ------
@@ -303,17 +321,26 @@ def tilted_moments(
         return _log_tilted(model, stats, cavity_mean, cavity_Q, z)
 
     x0 = np.concatenate([cavity_mean, model.local_start(stats)])
-    if start is not None and np.shape(start) == x0.shape and np.isfinite(start).all():
-        x0 = np.asarray(start, dtype=float)
+    known = None
+    point = start.get("point") if isinstance(start, Mapping) else start
+    if point is not None and np.shape(point) == x0.shape and np.isfinite(point).all():
+        x0 = np.asarray(point, dtype=float)
+        if isinstance(start, Mapping) and all(k in start for k in ("value", "grad", "hess")):
+            # the site's part is the same as in the previous round; only the cavity's term changed
+            known = tuple(a + b for a, b in zip(
+                (float(start["value"]), np.asarray(start["grad"], float), np.asarray(start["hess"], float)),
+                _cavity_part(x0, cavity_mean, cavity_Q, model.p)))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # non-finite values are -inf (_log_tilted)
+        mode, lap_cov, (x_e, f_e, g_e, H_e) = _laplace(logf, x0, known)
+        c, gc, Hc = _cavity_part(x_e, cavity_mean, cavity_Q, model.p)
+        laplace = {"mode": mode, "point": x_e, "value": f_e - c, "grad": g_e - gc, "hess": H_e - Hc}
         if method == "quadrature":
-            return _quadrature(model, logf, x0, n_nodes)
-        return _importance(model, logf, x0, rng, n_draws, min_ess)
+            return _quadrature(model, logf, mode, lap_cov, n_nodes, laplace)
+        return _importance(model, logf, mode, lap_cov, rng, n_draws, min_ess, laplace)
 
 
-def _quadrature(model, logf, x0: np.ndarray, n_nodes: int) -> TiltedResult:
+def _quadrature(model, logf, mode, lap_cov, n_nodes: int, laplace: dict) -> TiltedResult:
     """Tensor Gauss–Hermite rule of ``n_nodes`` per dimension at the Laplace approximation."""
-    mode, lap_cov = _laplace(logf, x0)
     D = mode.size
     L = np.linalg.cholesky(lap_cov)
     x, w = special.roots_hermite(n_nodes)
@@ -323,10 +350,10 @@ def _quadrature(model, logf, x0: np.ndarray, n_nodes: int) -> TiltedResult:
     weights, ess = _normalised(np.log(w[grid]).sum(1) + row_dot(xs, xs) + logf(z))
     phi = np.ascontiguousarray(z[:, : model.p])
     mean, cov = moments_from_draws(phi, weights)
-    return _result(model, mean, cov, phi, z, weights, "quadrature", {"ess": ess, "mode": mode})
+    return _result(model, mean, cov, phi, z, weights, "quadrature", {"ess": ess, "mode": mode, "laplace": laplace})
 
 
-def _importance(model, logf, x0: np.ndarray, rng: np.random.Generator, n_draws: int, min_ess: float) -> TiltedResult:
+def _importance(model, logf, mode, lap_cov, rng: np.random.Generator, n_draws: int, min_ess: float, laplace: dict) -> TiltedResult:
     """Self-normalised importance sampling from the Laplace approximation, antithetic, with control variate.
 
     With draws z = mode +- e_i (i = 1..h, n = 2h), weights w_i^+ and w_i^-, and the
@@ -338,7 +365,6 @@ def _importance(model, logf, x0: np.ndarray, rng: np.random.Generator, n_draws: 
 
     (the plain mean of antithetic pairs is the mode), i.e. one product over the h offsets.
     """
-    mode, lap_cov = _laplace(logf, x0)
     D, p = mode.size, model.p
     L = cholesky_lower(lap_cov)
     if L is None:
@@ -362,7 +388,7 @@ def _importance(model, logf, x0: np.ndarray, rng: np.random.Generator, n_draws: 
     shift = (plus - minus) @ e
     cov = lap_cov[:p, :p] + (e.T * (plus + minus - 1.0 / half)) @ e - np.outer(shift, shift)
     phi = np.ascontiguousarray(z[:, :p])
-    return _result(model, mode[:p] + shift, symmetrise(cov), phi, z, weights, "importance", {"ess": ess, "mode": mode})
+    return _result(model, mode[:p] + shift, symmetrise(cov), phi, z, weights, "importance", {"ess": ess, "mode": mode, "laplace": laplace})
 
 
 def _normalised(log_w: np.ndarray) -> tuple[np.ndarray, float]:
