@@ -54,3 +54,20 @@ def test_flatten_fills_absent_optional_fields_with_zeros_and_unflattens():
     back = SPEC.unflatten(flat)
     np.testing.assert_array_equal(back["a"], msg["a"])
     assert back["n"] == 3
+
+
+def test_strided_big_endian_and_widened_fields_round_trip_as_little_endian_c_order():
+    """The bytes on the wire are the values in C order, little-endian, whatever the sender's layout."""
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(3, 2)).T  # (2, 3), not C-contiguous
+    msg = {"a": a.astype(">f8"), "n": np.int32(-3), "opt": np.arange(4)}  # big-endian; int widened; int to float
+    data = encode(SPEC, msg)
+    back = decode(SPEC, bytearray(data))
+    np.testing.assert_array_equal(back["a"], a)
+    assert back["a"].dtype == np.dtype("float64") and back["a"].flags.writeable
+    assert back["n"] == -3 and back["n"].dtype == np.int64
+    np.testing.assert_array_equal(back["opt"], np.arange(4.0))
+    fields = {k: (dtype, shape) for k, dtype, shape in header_fields(data)}
+    assert fields["a"] == ("float64", (2, 3))
+    payload = data[-(6 * 8 + 8 + 4 * 8):]  # fields in sorted order: a, n, opt
+    assert payload[:48] == np.ascontiguousarray(a).astype("<f8").tobytes()

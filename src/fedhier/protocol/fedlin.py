@@ -25,6 +25,9 @@ from .messages import Field, Message, MessageSpec
 
 __all__ = ["HM1Protocol", "EPProtocol", "FedAvgProtocol", "sample_fraction", "settle_site_factor"]
 
+#: what a site keeps of its last Laplace search (``TiltedResult.diagnostics["laplace"]``) as ``laplace_<key>``
+_LAPLACE_KEYS = ("point", "value", "grad", "hess")
+
 
 def sample_fraction(fraction: float):
     """Participation rule of spec §9 #7: each round, :math:`\\max(1,\\mathrm{round}(fK))` sites uniformly
@@ -232,7 +235,9 @@ class EPProtocol(RoundProtocol):
     damping :math:`\\delta` the server applied in each round (0 for rounds not yet run).
     Reply (summed): the **undamped** ``dr`` (p,), ``dQ`` (p, p), and the counts ``n_updated`` and
     ``n_unconverged`` (sites whose MCMC split-:math:`\\hat R` exceeded ``rhat_max``).
-    Site state: its factor ``r_k``, ``Q_k``, the pending delta and the round it was sent in; a site
+    Site state: its factor ``r_k``, ``Q_k``, the pending delta and the round it was sent in (and where
+    its last Laplace search ended, with the derivatives of its log likelihood there: the next search
+    starts from them); a site
     applies :math:`\\delta` to it when it next takes part (or in :func:`settle_site_factor`), so
     that :math:`Q=Q_0+\\sum_kQ_k` on both sides. Sites start flat (spec §9 #13).
 
@@ -262,22 +267,22 @@ class EPProtocol(RoundProtocol):
         self.model, self.max_rounds, self.damping = model, int(max_rounds), float(damping)
         self.tilted_options = dict(tilted_options or {})
         self.rhat_max = float(rhat_max)
-        self.p = model.p
-
-    @property
-    def reply_spec(self) -> MessageSpec:
-        p = self.p
-        return MessageSpec(
+        self.p = p = model.p
+        self._reply_spec = MessageSpec(
             "fedlin-ep-reply",
             {"dr": Field((p,)), "dQ": Field((p, p)), "n_updated": Field(()), "n_unconverged": Field(())},
         )
+        self._broadcast_spec = MessageSpec(
+            "fedlin-ep-broadcast", {"r": Field((p,)), "Q": Field((p, p)), "damping_log": Field((self.max_rounds,))}
+        )
+
+    @property
+    def reply_spec(self) -> MessageSpec:
+        return self._reply_spec
 
     @property
     def broadcast_spec(self) -> MessageSpec:
-        p = self.p
-        return MessageSpec(
-            "fedlin-ep-broadcast", {"r": Field((p,)), "Q": Field((p, p)), "damping_log": Field((self.max_rounds,))}
-        )
+        return self._broadcast_spec
 
     def validate_site_data(self, site: int, data: Any) -> None:
         if not isinstance(data, SiteStats):
@@ -301,9 +306,13 @@ class EPProtocol(RoundProtocol):
         options = dict(self.tilted_options)
         if not self.model.closed_form:
             options["init"] = init
+        elif "laplace_point" in state:  # the Laplace search starts where the site's previous one ended
+            options["start"] = {k: state[f"laplace_{k}"] for k in _LAPLACE_KEYS}
         upd = site_update(self.model, ctx.data, broadcast["r"], broadcast["Q"], r_k, Q_k, ctx.rng, **options)
         ok = upd.tilted is not None
         state.update(r_k=r_k, Q_k=Q_k, pending_dr=upd.dr, pending_dQ=upd.dQ, pending_round=np.array(ctx.round if ok else 0, dtype=np.int64))
+        if ok and "laplace" in upd.tilted.diagnostics:
+            state.update({f"laplace_{k}": np.asarray(upd.tilted.diagnostics["laplace"][k], dtype=float) for k in _LAPLACE_KEYS})
         unconverged = 0.0
         if ok and "rhat" in upd.tilted.diagnostics:
             state.update(chain_phi=upd.tilted.diagnostics["last_phi"], chain_theta=upd.tilted.diagnostics["last_theta"])

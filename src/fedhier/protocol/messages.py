@@ -24,6 +24,9 @@ Message = dict[str, np.ndarray]
 
 #: dtypes allowed on the wire (fixed-size, no objects).
 WIRE_DTYPES = frozenset({"float64", "int64", "uint64", "bool"})
+#: the numpy dtype of each wire dtype, native and little-endian (the byte order on the wire)
+_NATIVE = {name: np.dtype(name) for name in WIRE_DTYPES}
+_LITTLE = {name: np.dtype(name).newbyteorder("<") for name in WIRE_DTYPES}
 _MAGIC = b"FHM1"
 #: what a reply field may reveal (see :class:`Field`)
 DISCLOSURES = ("raw", "public", "release")
@@ -90,11 +93,11 @@ class MessageSpec:
         """
         if not isinstance(message, Mapping):
             raise MessageError(f"{self.name}: a message must be a mapping, got {type(message).__name__}")
-        unknown = sorted(set(message) - set(self.fields))
-        if unknown:
-            raise MessageError(f"{self.name}: undeclared field(s) {unknown}")
+        fields = self.fields
+        if any(key not in fields for key in message):
+            raise MessageError(f"{self.name}: undeclared field(s) {sorted(set(message) - set(fields))}")
         out: Message = {}
-        for key, decl in self.fields.items():
+        for key, decl in fields.items():
             if key not in message:
                 if not decl.optional:
                     raise MessageError(f"{self.name}: required field {key!r} is missing")
@@ -106,13 +109,14 @@ class MessageSpec:
                 raise MessageError(
                     f"{self.name}: field {key!r} has shape {arr.shape}, declared {tuple(decl.shape)}"
                 )
-            if arr.dtype != decl.dtype:
-                if not np.can_cast(arr.dtype, decl.dtype, casting="same_kind"):
+            wire = _NATIVE[decl.dtype]
+            if arr.dtype != wire:
+                if not np.can_cast(arr.dtype, wire, casting="same_kind"):
                     raise MessageError(
                         f"{self.name}: field {key!r} has dtype {arr.dtype.name}, declared {decl.dtype}"
                     )
-                arr = arr.astype(decl.dtype)
-            if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+                arr = arr.astype(wire)
+            if wire.kind == "f" and not np.isfinite(arr).all():
                 raise MessageError(f"{self.name}: field {key!r} contains NaN or inf")
             out[key] = arr
         return out
@@ -155,12 +159,14 @@ def payload_nbytes(message: Mapping[str, np.ndarray]) -> int:
 def encode(spec: MessageSpec, message: Mapping[str, np.ndarray]) -> bytes:
     """Serialise a validated message: magic, header length, JSON header, raw buffers."""
     msg = spec.validate(message)
+    keys = sorted(msg)
+    # after validation every field has its declared dtype (native byte order)
     header = {
         "spec": spec.name,
-        "fields": [[k, msg[k].dtype.name, list(msg[k].shape)] for k in sorted(msg)],
+        "fields": [[k, spec.fields[k].dtype, list(msg[k].shape)] for k in keys],
     }
     head = json.dumps(header, separators=(",", ":")).encode()
-    body = b"".join(np.ascontiguousarray(msg[k]).astype(msg[k].dtype.newbyteorder("<")).tobytes() for k in sorted(msg))
+    body = b"".join(msg[k].astype(_LITTLE[spec.fields[k].dtype], copy=False).tobytes() for k in keys)
     return _MAGIC + struct.pack("<I", len(head)) + head + body
 
 
@@ -194,7 +200,7 @@ def _header(data: bytes, what: str) -> tuple[dict, int]:
             raise MessageError(f"{what}: field {key!r} has non-wire dtype {dtype!r}")
         if any(n < 0 for n in shape):
             raise MessageError(f"{what}: field {key!r} declares a negative dimension")
-        payload += math.prod(shape) * np.dtype(dtype).itemsize
+        payload += math.prod(shape) * _NATIVE[dtype].itemsize
         if 8 + hlen + payload > len(data):
             raise MessageError(f"{what}: truncated message at field {key!r} (declared sizes exceed the {len(data)} bytes received)")
     return {"spec": header.get("spec") if isinstance(header, dict) else None, "fields": fields_}, 8 + hlen
@@ -207,16 +213,16 @@ def header_fields(data: bytes) -> list[tuple[str, str, tuple[int, ...]]]:
 
 def decode(spec: MessageSpec, data: bytes) -> Message:
     """Parse bytes produced by :func:`encode` and validate them against ``spec``."""
+    data = bytes(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
     header, pos = _header(data, spec.name)
-    data = bytes(data)
     if header["spec"] != spec.name:
         raise MessageError(f"expected a {spec.name!r} message, got {header['spec']!r}")
     msg: Message = {}
     for key, dtype, shape in header["fields"]:  # sizes already checked against len(data) by _header
-        dt = np.dtype(dtype).newbyteorder("<")
-        n = math.prod(shape) * dt.itemsize
-        msg[key] = np.frombuffer(data[pos : pos + n], dtype=dt).reshape(shape).astype(dtype)
-        pos += n
+        dt = _LITTLE[dtype]
+        count = math.prod(shape)
+        msg[key] = np.frombuffer(data, dtype=dt, count=count, offset=pos).reshape(shape).astype(_NATIVE[dtype])
+        pos += count * dt.itemsize
     if pos != len(data):
         raise MessageError(f"{spec.name}: {len(data) - pos} trailing bytes")
     return spec.validate(msg)

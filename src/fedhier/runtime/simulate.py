@@ -485,7 +485,11 @@ def simulate(
         for rnd in range(first_round, n_rounds + 1):
             t0 = time.perf_counter()
             active = [s for s in _participants(participation, rnd, n_sites, _runtime_rng(seed, rnd)) if s not in refused]
-            down = {s: encode_site_broadcast(protocol, broadcast, s) for s in active}
+            if protocol.broadcast_is_common:  # the same bytes for every site: encoded once
+                common = encode_site_broadcast(protocol, broadcast, active[0]) if active else b""
+                down = dict.fromkeys(active, common)
+            else:
+                down = {s: encode_site_broadcast(protocol, broadcast, s) for s in active}
             outcomes: dict[int, tuple[str, bytes | str, dict[str, np.ndarray]]] = {}
             if pool is None:
                 for s in active:

@@ -226,3 +226,51 @@ def test_stopping_rule():
     assert converged(means, variances)
     assert not converged(means[:3], variances[:3])
     assert not converged(means[:-1] + [np.array([0.2, 0.0])], variances)
+
+
+def _random_intercept_site(seed):
+    rng = np.random.default_rng(seed)
+    X = np.column_stack([np.ones(30), rng.standard_normal(30)])
+    y = X @ np.array([1.0, -0.5]) + 0.4 * rng.standard_normal(30) + 0.3
+    model = GaussianHierarchy(2, random=[True, False], noise="shared", mu_scale=10.0)
+    return model, SiteStats.from_data(X, y)
+
+
+def test_importance_control_variate_is_the_weighted_minus_the_plain_moments_of_its_draws():
+    """mean = E_w[phi] - mean(phi) + Laplace mean, cov = Cov_w - Cov + Laplace cov, from the returned draws;
+    the Laplace moments implied by two independent runs agree (they do not depend on the draws)."""
+    from fedhier.models.fedlin.natural import moments_from_draws
+
+    model, stats = _random_intercept_site(0)
+    cav_Q = np.eye(model.p) * 2.0
+    implied = []
+    for seed in (1, 2):
+        res = tilted_moments(model, stats, cav_Q @ np.full(model.p, 0.2), cav_Q, np.random.default_rng(seed), method="importance")
+        w_mean, w_cov = moments_from_draws(res.phi, res.weights)
+        p_mean, p_cov = moments_from_draws(res.phi)
+        implied.append((res.mean - w_mean + p_mean, res.cov - w_cov + p_cov))
+        np.testing.assert_allclose(implied[-1][0], res.diagnostics["mode"][: model.p], atol=1e-12)
+    np.testing.assert_allclose(implied[0][1], implied[1][1], rtol=1e-9, atol=1e-12)
+
+
+def test_laplace_search_from_another_start_gives_the_same_tilted_moments():
+    """The site's previous mode as the start (what EP rounds pass) changes the moments by far less than their sd."""
+    model, stats = _random_intercept_site(4)
+    cav_Q = np.eye(model.p)
+    cav_r = cav_Q @ np.array([0.5, 0.0, -1.0, -0.5])
+    cold = tilted_moments(model, stats, cav_r, cav_Q, np.random.default_rng(7), method="importance")
+    warm = tilted_moments(model, stats, cav_r, cav_Q, np.random.default_rng(7), method="importance",
+                          start=cold.diagnostics["mode"] + 0.3)
+    sd = np.sqrt(np.diag(cold.cov))
+    assert np.max(np.abs(warm.mean - cold.mean) / sd) < 1e-3
+    np.testing.assert_allclose(warm.cov, cold.cov, rtol=1e-2)
+    # the next round: another cavity, the search starting from the site's derivatives of this one
+    cav_Q2 = 1.5 * cav_Q
+    cav_r2 = cav_Q2 @ np.array([0.4, 0.1, -1.2, -0.4])
+    fresh = tilted_moments(model, stats, cav_r2, cav_Q2, np.random.default_rng(8), method="importance")
+    reused = tilted_moments(model, stats, cav_r2, cav_Q2, np.random.default_rng(8), method="importance",
+                            start=cold.diagnostics["laplace"])
+    sd = np.sqrt(np.diag(fresh.cov))
+    assert np.max(np.abs(reused.mean - fresh.mean) / sd) < 1e-3
+    np.testing.assert_allclose(reused.cov, fresh.cov, rtol=1e-2)
+    np.testing.assert_allclose(reused.diagnostics["mode"], fresh.diagnostics["mode"], atol=1e-4)

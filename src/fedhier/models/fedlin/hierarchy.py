@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .natural import row_dot
 from .stats import SiteStats
 
 __all__ = ["GaussianHierarchy", "BayesianRidge", "log_marginal", "conditional_theta"]
@@ -42,20 +43,22 @@ def log_marginal(stats: SiteStats, mu: np.ndarray, tau: np.ndarray, s2: np.ndarr
     ndarray, shape (n,)
     """
     mu_xx = mu @ stats.xx
-    ee = stats.yy - 2.0 * mu @ stats.xy + (mu_xx * mu).sum(1)
-    out = -0.5 * stats.n * (_LOG_2PI + np.log(s2)) - 0.5 * ee / s2
+    ee = row_dot(mu_xx - 2.0 * stats.xy, mu) + stats.yy  # ||Y - X^T mu||^2
     if random.size == 1:  # a random intercept (or one slope): P is a scalar per point
+        # with s2 P = xx_jj + s2 / tau: log P = log(s2 P) - log s2 and b^2 / (P s2^2) = b^2 / (s2 P s2)
         j = int(random[0])
         b = stats.xy[j] - mu_xx[:, j]
-        P = stats.xx[j, j] / s2 + 1.0 / tau[:, 0]
-        out = out - 0.5 * np.log(tau[:, 0]) - 0.5 * np.log(P) + 0.5 * (b * b / P) / s2**2
-    elif random.size:
+        s2P = stats.xx[j, j] + s2 / tau[:, 0]
+        return (-0.5 * stats.n * _LOG_2PI - 0.5 * (stats.n - 1) * np.log(s2) - 0.5 * (ee - b * b / s2P) / s2
+                - 0.5 * np.log(tau[:, 0] * s2P))
+    out = -0.5 * stats.n * (_LOG_2PI + np.log(s2)) - 0.5 * ee / s2
+    if random.size:
         b = stats.xy[random] - mu_xx[:, random]  # X^T X is symmetric: (mu X^T X)_r = mu (X^T X)_{:, r}
         P = stats.xx[np.ix_(random, random)][None] / s2[:, None, None] + _diag(1.0 / tau)
         L = np.linalg.cholesky(P)
         z = np.linalg.solve(L, b[..., None])[..., 0]
         logdet_P = 2.0 * np.log(np.diagonal(L, axis1=-2, axis2=-1)).sum(-1)
-        out = out - 0.5 * np.log(tau).sum(-1) - 0.5 * logdet_P + 0.5 * (z * z).sum(-1) / s2**2
+        out = out - 0.5 * np.log(tau).sum(-1) - 0.5 * logdet_P + 0.5 * row_dot(z, z) / s2**2
     return out
 
 
@@ -75,8 +78,11 @@ def conditional_theta(stats: SiteStats, mu: np.ndarray, tau: np.ndarray, s2: np.
     if random.size:
         b = stats.xy[random] - mu @ stats.xx[:, random]
         P = stats.xx[np.ix_(random, random)][None] / s2[:, None, None] + _diag(1.0 / tau)
-        Pinv = np.linalg.inv(P)
-        Pinv = 0.5 * (Pinv + np.swapaxes(Pinv, -1, -2))
+        if random.size == 1:  # a random intercept (or one slope): 1 x 1 blocks
+            Pinv = 1.0 / P
+        else:
+            Pinv = np.linalg.inv(P)
+            Pinv = 0.5 * (Pinv + np.swapaxes(Pinv, -1, -2))
         mean[:, random] += np.einsum("nij,nj->ni", Pinv, b) / s2[:, None]
         cov[:, random[:, None], random[None, :]] = Pinv
     return mean, cov

@@ -7,38 +7,57 @@ products add natural parameters and quotients subtract them.
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import lapack
 
-__all__ = ["inv_pd", "is_pd", "to_moments", "moments_from_draws", "unbiased_precision", "symmetrise"]
+__all__ = ["inv_pd", "is_pd", "to_moments", "moments_from_draws", "unbiased_precision", "symmetrise", "row_dot", "cholesky_lower"]
 
 
 def symmetrise(a: np.ndarray) -> np.ndarray:
     """:math:`(A+A^\\top)/2`, shape unchanged."""
-    return 0.5 * (a + np.swapaxes(a, -1, -2))
+    return 0.5 * (a + a.swapaxes(-1, -2))
+
+
+def row_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise inner products ``sum_j a[i, j] b[i, j]`` of two ``(n, p)`` arrays; shape (n,).
+
+    ``(a * b).sum(1)`` with few columns costs numpy's strided reduction per row (tens of
+    microseconds for n = 2000, p = 5); einsum contracts in one pass.
+    """
+    return np.einsum("ij,ij->i", a, b)
+
+
+def cholesky_lower(A: np.ndarray) -> np.ndarray | None:
+    """Lower Cholesky factor of a symmetric ``A (p, p)``, or None when ``A`` is not finite or not
+    positive definite.
+
+    LAPACK's potrf is called directly: for the p <= 10 matrices of EP, numpy's and scipy's
+    wrappers cost ten times the factorisation itself, and EP factorises a dozen per site step.
+    """
+    A = np.asarray(A, dtype=float)
+    if not np.isfinite(A).all():
+        return None
+    L, info = lapack.dpotrf(A, lower=1, clean=1)
+    return L if info == 0 else None
 
 
 def is_pd(Q: np.ndarray) -> bool:
-    """True when the symmetric matrix ``Q`` (shape (p, p)) has a Cholesky factor."""
-    try:
-        np.linalg.cholesky(symmetrise(Q))
-    except np.linalg.LinAlgError:
-        return False
-    return bool(np.all(np.isfinite(Q)))
+    """True when the symmetric matrix ``Q`` (shape (p, p)) is finite and has a Cholesky factor."""
+    return cholesky_lower(symmetrise(Q)) is not None
 
 
 def inv_pd(A: np.ndarray, what: str = "matrix") -> np.ndarray:
-    """Inverse of a symmetric positive-definite ``A (p, p)`` through its Cholesky factor.
+    """Inverse of a symmetric positive-definite ``A (p, p)`` through its Cholesky factor (potrs on I).
 
     Raises
     ------
     ValueError
-        If ``A`` is not positive definite; the message names ``what``.
+        If ``A`` is not finite or not positive definite; the message names ``what``.
     """
-    try:
-        L = np.linalg.cholesky(symmetrise(A))
-    except np.linalg.LinAlgError as exc:
-        raise ValueError(f"{what} is not positive definite") from exc
-    Linv = np.linalg.inv(L)
-    return symmetrise(Linv.T @ Linv)
+    L = cholesky_lower(symmetrise(A))
+    if L is None:
+        raise ValueError(f"{what} is not positive definite")
+    inverse, _ = lapack.dpotrs(L, np.eye(L.shape[0]), lower=1)
+    return symmetrise(inverse)
 
 
 def to_moments(r: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -35,12 +35,14 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 from scipy import special
+from scipy.linalg import lapack
 
 from .lasso import sample_lasso_tilted
-from .natural import inv_pd, is_pd, moments_from_draws, symmetrise, to_moments, unbiased_precision
+from .natural import cholesky_lower, inv_pd, moments_from_draws, row_dot, symmetrise, to_moments, unbiased_precision
 from .stats import SiteStats
 
 __all__ = ["TiltedFailure", "TiltedResult", "tilted_moments", "DevicePosterior", "device_posterior", "METHODS"]
@@ -91,16 +93,26 @@ class TiltedResult:
 
 
 def _log_tilted(model, stats, cavity_mean, cavity_prec, z):
+    """Log tilted density (up to a constant) at the points ``z (n, p + n_local)``; -inf where it is not finite.
+
+    Call under ``np.errstate(over="ignore", invalid="ignore", divide="ignore")`` (as
+    :func:`tilted_moments` does): far points overflow to a non-finite value, reported as -inf.
+    """
     p = model.p
     phi, u = z[:, :p], z[:, p:]
     diff = phi - cavity_mean
-    out = -0.5 * ((diff @ cavity_prec) * diff).sum(1) + model.local_log_prior(u)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        try:
-            ll = model.log_lik(stats, phi, u)
-        except np.linalg.LinAlgError:
-            ll = np.full(z.shape[0], -np.inf)
+    out = -0.5 * row_dot(diff @ cavity_prec, diff)
+    if model.n_local:
+        out += model.local_log_prior(u)
+    try:
+        ll = model.log_lik(stats, phi, u)
+    except np.linalg.LinAlgError:
+        ll = np.full(z.shape[0], -np.inf)
     return np.where(np.isfinite(ll), out + ll, -np.inf)
+
+
+#: Newton decrement g^T (-H)^{-1} g below which the Laplace search takes its last step (see :func:`_laplace`)
+_FINAL_DECREMENT = 1e-6
 
 
 @functools.lru_cache(maxsize=16)
@@ -132,19 +144,28 @@ def _derivatives(logf, x: np.ndarray, h: np.ndarray):
     f0 = vals[0]
     quads = vals[1 + 2 * D :].reshape(-1, 4)
     H = np.empty((D, D))
-    with np.errstate(invalid="ignore"):  # -inf - -inf: reported as a non-finite derivative
-        grad = (vals[1 : 1 + D] - vals[1 + D : 1 + 2 * D]) / (2 * h)
-        second = (quads[:, 0] - quads[:, 1] - quads[:, 2] + quads[:, 3]) / (4 * h[I] * h[J])
+    # -inf - -inf is nan: a non-finite derivative, which the caller reports (it runs under np.errstate)
+    grad = (vals[1 : 1 + D] - vals[1 + D : 1 + 2 * D]) / (2 * h)
+    second = (quads[:, 0] - quads[:, 1] - quads[:, 2] + quads[:, 3]) / (4 * h[I] * h[J])
     H[I, J] = second
     H[J, I] = second
     return f0, grad, H
 
 
-def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.ndarray]:
+def _laplace(logf, x0: np.ndarray, known=None, max_iter: int = 100):
     """Mode and inverse negative Hessian of a vectorised log density (damped Newton, finite differences).
 
+    ``known``: the value, gradient and Hessian of ``logf`` at ``x0`` when they are known (then
+    not evaluated again).  Returns ``(mode, cov, (x_e, f_e, g_e, H_e))``, the last tuple the
+    last point where the derivatives were evaluated, and their values there.
+
     The full Newton step is tried with the derivatives at the new point, in one call of
-    ``logf``: when it is accepted (the usual case) they serve the next iteration.
+    ``logf``: when it is accepted (the usual case) they serve the next iteration.  The search
+    ends with a step of Newton decrement g^T (-H)^{-1} g below :data:`_FINAL_DECREMENT` (1e-6),
+    taken without evaluating the derivatives again: the Hessian there differs by O(1e-3)
+    relative.  The result is the proposal of the importance sampler and the quadrature centre;
+    both estimators are consistent for any such Gaussian (the sampler's control variate uses
+    the proposal's own moments), so this accuracy sets only their variance, not their value.
 
     Raises
     ------
@@ -153,24 +174,29 @@ def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.
     """
     x = np.array(x0, dtype=float)
     D = x.size
-    h = 1e-3 * np.maximum(1.0, np.abs(x))
-    f0, g, H = _derivatives(logf, x, h)
+    eye = np.eye(D)
+    f0, g, H = known if known is not None else _derivatives(logf, x, 1e-3 * np.maximum(1.0, np.abs(x)))
+    x_e = x
     for _ in range(max_iter):
-        if not (np.isfinite(f0) and np.all(np.isfinite(g)) and np.all(np.isfinite(H))):
+        if not (np.isfinite(f0) and np.isfinite(g).all() and np.isfinite(H).all()):
             raise TiltedFailure("tilted log density is not finite near the current point")
-        A = -H
+        A = -H  # symmetric by construction
         lam = 0.0
-        while not is_pd(A + lam * np.eye(D)):
+        while (factor := cholesky_lower(A + lam * eye if lam else A)) is None:  # Levenberg shift until positive definite
             lam = max(2 * lam, 1e-6 * max(1.0, float(np.abs(np.diag(A)).max())))
-        step = np.linalg.solve(A + lam * np.eye(D), g)
+        step, _ = lapack.dpotrs(factor, g, lower=1)
         slope = g @ step
+        if abs(slope) < _FINAL_DECREMENT and lam == 0.0:
+            # the step is shorter than 1e-3 in the metric of -H: after it, x is within ~1e-6 of the
+            # mode (Newton converges quadratically); keep the Hessian of this point
+            x = x + step
+            break
         # full step, with the derivatives there
         x_new = x + step
         h_new = 1e-3 * np.maximum(1.0, np.abs(x_new))
         derivs = _derivatives(logf, x_new, h_new)
         f_new = derivs[0]
-        settled = abs(slope) < 1e-9 and lam == 0.0  # a step within rounding of the mode: no line search
-        if not settled and not (np.isfinite(f_new) and f_new >= f0 + 1e-4 * slope):
+        if not (np.isfinite(f_new) and f_new >= f0 + 1e-4 * slope):
             t = 0.5
             while t > 1e-8:
                 x_new = x + t * step
@@ -179,19 +205,26 @@ def _laplace(logf, x0: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, np.
                     break
                 t *= 0.5
             else:
-                break
+                break  # no ascent along the step: x is the mode to working precision
             h_new = 1e-3 * np.maximum(1.0, np.abs(x_new))
             derivs = _derivatives(logf, x_new, h_new)
-        x, h = x_new, h_new
-        if settled:
-            break
+        x = x_e = x_new
         f0, g, H = derivs
-    H = derivs[2] if x is x_new else H
     try:
         cov = inv_pd(-H, "negative Hessian at the mode")
     except ValueError as exc:
         raise TiltedFailure(str(exc)) from exc
-    return x, cov
+    return x, cov, (x_e, f0, g, H)
+
+
+def _cavity_part(x: np.ndarray, cavity_mean: np.ndarray, cavity_Q: np.ndarray, p: int):
+    """Value, gradient and Hessian at ``x (D,)`` of the cavity's term -(phi - m)^T Q (phi - m) / 2 of the log tilted density."""
+    D = x.size
+    diff = x[:p] - cavity_mean
+    grad, hess = np.zeros(D), np.zeros((D, D))
+    grad[:p] = -(cavity_Q @ diff)
+    hess[:p, :p] = -cavity_Q
+    return -0.5 * float(diff @ cavity_Q @ diff), grad, hess
 
 
 def tilted_moments(
@@ -207,6 +240,7 @@ def tilted_moments(
     min_ess: float = 100.0,
     mcmc: dict | None = None,
     init: dict | None = None,
+    start: np.ndarray | None = None,
 ) -> TiltedResult:
     """Moments of the tilted distribution of one site (module docstring).
 
@@ -228,6 +262,13 @@ def tilted_moments(
         Keyword arguments of :func:`~.lasso.sample_lasso_tilted` (chains, warm-up, draws).
     init : dict, optional
         ``{"phi": (chains, p), "theta": (chains, d)}`` starting points for MCMC.
+    start : ndarray of shape (p + n_local,) or mapping, optional
+        Where the Laplace mode search starts (quadrature, importance); default the cavity mean
+        and ``model.local_start``.  A mapping is the ``diagnostics["laplace"]`` of the site's
+        previous call (what EP rounds pass): ``point``, and the ``value``, ``grad`` and ``hess``
+        there of the site's part of the log tilted density (without the cavity's term, which
+        is added analytically), so that the search needs no evaluation at its start.  The
+        search runs to the same tolerance from any start.
 
     Raises
     ------
@@ -280,43 +321,92 @@ def tilted_moments(
         return _log_tilted(model, stats, cavity_mean, cavity_Q, z)
 
     x0 = np.concatenate([cavity_mean, model.local_start(stats)])
-    mode, lap_cov = _laplace(logf, x0)
+    known = None
+    point = start.get("point") if isinstance(start, Mapping) else start
+    if point is not None and np.shape(point) == x0.shape and np.isfinite(point).all():
+        x0 = np.asarray(point, dtype=float)
+        if isinstance(start, Mapping) and all(k in start for k in ("value", "grad", "hess")):
+            # the site's part is the same as in the previous round; only the cavity's term changed
+            known = tuple(a + b for a, b in zip(
+                (float(start["value"]), np.asarray(start["grad"], float), np.asarray(start["hess"], float)),
+                _cavity_part(x0, cavity_mean, cavity_Q, model.p)))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # non-finite values are -inf (_log_tilted)
+        mode, lap_cov, (x_e, f_e, g_e, H_e) = _laplace(logf, x0, known)
+        c, gc, Hc = _cavity_part(x_e, cavity_mean, cavity_Q, model.p)
+        laplace = {"mode": mode, "point": x_e, "value": f_e - c, "grad": g_e - gc, "hess": H_e - Hc}
+        if method == "quadrature":
+            return _quadrature(model, logf, mode, lap_cov, n_nodes, laplace)
+        return _importance(model, logf, mode, lap_cov, rng, n_draws, min_ess, laplace)
+
+
+def _quadrature(model, logf, mode, lap_cov, n_nodes: int, laplace: dict) -> TiltedResult:
+    """Tensor Gauss–Hermite rule of ``n_nodes`` per dimension at the Laplace approximation."""
     D = mode.size
     L = np.linalg.cholesky(lap_cov)
-    if method == "quadrature":
-        x, w = special.roots_hermite(n_nodes)
-        grid = np.array(list(itertools.product(range(n_nodes), repeat=D)))
-        xs = x[grid]
-        z = mode + np.sqrt(2.0) * xs @ L.T
-        log_w = np.log(w[grid]).sum(1) + (xs**2).sum(1) + logf(z)
-    else:
-        half = max(n_draws // 2, 1)
-        xi = rng.standard_normal((half, D))
-        eps = xi @ L.T
-        z = mode + np.concatenate([eps, -eps])  # antithetic pairs: the plain sample mean is the mode
-        # log N(z; mode, L L^T) with L^{-1}(z - mode) = +-xi: no second factorisation or solve
-        log_q = -0.5 * (xi * xi).sum(1) - np.log(np.diag(L)).sum() - 0.5 * D * np.log(2.0 * np.pi)
-        log_w = logf(z) - np.concatenate([log_q, log_q])
-    if not np.any(np.isfinite(log_w)):
+    x, w = special.roots_hermite(n_nodes)
+    grid = np.array(list(itertools.product(range(n_nodes), repeat=D)))
+    xs = x[grid]
+    z = mode + np.sqrt(2.0) * xs @ L.T
+    weights, ess = _normalised(np.log(w[grid]).sum(1) + row_dot(xs, xs) + logf(z))
+    phi = np.ascontiguousarray(z[:, : model.p])
+    mean, cov = moments_from_draws(phi, weights)
+    return _result(model, mean, cov, phi, z, weights, "quadrature", {"ess": ess, "mode": mode, "laplace": laplace})
+
+
+def _importance(model, logf, mode, lap_cov, rng: np.random.Generator, n_draws: int, min_ess: float, laplace: dict) -> TiltedResult:
+    """Self-normalised importance sampling from the Laplace approximation, antithetic, with control variate.
+
+    With draws z = mode +- e_i (i = 1..h, n = 2h), weights w_i^+ and w_i^-, and the
+    phi-part of the offsets e_i, the weighted moments minus the plain moments of the same
+    draws plus the Laplace moments are
+
+        mean = mode + sum_i (w_i^+ - w_i^-) e_i,
+        cov  = Sigma_Laplace + sum_i (w_i^+ + w_i^- - 1/h) e_i e_i^T - (mean - mode)(mean - mode)^T
+
+    (the plain mean of antithetic pairs is the mode), i.e. one product over the h offsets.
+    """
+    D, p = mode.size, model.p
+    L = cholesky_lower(lap_cov)
+    if L is None:
+        raise TiltedFailure("the Laplace covariance is not positive definite")
+    half = max(n_draws // 2, 1)
+    xi = rng.standard_normal((half, D))
+    eps = xi @ L.T
+    z = np.empty((2 * half, D))  # antithetic pairs mode +- eps: the plain sample mean is the mode
+    np.add(mode, eps, out=z[:half])
+    np.subtract(mode, eps, out=z[half:])
+    # log N(z; mode, L L^T) with L^{-1}(z - mode) = +-xi: no second factorisation or solve
+    log_q = -0.5 * row_dot(xi, xi) - (np.log(np.diag(L)).sum() + 0.5 * D * np.log(2.0 * np.pi))
+    log_w = logf(z)
+    log_w[:half] -= log_q
+    log_w[half:] -= log_q
+    weights, ess = _normalised(log_w)
+    if ess < min_ess:
+        raise TiltedFailure(f"effective sample size {ess:.1f} is below {min_ess}")
+    e = eps[:, :p]
+    plus, minus = weights[:half], weights[half:]
+    shift = (plus - minus) @ e
+    cov = lap_cov[:p, :p] + (e.T * (plus + minus - 1.0 / half)) @ e - np.outer(shift, shift)
+    phi = np.ascontiguousarray(z[:, :p])
+    return _result(model, mode[:p] + shift, symmetrise(cov), phi, z, weights, "importance", {"ess": ess, "mode": mode, "laplace": laplace})
+
+
+def _normalised(log_w: np.ndarray) -> tuple[np.ndarray, float]:
+    """Self-normalised weights from log weights (non-finite ones count as zero) and their ESS."""
+    if not np.isfinite(log_w).any():
         raise TiltedFailure("tilted density is not finite at any point")
     log_w = np.where(np.isfinite(log_w), log_w, -np.inf)
     weights = np.exp(log_w - log_w.max())
     weights /= weights.sum()
-    ess = float(1.0 / np.sum(weights**2))
-    if method == "importance" and ess < min_ess:
-        raise TiltedFailure(f"effective sample size {ess:.1f} is below {min_ess}")
-    phi = np.ascontiguousarray(z[:, : model.p])
-    mean, cov = moments_from_draws(phi, weights)
-    if method == "importance":
-        # control variate: the same draws, unweighted, estimate the known Laplace moments
-        plain_mean, plain_cov = moments_from_draws(phi)
-        mean = mean - plain_mean + mode[: model.p]
-        cov = symmetrise(cov - plain_cov + lap_cov[: model.p, : model.p])
+    return weights, float(1.0 / (weights @ weights))
+
+
+def _result(model, mean, cov, phi, z, weights, method: str, diagnostics: dict) -> TiltedResult:
     try:
         Q = inv_pd(cov, "tilted covariance")
     except ValueError as exc:
         raise TiltedFailure(str(exc)) from exc
-    return TiltedResult(mean, cov, Q @ mean, Q, phi, z[:, model.p :], weights, None, method, {"ess": ess})
+    return TiltedResult(mean, cov, Q @ mean, Q, phi, z[:, model.p :], weights, None, method, diagnostics)
 
 
 @dataclass
@@ -350,10 +440,12 @@ def device_posterior(model, stats: SiteStats, tilted: TiltedResult, rng: np.rand
         return DevicePosterior(mean, cov, tilted.theta)
     m, C = model.theta_conditional(stats, tilted.phi, tilted.local)
     w = tilted.weights
+    n, d = m.shape
     mean = w @ m
-    cov = symmetrise(np.einsum("n,nij->ij", w, C) + np.einsum("n,ni,nj->ij", w, m, m) - np.outer(mean, mean))
+    cov = symmetrise((w @ C.reshape(n, d * d)).reshape(d, d) + (m.T * w) @ m - np.outer(mean, mean))
     # C may be singular on fixed coordinates: draw through an eigen-decomposition, computed once
-    # per distinct point (conjugate case: C does not depend on phi, one decomposition)
+    # per distinct point (conjugate case: C does not depend on phi, one decomposition), of the
+    # block of the coordinates that vary (C is zero outside it)
     if tilted.gaussian:
         phi = rng.multivariate_normal(tilted.mean, tilted.cov, size=n_draws)
         m_d, _ = model.theta_conditional(stats, phi, np.zeros((n_draws, 0)))
@@ -362,7 +454,9 @@ def device_posterior(model, stats: SiteStats, tilted: TiltedResult, rng: np.rand
         idx = rng.choice(len(w), size=n_draws, p=w)
         used, which = np.unique(idx, return_inverse=True)
         m_d, C_u = m[idx], C[used]
-    vals, vecs = np.linalg.eigh(C_u)
-    z = rng.standard_normal(m_d.shape) * np.sqrt(np.clip(vals[which], 0.0, None))
-    draws = m_d + np.einsum("nij,nj->ni", vecs[which], z)
+    varying = np.flatnonzero(np.any(C_u != 0.0, axis=(0, 1)))
+    vals, vecs = np.linalg.eigh(C_u[:, varying[:, None], varying[None, :]])
+    z = rng.standard_normal(m_d.shape)[:, : varying.size] * np.sqrt(np.clip(vals[which], 0.0, None))
+    draws = m_d.copy()
+    draws[:, varying] += np.einsum("nij,nj->ni", vecs[which], z)
     return DevicePosterior(mean, cov, draws)

@@ -22,7 +22,7 @@ Solvers:
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import digamma, polygamma
+from scipy.special import digamma, zeta
 
 __all__ = ["invgamma_mle", "invgamma_mle_from_statistics", "inverse_digamma", "ALPHA_FLOOR", "ALPHA_CAP"]
 
@@ -33,6 +33,12 @@ ALPHA_CAP = 1e8
 _NEWTON_RTOL = 1e-10
 _NEWTON_MAX_STEPS = 100
 _SERIES_FROM = 20.0
+
+
+def _trigamma(a: float) -> float:
+    """psi'(a) = zeta(2, a), the Hurwitz zeta function (a > 0): the value of ``_trigamma(a)``
+    without that wrapper's per-call cost, which made up half of a master step."""
+    return zeta(2.0, a)
 
 
 def _log_minus_digamma(a: float) -> float:
@@ -46,7 +52,7 @@ def _log_minus_digamma(a: float) -> float:
 def _inv_a_minus_trigamma(a: float) -> float:
     """1/a - psi'(a), by its asymptotic series for large a."""
     if a < _SERIES_FROM:
-        return float(1.0 / a - polygamma(1, a))
+        return float(1.0 / a - _trigamma(a))
     r = 1.0 / (a * a)
     return float(-r * (0.5 + (1.0 / a) * (1.0 / 6.0 - r * (1.0 / 30.0 - r / 42.0))))
 
@@ -55,7 +61,7 @@ def inverse_digamma(y: float, *, tol: float = 1e-8, max_steps: int = 100) -> flo
     """psi^{-1}(y) by Newton as in [RC] (§5.2): start e^y + 1/2 if y >= -2.22 else -1/(y - psi(1))."""
     x = np.exp(y) + 0.5 if y >= -2.22 else -1.0 / (y - digamma(1.0))
     for _ in range(max_steps):
-        step = (digamma(x) - y) / polygamma(1, x)
+        step = (digamma(x) - y) / _trigamma(x)
         x -= step
         if abs(step) < tol:
             break
