@@ -100,6 +100,7 @@ def test_fit_reads_csv_files_as_spreadsheets_write_them(tmp_path, user_files, ca
     ],
 )
 def test_fit_refuses_a_malformed_site_file_naming_site_and_row(tmp_path, user_files, capsys, edit, message):
+    user_files.write_text('partial = "refuse"\n' + user_files.read_text())  # else a partly observed view is missing
     lines = (tmp_path / "b.csv").read_text().splitlines()
     (tmp_path / "b.csv").write_text("\n".join(edit(lines)) + "\n")
     out = tmp_path / "fit"

@@ -203,9 +203,9 @@ class FedLinFitConfig(TomlFit, Deployment):
         sufficient statistics (:meth:`FedHM2Regressor.site_stats`) for HM2.
 
         Every cell must hold a number; errors name the site, column and row, never a value
-        (:class:`~fedhier.userdata.SiteDataError`).
+        (:class:`~fedhier.data.sitefiles.SiteDataError`).
         """
-        from ..userdata import SiteDataError, read_site_table
+        from ..data.sitefiles import SiteDataError, read_site_table
 
         path = Path(path)
         if not path.is_file():

@@ -225,11 +225,11 @@ class FlowerFitConfig(TomlFit, Deployment):
         """Read and check one site's CSV file (columns named as in ``views``).
 
         Returns ``{view: (n, d_view) float64 array}`` in schema order, views the file lacks
-        omitted.  Raises :class:`~fedhier.userdata.SiteDataError` naming the site, view,
+        omitted.  Raises :class:`~fedhier.data.sitefiles.SiteDataError` naming the site, view,
         column and row of a problem, never a value.
         """
         from ..data.validation import check_sites
-        from ..userdata import SiteDataError, read_site_table
+        from ..data.sitefiles import SiteDataError, read_site_table
 
         path = Path(path)
         if not path.is_file():

@@ -1,0 +1,238 @@
+"""The one data model of every ``fedhier`` command: where the sites' rows are, how they are read and scaled.
+
+A configuration (TOML, ``docs/cli.md``) names the sites' data in one of two layouts::
+
+    [sites]                       # one file per site: site name -> file
+    cleveland = "cleveland.csv"
+    hungary = "hungary.csv"
+
+    file = "heart.csv"            # or one file whose column `site_column` names each row's site
+    site_column = "dataset"
+
+and, for every family, ``id`` (a column carried to every per-subject output), ``scale``
+(``"standard"``, ``"minmax"`` or ``"none"``: fitted across the sites by one round of sums or
+ranges, :class:`fedhier.protocol.scaling.ColumnScalingProtocol`) and ``partial`` (``"missing"`` or
+``"refuse"``).  What is modelled is the family's own key: ``[views]`` (Fed-mv-PPCA),
+``target``/``features`` (FedLin), ``variables`` (CollabDict); one file may hold all three, and
+the Flower deployment reads the same file plus a ``[flower]`` table.  Every problem is a
+one-line ``ValueError``/:class:`~fedhier.data.sitefiles.SiteDataError` naming the site, column
+and row; every problem found in one pass is listed.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..data.scaling import ColumnScaling
+from ..data.sitefiles import PARTIAL, SiteDataError, SiteTable, close_matches, join_problems, read_table
+from ..protocol.scaling import SCALES
+from ..utils.io import atomic_write_text, markdown_table, write_json
+from ..utils.untrusted import check_site_name
+
+__all__ = ["DATA_KEYS", "MODEL_KEYS", "FAMILY_OPTIONS", "SiteData", "load_config", "site_data", "check_columns",
+           "fit_scaling", "write_summary", "read_saved_data"]
+
+#: where the rows are and how they are read: the same for every family
+DATA_KEYS = frozenset({"sites", "file", "site_column", "id", "scale", "partial"})
+#: what each family models
+MODEL_KEYS = {"fed-mv-ppca": frozenset({"views"}), "fedlin": frozenset({"target", "features", "intercept"}),
+              "collab": frozenset({"variables", "label"})}
+#: each family's options (a file may hold several families' keys; each command reads its own)
+FAMILY_OPTIONS = {
+    "fed-mv-ppca": frozenset({"n_components", "n_rounds", "n_local_iter", "n_first_iter", "n_init", "tol", "init",
+                              "local_tol", "seed", "ig_solver", "sigma2_prior", "epsilon", "delta", "aggregation"}),
+    "fedlin": frozenset({"model", "prior", "random", "noise", "mu_scale", "n_rounds", "level", "eta", "seed", "covariance",
+                         "tau", "damping", "tol", "standardize", "n_local_steps", "alpha"}),
+    "collab": frozenset({"n_components", "rho", "weights", "aggregation", "max_iter", "seed"}),
+}
+_ALL_KEYS = DATA_KEYS | {"model", "flower", "secure"} | frozenset().union(*MODEL_KEYS.values(), *FAMILY_OPTIONS.values())
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """The parsed TOML; an unknown key is refused with the closest allowed one."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"configuration file {path} does not exist")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    unknown = sorted(set(raw) - _ALL_KEYS)
+    if unknown:
+        hints = "".join(close_matches(k, sorted(_ALL_KEYS)) for k in unknown)
+        raise ValueError(f"{path}: unknown key(s) {unknown};{hints} allowed: {sorted(_ALL_KEYS)}")
+    return raw
+
+
+@dataclass
+class SiteData:
+    """The sites' tables and how to read them (the data keys of a configuration).
+
+    Attributes
+    ----------
+    tables : list of SiteTable, one per site, in the configuration's order (a site column: order of first appearance)
+    id : str or None
+    scale : "standard", "minmax" or "none"
+    partial : "missing" or "refuse"
+    inputs : list of Path, the files read (never overwritten by an output)
+    layout : str, for summaries ("one file per site" or "site column 'x' of file")
+    """
+
+    tables: list[SiteTable]
+    id: str | None = None
+    scale: str = "none"
+    partial: str = "missing"
+    inputs: list[Path] = field(default_factory=list)
+    layout: str = ""
+
+    @property
+    def names(self) -> list[str]:
+        return [t.site for t in self.tables]
+
+    def ids(self, table: SiteTable, keep: Sequence[int] | None = None) -> list[str]:
+        """The id of each row (its 1-based row number in the file without an ``id`` column)."""
+        values = table.text(self.id) if self.id else [str(r) for r in table.row_numbers]
+        return values if keep is None else [values[i] for i in keep]
+
+    def columns(self) -> list[str]:
+        """Every column some site's file has, in first-seen order (the site column left out)."""
+        seen: dict[str, None] = {}
+        for t in self.tables:
+            seen.update(dict.fromkeys(t.header))
+        return list(seen)
+
+
+def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | None = None) -> SiteData:
+    """Read the sites' files named by the data keys of ``raw`` (paths relative to ``base``, default ``source``'s folder)."""
+    source = str(source)
+    base = Path(source).parent if base is None else Path(base)
+    scale = raw.get("scale", "none")
+    if scale not in SCALES:
+        raise ValueError(f"{source}: scale must be one of {list(SCALES)}, got {scale!r}")
+    partial = raw.get("partial", "missing")
+    if partial not in PARTIAL:
+        raise ValueError(f"{source}: partial must be one of {list(PARTIAL)}, got {partial!r}")
+    id_column = raw.get("id")
+    if id_column is not None and (not isinstance(id_column, str) or not id_column):
+        raise ValueError(f"{source}: id must be a column name")
+    sites, file = raw.get("sites"), raw.get("file")
+    if (sites is None) == (file is None):
+        raise ValueError(f"{source}: name the data either with a [sites] table (site name = \"file.csv\") "
+                         "or with file = \"data.csv\" and site_column = \"...\"")
+    if file is not None:
+        tables, inputs, layout = _split_by_site_column(raw, source, base / str(file))
+    else:
+        tables, inputs, layout = _site_files(sites, source, base)
+    if id_column is not None:
+        lacking = [t.site for t in tables if not t.has(id_column)]
+        if lacking:
+            raise ValueError(f"{source}: id column {id_column!r} missing at site(s) {lacking};"
+                             f"{close_matches(id_column, tables[0].header)} columns: {tables[0].header}")
+    return SiteData(tables, id_column, scale, partial, inputs, layout)
+
+
+def _site_files(sites: Any, source: str, base: Path) -> tuple[list[SiteTable], list[Path], str]:
+    if isinstance(sites, dict) and sites and all(isinstance(v, str) for v in sites.values()):
+        entries = list(sites.items())
+    elif isinstance(sites, list) and sites and all(isinstance(s, dict) and "path" in s for s in sites):  # [[sites]] name/path
+        entries = [(s.get("name", f"site{i}"), s["path"]) for i, s in enumerate(sites)]
+    else:
+        raise ValueError(f"{source}: [sites] must map each site's name to its file, e.g. cleveland = \"cleveland.csv\"")
+    names = [check_site_name(str(name), f"{source}: site {i}") for i, (name, _) in enumerate(entries)]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{source}: site names must be unique, got {names}")
+    paths = [(base / str(p)).resolve() for _, p in entries]
+    missing = [f"site {n!r}: file {p} does not exist" for n, p in zip(names, paths) if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{source}: " + join_problems(missing))
+    return [read_table(p, n) for n, p in zip(names, paths)], paths, "one file per site"
+
+
+def _split_by_site_column(raw: Mapping[str, Any], source: str, path: Path) -> tuple[list[SiteTable], list[Path], str]:
+    column = raw.get("site_column")
+    if not isinstance(column, str) or not column:
+        raise ValueError(f"{source}: file = \"{path.name}\" needs site_column = \"...\", the column naming each row's site")
+    path = path.resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"{source}: file {path} does not exist")
+    pooled = read_table(path, path.name)
+    if not pooled.has(column):
+        raise ValueError(f"{path.name}: no site column {column!r};{close_matches(column, pooled.header)} "
+                         f"columns: {pooled.header}")
+    labels = pooled.text(column)
+    empty = [i for i, v in enumerate(labels) if not v]
+    if empty:
+        raise SiteDataError(f"{path.name}: {len(empty)} row(s) with an empty site column {column!r}, first at row "
+                            f"{pooled.row_numbers[empty[0]]}")
+    order = list(dict.fromkeys(labels))
+    for name in order:
+        check_site_name(name, f"{path.name}: site column {column!r}")
+    tables = [pooled.subset(name, [i for i, v in enumerate(labels) if v == name]) for name in order]
+    return tables, [path], f"site column {column!r} of {path.name}"
+
+
+def check_columns(data: SiteData, groups: Mapping[str, Sequence[str]], *, exclude: Sequence[str] = ()) -> None:
+    """Refuse, in one message, every configured column that no site's file has.
+
+    ``groups``: label (e.g. ``"view 'lab'"``, ``"features"``) -> its columns.  The message names the
+    closest existing column and lists the available ones.
+    """
+    available = [c for c in data.columns() if c not in exclude]
+    problems = []
+    for label, columns in groups.items():
+        for c in columns:
+            if not any(t.has(c) for t in data.tables):
+                problems.append(f"{label}: column {c!r} is in no site's file;{close_matches(c, available)}")
+    if problems:
+        raise ValueError(join_problems(problems) + f" (columns: {available})")
+
+
+def fit_scaling(kind: str, columns: Sequence[str], site_arrays: Sequence[np.ndarray], seed: int | None = 0) -> ColumnScaling:
+    """Fit ``kind`` scaling of ``columns`` across the sites by one round of :func:`~fedhier.runtime.simulate.simulate`.
+
+    ``site_arrays``: one ``(n_s, len(columns))`` array per site, NaN for a missing cell.  Only
+    per-column counts and sums (standard) or counts, minima and maxima (min-max) leave a site.
+    """
+    if kind == "none":
+        return ColumnScaling("none", columns)
+    from ..protocol.scaling import ColumnScalingProtocol
+    from ..runtime.simulate import simulate
+
+    protocol = ColumnScalingProtocol(len(columns), kind)
+    try:
+        result = simulate(protocol, list(site_arrays), n_rounds=1, random_state=seed)
+    except ValueError as exc:
+        raise ValueError(f"scale = {kind!r}: {exc}".replace("column(s) ", "column index(es) ")) from None
+    return ColumnScaling(kind, columns, result.broadcast["center"], result.broadcast["scale"])
+
+
+def write_summary(out: Path, summary: Mapping[str, Any], *, title: str, notes: Sequence[str] = ()) -> None:
+    """``summary.json`` (everything) and ``summary.md`` (the scalar entries as a table, then the notes)."""
+    write_json(out / "summary.json", {**summary, "notes": list(notes)})
+    rows = [{"quantity": k, "value": v if isinstance(v, (int, float, str)) or v is None else str(v)}
+            for k, v in summary.items() if not isinstance(v, (dict, list)) or k in ("sites",)]
+    text = f"# {title}\n\n" + markdown_table(rows)
+    if notes:
+        text += "\n\n## Notes on the data\n\n" + "\n".join(f"- {n}" for n in notes)
+    atomic_write_text(out / "summary.md", text + "\n")
+
+
+def read_saved_data(folder: Path) -> dict[str, Any]:
+    """The data description a result folder's ``summary.json`` records (sites, columns, scaling, id), for scoring."""
+    import json
+
+    path = folder / "summary.json"
+    if not path.is_file():
+        return {}
+    try:
+        summary = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError(f"{path}: not a fedhier summary (invalid JSON)") from None
+    return summary if isinstance(summary, dict) else {}
