@@ -148,7 +148,6 @@ def test_the_fit_toml_of_docs_cli_runs_as_written(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("package, argv, extra", [
-    ("pandas", ["collab", "fit", "--csv", "x.csv", "--site-column", "s", "--out", "m.npz"], "stats"),
     ("statsmodels", ["experiment", "fedlin-radon", "--quick"], "stats"),
 ])
 def test_a_missing_optional_package_gives_one_line_naming_the_extra(monkeypatch, capsys, tmp_path, package, argv, extra):
@@ -165,3 +164,19 @@ def test_a_missing_optional_package_gives_one_line_naming_the_extra(monkeypatch,
     assert main(argv + (["--out", str(tmp_path / "exp")] if argv[0] == "experiment" else [])) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f'fedhier: error: this command needs the optional package {package}: pip install "fedhier[{extra}]"']
+
+
+def test_collab_runs_without_pandas(monkeypatch, capsys, tmp_path):
+    import sys
+
+    for name in list(sys.modules):
+        if name == "pandas" or name.startswith("pandas."):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "pandas", None)  # as on the core install
+    rng = np.random.default_rng(0)
+    lines = ["s,a,b"] + [f"{s},{x:.4f},{y:.4f}" for s in ("p", "q", "r") for x, y in rng.normal(size=(20, 2))]
+    (tmp_path / "x.csv").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "c"
+    assert main(["collab", "fit", "--csv", str(tmp_path / "x.csv"), "--site-column", "s", "--components", "2",
+                 "--max-iter", "3", "--out", str(out)]) == 0
+    assert (out / "model.npz").is_file() and (out / "scores_p.csv").is_file() and (out / "report.html").is_file()

@@ -189,7 +189,7 @@ def check_columns(data: SiteData, groups: Mapping[str, Sequence[str]], *, exclud
     for label, columns in groups.items():
         for c in columns:
             if not any(t.has(c) for t in data.tables):
-                problems.append(f"{label}: column {c!r} is in no site's file;{close_matches(c, available)}")
+                problems.append(f"{label}: column {c!r} not found in any site's file;{close_matches(c, available)}")
     if problems:
         raise ValueError(join_problems(problems) + f" (columns: {available})")
 
@@ -213,14 +213,17 @@ def fit_scaling(kind: str, columns: Sequence[str], site_arrays: Sequence[np.ndar
     return ColumnScaling(kind, columns, result.broadcast["center"], result.broadcast["scale"])
 
 
-def write_summary(out: Path, summary: Mapping[str, Any], *, title: str, notes: Sequence[str] = ()) -> None:
-    """``summary.json`` (everything) and ``summary.md`` (the scalar entries as a table, then the notes)."""
+def write_summary(out: Path, summary: Mapping[str, Any], *, title: str, notes: Sequence[str] = (),
+                  tables: Sequence[tuple[str, Sequence[Mapping[str, Any]]]] = ()) -> None:
+    """``summary.json`` (everything) and ``summary.md`` (the scalar entries as a table, the notes, then ``tables``)."""
     write_json(out / "summary.json", {**summary, "notes": list(notes)})
     rows = [{"quantity": k, "value": v if isinstance(v, (int, float, str)) or v is None else str(v)}
             for k, v in summary.items() if not isinstance(v, (dict, list)) or k in ("sites",)]
     text = f"# {title}\n\n" + markdown_table(rows)
     if notes:
         text += "\n\n## Notes on the data\n\n" + "\n".join(f"- {n}" for n in notes)
+    for caption, rows in tables:
+        text += f"\n\n## {caption}\n\n" + markdown_table(rows)
     atomic_write_text(out / "summary.md", text + "\n")
 
 
