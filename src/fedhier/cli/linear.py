@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..data.sitefiles import SiteDataError, join_problems, read_rows
+from ..deploy._toml import FEDLIN_OPTIONS
 from ..utils.io import write_csv, write_json
 from ..utils.untrusted import check_outputs_spare_inputs
 from .sitedata import check_columns, fit_scaling, load_config, site_data, write_summary
@@ -152,21 +153,23 @@ def _fit_linear(config: dict[str, Any], command: str | None) -> int:
     if opt["intercept"]:
         names_out = [_INTERCEPT, *names_out]
         sites = [(np.column_stack([np.ones(len(y)), X]), y) for X, y in sites]
+    params = {k: config[k] for k in FEDLIN_OPTIONS[f"fedlin-{model}"] if k in config}  # the estimator's own options
     with _site_named_warnings(names):
         if model == "hm1":
-            est = _build(FedHM1Regressor, n_rounds=opt["n_rounds"], eta=opt["eta"], random_state=opt["seed"])
+            params.setdefault("eta", _DEFAULTS["eta"])
+            est = _build(FedHM1Regressor, n_rounds=opt["n_rounds"], random_state=opt["seed"], **params)
             _fit(est, sites, data.scale)
             rows = [{"site": n, "feature": f, "estimate": float(est.coef_[k, j])} for k, n in enumerate(names) for j, f in enumerate(names_out)]
         else:
-            random = None
-            if opt["random"] is not None:
-                wanted = list(opt["random"]) if isinstance(opt["random"], list) else [opt["random"]]
+            for key in ("prior", "noise", "mu_scale", "level"):
+                params.setdefault(key, _DEFAULTS[key])
+            if params.get("random") is not None:
+                wanted = params["random"] if isinstance(params["random"], list) else [params["random"]]
                 unknown = [c for c in wanted if c not in names_out]
                 if unknown:
                     raise ValueError(f"random names column(s) {unknown} that are not features; features: {names_out}")
-                random = [f in wanted for f in names_out]
-            est = _build(FedHM2Regressor, prior=opt["prior"], random=random, noise=opt["noise"], mu_scale=opt["mu_scale"],
-                         n_rounds=opt["n_rounds"], level=opt["level"], random_state=opt["seed"])
+                params["random"] = [f in wanted for f in names_out]
+            est = _build(FedHM2Regressor, n_rounds=opt["n_rounds"], random_state=opt["seed"], **params)
             _fit(est, sites, data.scale)
             ci = est.coef_interval(opt["level"])
             rows = [

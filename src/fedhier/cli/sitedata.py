@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..data.scaling import ColumnScaling
+from ..deploy._toml import CONFIG_KEYS, DATA_KEYS, FAMILY_OPTIONS, MODEL_KEYS
 from ..data.sitefiles import PARTIAL, SiteDataError, SiteTable, close_matches, join_problems, read_table
 from ..protocol.scaling import SCALES
 from ..utils.io import atomic_write_text, markdown_table, write_json
@@ -37,20 +38,7 @@ from ..utils.untrusted import check_site_name
 __all__ = ["DATA_KEYS", "MODEL_KEYS", "FAMILY_OPTIONS", "SiteData", "load_config", "site_data", "check_columns",
            "fit_scaling", "write_summary", "read_saved_data"]
 
-#: where the rows are and how they are read: the same for every family
-DATA_KEYS = frozenset({"sites", "file", "site_column", "id", "scale", "partial"})
-#: what each family models
-MODEL_KEYS = {"fed-mv-ppca": frozenset({"views"}), "fedlin": frozenset({"target", "features", "intercept"}),
-              "collab": frozenset({"variables", "label"})}
-#: each family's options (a file may hold several families' keys; each command reads its own)
-FAMILY_OPTIONS = {
-    "fed-mv-ppca": frozenset({"n_components", "n_rounds", "n_local_iter", "n_first_iter", "n_init", "tol", "init",
-                              "local_tol", "seed", "ig_solver", "sigma2_prior", "epsilon", "delta", "aggregation"}),
-    "fedlin": frozenset({"model", "prior", "random", "noise", "mu_scale", "n_rounds", "level", "eta", "seed", "covariance",
-                         "tau", "damping", "tol", "standardize", "n_local_steps", "alpha"}),
-    "collab": frozenset({"n_components", "rho", "weights", "aggregation", "max_iter", "seed"}),
-}
-_ALL_KEYS = DATA_KEYS | {"model", "flower", "secure"} | frozenset().union(*MODEL_KEYS.values(), *FAMILY_OPTIONS.values())
+_ALL_KEYS = CONFIG_KEYS
 
 
 def load_config(path: str | Path) -> dict[str, Any]:

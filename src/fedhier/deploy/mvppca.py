@@ -18,7 +18,7 @@ import numpy as np
 
 from ..protocol.base import RoundProtocol
 from ..protocol.messages import MessageSpec
-from ._toml import TomlFit
+from ._toml import TomlFit, deployment_keys
 from ..runtime.flower import Deployment, FitHooks, FlowerFitResult, check_flower_settings, check_secure_settings, read_fit_tables
 
 __all__ = ["FlowerFitConfig"]
@@ -71,6 +71,10 @@ class FlowerFitConfig(TomlFit, Deployment):
     frac_bits : int
         Fixed-point fractional bits (``[secure] frac_bits``), default 30.  Both as
         :class:`fedhier.privacy.secure_round.SecureAggregator`.
+    partial : "missing" or "refuse"
+        A subject observed in only part of a view lacks the view, or the site's file is refused
+        (as ``fedhier fit``; the file's other data keys -- ``[sites]``, ``file``, ``id`` -- are the
+        command line's).
     """
 
     views: Mapping[str, tuple[str, ...]]
@@ -95,6 +99,7 @@ class FlowerFitConfig(TomlFit, Deployment):
     aggregation: str = "plain"
     threshold: int | None = None
     frac_bits: int = 30
+    partial: str = "missing"
 
     model = "fed-mv-ppca"
 
@@ -154,6 +159,7 @@ class FlowerFitConfig(TomlFit, Deployment):
             raise ValueError(f"{source}: invalid TOML: {exc}") from exc
         if raw.get("model", cls.model) != cls.model:
             raise ValueError(f"{source}: model = {raw['model']!r} is not a {cls.model} fit")
+        raw, partial = deployment_keys(raw, source, "fed-mv-ppca", _ALLOWED_KEYS)
         raw, flower, secure = read_fit_tables(raw, source, _ALLOWED_KEYS)
         views = raw.pop("views", None)
         if not isinstance(views, dict) or not all(isinstance(c, list) for c in views.values()):
@@ -162,7 +168,7 @@ class FlowerFitConfig(TomlFit, Deployment):
             if raw.get(key) == "none":
                 raw[key] = None
         try:
-            return cls(views=views, **raw, **flower, **secure)
+            return cls(views=views, **raw, **flower, **secure, partial=partial)
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None
 
@@ -234,7 +240,7 @@ class FlowerFitConfig(TomlFit, Deployment):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
-        table = read_site_table(path, {v: list(c) for v, c in self.views.items()}, site)
+        table = read_site_table(path, {v: list(c) for v, c in self.views.items()}, site, partial=self.partial)
         try:
             checked, _ = check_sites([table], schema=self.schema(), n_components=self.n_components, min_subjects=2,
                                      site_names=[site])
