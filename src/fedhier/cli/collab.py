@@ -118,13 +118,15 @@ def _fit(args: argparse.Namespace, command: str) -> int:
     if not isinstance(variables, list) or not variables or not all(isinstance(c, str) and c for c in variables):
         raise ValueError(f"{source}: variables = [\"column\", ...] must list the variables (or leave it out: every column)")
     check_columns(data, {"variables": variables, **({"label": [label]} if label else {})}, exclude=list(drop - {label}))
+    if not config.get("variables"):
+        _check_default_variables(data, variables)
     notes: list[str] = []
     problems, sites, kept = [], [], []
     for table in data.tables:
         try:
             values, rows = read_rows(table, variables, partial=data.partial, what="variables", notes=notes)
         except SiteDataError as exc:
-            problems.append(str(exc) + ("" if config.get("variables") else " (list the variables to use with variables = [...] or --columns)"))
+            problems.append(str(exc))
             continue
         if len(rows) < 2:
             problems.append(f"site {table.site!r}: {len(rows)} complete row(s); a site needs at least 2")
@@ -199,6 +201,25 @@ def _fit(args: argparse.Namespace, command: str) -> int:
     return 0
 
 
+def _check_default_variables(data, variables: list[str]) -> None:
+    """Without a list of variables every column is one: name, in one line, those that cannot be (text, not measured)."""
+    text, unmeasured = {}, {}
+    for table in data.tables:
+        for c in variables:
+            if not table.measures(c):
+                unmeasured.setdefault(c, table.site)
+                continue
+            problems: list[str] = []
+            parse_column(table, c, problems)
+            if problems and c not in text:
+                text[c] = problems[0].split(": ", 1)[0] + problems[0][problems[0].rfind(", row"):]
+    if text or unmeasured:
+        parts = ([f"column(s) {list(text)} hold text (first: {next(iter(text.values()))})"] if text else []) + (
+            [f"column(s) {list(unmeasured)} not measured at site {next(iter(unmeasured.values()))!r}"] if unmeasured else [])
+        raise ValueError("the variables default to every column, but " + " and ".join(parts)
+                         + "; list the variables with variables = [...] (or --columns)")
+
+
 def _labels(tables, kept, label: str, problems: list[str]) -> list[np.ndarray]:
     """Known anomaly labels (0/1, or booleans) of the kept rows of every site."""
     out = []
@@ -240,7 +261,7 @@ def _score(args: argparse.Namespace) -> int:
     problems: list[str] = []
     lacking = [c for c in columns if not table.has(c)]
     if lacking:
-        raise ValueError(f"{args.csv}: column(s) {lacking} missing;{close_matches(lacking[0], table.header)} columns: {table.header}")
+        raise ValueError(f"{args.csv}: column(s) {lacking} missing{close_matches(lacking[0], table.header)}; columns: {table.header}")
     X = np.column_stack([parse_column(table, c, problems) for c in columns])
     if problems:
         raise SiteDataError(join_problems(problems))
@@ -276,7 +297,7 @@ def _site_index(site: str, names: list[str], model_path: Path) -> int:
         return names.index(site)
     if not names and site.isdigit():
         return int(site)
-    raise ValueError(f"--site {site!r} is not a site of the model {model_path.name};{close_matches(site, names)} its sites: {names}")
+    raise ValueError(f"--site {site!r} is not a site of the model {model_path.name}{close_matches(site, names)}; its sites: {names}")
 
 
 if __name__ == "__main__":

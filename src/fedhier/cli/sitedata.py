@@ -55,7 +55,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
     unknown = sorted(set(raw) - _ALL_KEYS)
     if unknown:
         hints = "".join(close_matches(k, sorted(_ALL_KEYS)) for k in unknown)
-        raise ValueError(f"{path}: unknown key(s) {unknown};{hints} allowed: {sorted(_ALL_KEYS)}")
+        raise ValueError(f"{path}: unknown key(s) {unknown}{hints}; allowed: {sorted(_ALL_KEYS)}")
     return raw
 
 
@@ -121,8 +121,8 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
     if id_column is not None:
         lacking = [t.site for t in tables if not t.has(id_column)]
         if lacking:
-            raise ValueError(f"{source}: id column {id_column!r} missing at site(s) {lacking};"
-                             f"{close_matches(id_column, tables[0].header)} columns: {tables[0].header}")
+            raise ValueError(f"{source}: id column {id_column!r} missing at site(s) {lacking}"
+                             f"{close_matches(id_column, tables[0].header)}; columns: {tables[0].header}")
     return SiteData(tables, id_column, scale, partial, inputs, layout)
 
 
@@ -152,7 +152,7 @@ def _split_by_site_column(raw: Mapping[str, Any], source: str, path: Path) -> tu
         raise FileNotFoundError(f"{source}: file {path} does not exist")
     pooled = read_table(path, path.name)
     if not pooled.has(column):
-        raise ValueError(f"{path.name}: no site column {column!r};{close_matches(column, pooled.header)} "
+        raise ValueError(f"{path.name}: no site column {column!r}{close_matches(column, pooled.header)}; "
                          f"columns: {pooled.header}")
     labels = pooled.text(column)
     empty = [i for i, v in enumerate(labels) if not v]
@@ -177,7 +177,7 @@ def check_columns(data: SiteData, groups: Mapping[str, Sequence[str]], *, exclud
     for label, columns in groups.items():
         for c in columns:
             if not any(t.has(c) for t in data.tables):
-                problems.append(f"{label}: column {c!r} not found in any site's file;{close_matches(c, available)}")
+                problems.append(f"{label}: column {c!r} not found in any site's file{close_matches(c, available)}")
     if problems:
         raise ValueError(join_problems(problems) + f" (columns: {available})")
 

@@ -55,10 +55,12 @@ def join_problems(problems: Sequence[str]) -> str:
 
 
 def close_matches(name: str, available: Sequence[str]) -> str:
-    """`` did you mean 'x'?`` for the closest of ``available`` (case-insensitive), or ``""``."""
+    """``; did you mean 'x'?`` for the closest of ``available`` (case-insensitive), or ``""``."""
     lowered = {a.lower(): a for a in available}
-    hits = difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)
-    return f" did you mean {', '.join(repr(lowered[h]) for h in hits)}?" if hits else ""
+    low = name.lower()
+    hits = difflib.get_close_matches(low, list(lowered), n=3, cutoff=0.6)
+    hits += [a for a in lowered if a not in hits and min(len(a), len(low)) >= 3 and (low.startswith(a) or a.startswith(low))]
+    return f"; did you mean {', '.join(repr(lowered[h]) for h in hits)}?" if hits else ""
 
 
 @dataclass
@@ -207,6 +209,10 @@ def read_site_table(path: str | Path | SiteTable, views: dict[str, list[str]], s
     for view, columns in views.items():
         unmeasured = [c for c in columns if not table.measures(c)]
         if len(unmeasured) == len(columns):
+            empty = [c for c in columns if table.has(c)]
+            if empty:
+                notes.append(f"site {site_name!r}, view {view!r}: column(s) {empty} empty at every row, so the view is "
+                             "not measured there")
             continue
         where = f", view {view!r}"
         values = np.column_stack([parse_column(table, c, problems, where) for c in columns])
