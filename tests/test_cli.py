@@ -137,12 +137,12 @@ def test_the_fit_toml_of_docs_cli_runs_as_written(tmp_path, capsys):
     config = tomllib.loads(block)
     (tmp_path / "fit.toml").write_text(block)
     rng = np.random.default_rng(0)
-    for i, site in enumerate(config["sites"]):
+    for i, (site, path) in enumerate(config["sites"].items()):
         views = config["views"] if i == 0 else {v: c for v, c in config["views"].items() if v != "csf"}
-        columns = [c for cols in views.values() for c in cols]
+        columns = [config["id"], *(c for cols in views.values() for c in cols)]
         rows = rng.normal(size=(40, len(columns)))
         lines = [",".join(columns)] + [",".join(f"{x:.6f}" for x in row) for row in rows]
-        (tmp_path / site["path"]).write_text("\n".join(lines) + "\n")
+        (tmp_path / path).write_text("\n".join(lines) + "\n")
     assert main(["fit", "--config", str(tmp_path / "fit.toml"), "--out", str(tmp_path / "out"), "--quiet"]) == 0
     assert (tmp_path / "out" / "model.npz").exists()
 

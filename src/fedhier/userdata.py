@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .cli.sitedata import SiteData, check_columns, fit_scaling, load_config, site_data, write_summary
+from .cli.sitedata import SiteData, check_columns, fit_scaling, load_config, site_data, site_warnings, write_summary
 from .data.sitefiles import SiteDataError, join_problems, read_site_table
 from .utils.io import write_csv, write_json
 from .utils.untrusted import check_outputs_spare_inputs
@@ -100,7 +100,8 @@ def fit_from_config(
     scaling = fit_scaling(data.scale, columns, [_all_columns(s, views) for s in sites], seed=config.get("seed", 0))
     sites = [{v: scaling.transform(views[v], X) for v, X in s.items()} for s in sites]
     options = {k: config.get(k, d) for k, d in _OPTIONS.items()}
-    sites, _ = check_sites(sites, n_components=options["n_components"], site_names=names)  # errors name the sites
+    with site_warnings(names):
+        sites, _ = check_sites(sites, n_components=options["n_components"], site_names=names)  # errors name the sites
     if total_budget is None and config.get("epsilon") is not None:
         total_budget = (float(config["epsilon"]), float(config.get("delta", 1e-5)))
     privacy = None
@@ -119,7 +120,8 @@ def fit_from_config(
     out = Path(out_dir)
     outputs = [out / "model.npz", out / "summary.json", out / "summary.md", *(out / f"latent_{name}.csv" for name in names)]
     check_outputs_spare_inputs(outputs, [config_path, *data.inputs])
-    model.fit(sites)
+    with site_warnings(names):
+        model.fit(sites)
     model.save(out / "model.npz")
     for table, site in zip(data.tables, sites):
         latent = model.transform(site)

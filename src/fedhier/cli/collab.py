@@ -24,7 +24,7 @@ from ..data.scaling import ColumnScaling
 from ..data.sitefiles import SiteDataError, close_matches, join_problems, parse_column, read_rows, read_table
 from ..utils.io import write_csv
 from ..utils.untrusted import check_outputs_spare_inputs
-from .sitedata import check_columns, fit_scaling, load_config, read_saved_data, site_data, write_summary
+from .sitedata import check_columns, fit_scaling, load_config, read_saved_data, site_data, site_warnings, write_summary
 
 _DEFAULTS = {"n_components": 7, "rho": 0.8, "weights": "local", "aggregation": "consensus", "max_iter": 100, "seed": 0}
 
@@ -168,7 +168,8 @@ def _fit(args: argparse.Namespace, command: str) -> int:
     else:
         out = model_path
         check_outputs_spare_inputs([out, folder / "summary.json", *(folder / f"scores_{n}.csv" for n in names)], inputs)
-        model.fit(sites)
+        with site_warnings(names):
+            model.fit(sites)
     model.save(out)
     lost = getattr(model, "lost_sites_", [])
     print(f"fitted CollabDict on {len(sites)} sites ({', '.join(names)}); variables {variables}; "
@@ -212,7 +213,7 @@ def _check_default_variables(data, variables: list[str]) -> None:
             problems: list[str] = []
             parse_column(table, c, problems)
             if problems and c not in text:
-                text[c] = problems[0].split(": ", 1)[0] + problems[0][problems[0].rfind(", row"):]
+                text[c] = problems[0]
     if text or unmeasured:
         parts = ([f"column(s) {list(text)} hold text (first: {next(iter(text.values()))})"] if text else []) + (
             [f"column(s) {list(unmeasured)} not measured at site {next(iter(unmeasured.values()))!r}"] if unmeasured else [])

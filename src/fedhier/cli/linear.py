@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import re
 import shlex
 import sys
-import warnings
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +21,7 @@ from ..data.sitefiles import SiteDataError, join_problems, read_rows
 from ..deploy._toml import FEDLIN_OPTIONS
 from ..utils.io import write_csv, write_json
 from ..utils.untrusted import check_outputs_spare_inputs
-from .sitedata import check_columns, fit_scaling, load_config, site_data, write_summary
+from .sitedata import check_columns, fit_scaling, load_config, site_data, site_warnings, write_summary
 
 _INTERCEPT = "(intercept)"
 #: option -> default, as the flags and a TOML file set them
@@ -154,7 +151,7 @@ def _fit_linear(config: dict[str, Any], command: str | None) -> int:
         names_out = [_INTERCEPT, *names_out]
         sites = [(np.column_stack([np.ones(len(y)), X]), y) for X, y in sites]
     params = {k: config[k] for k in FEDLIN_OPTIONS[f"fedlin-{model}"] if k in config}  # the estimator's own options
-    with _site_named_warnings(names):
+    with site_warnings(names):
         if model == "hm1":
             params.setdefault("eta", _DEFAULTS["eta"])
             est = _build(FedHM1Regressor, n_rounds=opt["n_rounds"], random_state=opt["seed"], **params)
@@ -217,20 +214,6 @@ def _fit(est, sites, scale: str) -> None:
     except (ValueError, np.linalg.LinAlgError) as exc:
         hint = ("; the columns are in raw units: set scale = \"standard\" (flag --scale standard)" if scale == "none" else "")
         raise ValueError(f"the fit failed: {exc}{hint}") from None
-
-
-@contextmanager
-def _site_named_warnings(names):
-    """Show the estimator's warnings as one line each (``fedhier: warning: ...``), sites by name, no source line."""
-    with warnings.catch_warnings(record=True) as caught:
-        yield
-    seen = set()
-    for w in caught:
-        text = re.sub(r"\bsite (\d+)\b",
-                      lambda m: f"site {names[int(m.group(1))]!r}" if int(m.group(1)) < len(names) else m.group(0), str(w.message))
-        if text not in seen:
-            seen.add(text)
-            print(f"fedhier: warning: {text}", file=sys.stderr)
 
 
 def _add_original_units(rows, est, scaling, features, target, names) -> None:

@@ -21,7 +21,11 @@ and row; every problem found in one pass is listed.
 
 from __future__ import annotations
 
+import re
+import sys
 import tomllib
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -36,7 +40,7 @@ from ..utils.io import atomic_write_text, markdown_table, write_json
 from ..utils.untrusted import check_site_name
 
 __all__ = ["DATA_KEYS", "MODEL_KEYS", "FAMILY_OPTIONS", "SiteData", "load_config", "site_data", "check_columns",
-           "fit_scaling", "write_summary", "read_saved_data"]
+           "fit_scaling", "site_warnings", "write_summary", "read_saved_data"]
 
 _ALL_KEYS = CONFIG_KEYS
 
@@ -199,6 +203,27 @@ def fit_scaling(kind: str, columns: Sequence[str], site_arrays: Sequence[np.ndar
     except ValueError as exc:
         raise ValueError(f"scale = {kind!r}: {exc}".replace("column(s) ", "column index(es) ")) from None
     return ColumnScaling(kind, columns, result.broadcast["center"], result.broadcast["scale"])
+
+
+#: the library's advice in a warning, as a configuration file says it
+_CLI_WORDS = {"scale the data first (e.g. fedhier.data.MinMaxScaling, as the experiments do) or pass sigma2_prior=None":
+              'set scale = "standard" (or "minmax") in the configuration, or sigma2_prior = "none"'}
+
+
+@contextmanager
+def site_warnings(names: Sequence[str]):
+    """Show the estimator's warnings as one line each (``fedhier: warning: ...``), sites by name, no source line."""
+    with warnings.catch_warnings(record=True) as caught:
+        yield
+    seen = set()
+    for w in caught:
+        text = re.sub(r"\bsite (\d+)\b",
+                      lambda m: f"site {names[int(m.group(1))]!r}" if int(m.group(1)) < len(names) else m.group(0), str(w.message))
+        for api, toml in _CLI_WORDS.items():
+            text = text.replace(api, toml)
+        if text not in seen:
+            seen.add(text)
+            print(f"fedhier: warning: {text}", file=sys.stderr)
 
 
 def write_summary(out: Path, summary: Mapping[str, Any], *, title: str, notes: Sequence[str] = (),
