@@ -174,3 +174,28 @@ def test_one_file_per_site_and_a_site_column_give_the_same_fit(tmp_path, capsys)
         a = np.loadtxt(tmp_path / "a" / f"latent_{mote}.csv", delimiter=",", skiprows=1)
         b = np.loadtxt(tmp_path / "b" / f"latent_{mote}.csv", delimiter=",", skiprows=1)
         np.testing.assert_array_equal(a, b)
+
+
+def test_no_command_needs_an_optional_package_on_the_core_install(tmp_path, monkeypatch, capsys):
+    import sys
+
+    optional = ("pandas", "statsmodels", "flwr", "torch", "mpi4py", "pyarrow")
+
+    class NotInstalled:  # as on the install `make demo` creates
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name.split(".")[0] in optional:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    for name in list(sys.modules):
+        if name.split(".")[0] in optional:
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [NotInstalled(), *sys.meta_path])
+    toml = _copy(tmp_path, "motes")
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 0
+    assert main(["fit", "linear", "--config", str(toml), "--out", str(tmp_path / "linear")]) == 0
+    assert main(["collab", "fit", "--config", str(toml), "--out", str(tmp_path / "collab")]) == 0
+    assert main(["collab", "score", "--model", str(tmp_path / "collab" / "model.npz"), "--csv", str(tmp_path / "motes" / "motes.csv"),
+                 "--out", str(tmp_path / "s.csv")]) == 0
+    assert main(["experiment", "list"]) == 0
