@@ -64,6 +64,21 @@ def _heart_pooled(tmp: Path) -> Path:
     return path
 
 
+def _heart_with_male(tmp: Path) -> Path:
+    """The whole bundled heart table in raw units with a 0/1 column `male`, as the newcomer made it."""
+    import csv
+    import gzip
+
+    with gzip.open(HERE.parent / "src" / "fedhier" / "data" / "bundled" / "heart_disease_uci.csv.gz", "rt", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    path = tmp / "heart_male.csv"
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=[*rows[0], "male"])
+        writer.writeheader()
+        writer.writerows({**r, "male": int(r["sex"] == "Male")} for r in rows)
+    return path
+
+
 def _sub(old: str, new: str):
     return lambda text: text.replace(old, new, 1)
 
@@ -118,6 +133,10 @@ CASES = [
     ("11", "any command: both a [sites] table and a site column",
      lambda t: ["fit", "--config", str(_heart(t, lambda s: 'file = "cleveland.csv"\nsite_column = "dataset"\n' + s)), "--out", str(t / "o")],
      2, ["either with a [sites] table", "or with file"]),
+    ("2", "`fedhier fit linear` on raw clinical units (the whole heart table, without scale)",
+     lambda t: ["fit", "linear", str(_heart_with_male(t)), "--site", "dataset", "--target", "thalch", "--features",
+                "age,trestbps,male", "--intercept", "--out", str(t / "o")],
+     2, ["tilted covariance is not positive definite", 'set scale = "standard" (flag --scale standard)']),
     ("9", "`fedhier fit linear`: a text feature",
      lambda t: ["fit", "linear", str(_heart_pooled(t)), "--site", "dataset", "--target", "thalch", "--features", "age,sex",
                 "--out", str(t / "o")],
