@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import re
 import shutil
 import sys
 from pathlib import Path

@@ -21,10 +21,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..data.scaling import ColumnScaling
-from ..data.sitefiles import SiteDataError, close_matches, join_problems, parse_column, read_rows, read_table
+from ..data.sitefiles import SiteDataError, close_matches, join_problems, parse_column, read_table
 from ..utils.io import write_csv
 from ..utils.untrusted import check_outputs_spare_inputs
-from .sitedata import check_columns, fit_scaling, load_config, read_saved_data, site_data, site_warnings, write_summary
+from .sitedata import check_columns, complete_rows, fit_scaling, load_config, read_saved_data, site_data, site_warnings, write_summary
 
 _DEFAULTS = {"n_components": 7, "rho": 0.8, "weights": "local", "aggregation": "consensus", "max_iter": 100, "seed": 0}
 
@@ -121,17 +121,7 @@ def _fit(args: argparse.Namespace, command: str) -> int:
     if not config.get("variables"):
         _check_default_variables(data, variables)
     notes: list[str] = []
-    problems, sites, kept = [], [], []
-    for table in data.tables:
-        try:
-            values, rows = read_rows(table, variables, partial=data.partial, what="variables", notes=notes)
-        except SiteDataError as exc:
-            problems.append(str(exc))
-            continue
-        if len(rows) < 2:
-            problems.append(f"site {table.site!r}: {len(rows)} complete row(s); a site needs at least 2")
-        sites.append(values)
-        kept.append(rows)
+    sites, kept, problems = complete_rows(data, variables, "variables", notes)
     known = _labels(data.tables, kept, label, problems) if label else None
     if problems:
         raise SiteDataError(join_problems(problems))

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ..data.sitefiles import SiteDataError, join_problems, read_rows
+from ..data.sitefiles import SiteDataError, join_problems
 from ..deploy._toml import FEDLIN_OPTIONS
 from ..utils.io import write_csv, write_json
 from ..utils.untrusted import check_outputs_spare_inputs
-from .sitedata import check_columns, fit_scaling, load_config, site_data, site_warnings, write_summary
+from .sitedata import check_columns, complete_rows, fit_scaling, load_config, site_data, site_warnings, write_summary
 
 _INTERCEPT = "(intercept)"
 #: option -> default, as the flags and a TOML file set them
@@ -126,17 +126,7 @@ def _fit_linear(config: dict[str, Any], command: str | None) -> int:
     columns = [*features, target]
     check_columns(data, {"target": [target], "features": features}, exclude=[config.get("site_column") or "", data.id or ""])
     notes: list[str] = []
-    problems, sites, kept = [], [], []
-    for table in data.tables:
-        try:
-            values, rows = read_rows(table, columns, partial=data.partial, what="target and features", notes=notes)
-        except SiteDataError as exc:
-            problems.append(str(exc))
-            continue
-        if len(rows) < 2:
-            problems.append(f"site {table.site!r}: {len(rows)} complete row(s); a site needs at least 2")
-        sites.append(values)
-        kept.append(rows)
+    sites, kept, problems = complete_rows(data, columns, "target and features", notes)
     if problems:
         raise SiteDataError(join_problems(problems))
     scaling = fit_scaling(data.scale, columns, sites, seed=opt["seed"])

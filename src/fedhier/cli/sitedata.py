@@ -34,13 +34,13 @@ import numpy as np
 
 from ..data.scaling import ColumnScaling
 from ..deploy._toml import CONFIG_KEYS, DATA_KEYS, FAMILY_OPTIONS, MODEL_KEYS
-from ..data.sitefiles import PARTIAL, SiteDataError, SiteTable, close_matches, join_problems, read_table
+from ..data.sitefiles import PARTIAL, SiteDataError, SiteTable, close_matches, join_problems, read_rows, read_table
 from ..protocol.scaling import SCALES
 from ..utils.io import atomic_write_text, markdown_table, write_json
 from ..utils.untrusted import check_site_name
 
 __all__ = ["DATA_KEYS", "MODEL_KEYS", "FAMILY_OPTIONS", "SiteData", "load_config", "site_data", "check_columns",
-           "fit_scaling", "site_warnings", "write_summary", "read_saved_data"]
+           "complete_rows", "fit_scaling", "site_warnings", "write_summary", "read_saved_data"]
 
 _ALL_KEYS = CONFIG_KEYS
 
@@ -184,6 +184,28 @@ def check_columns(data: SiteData, groups: Mapping[str, Sequence[str]], *, exclud
                 problems.append(f"{label}: column {c!r} not found in any site's file{close_matches(c, available)}")
     if problems:
         raise ValueError(join_problems(problems) + f" (columns: {available})")
+
+
+def complete_rows(data: SiteData, columns: Sequence[str], what: str, notes: list[str]
+                  ) -> tuple[list[np.ndarray], list[np.ndarray], list[str]]:
+    """Every site's complete rows of ``columns`` (:func:`~fedhier.data.sitefiles.read_rows`), for models that need every cell.
+
+    Returns ``(values per site, kept row positions per site, problems)``: the problems of all sites, each
+    site needing at least 2 complete rows, for the caller to raise in one message.
+    """
+    problems: list[str] = []
+    sites, kept = [], []
+    for table in data.tables:
+        try:
+            values, rows = read_rows(table, columns, partial=data.partial, what=what, notes=notes)
+        except SiteDataError as exc:
+            problems.append(str(exc))
+            continue
+        if len(rows) < 2:
+            problems.append(f"site {table.site!r}: {len(rows)} complete row(s); a site needs at least 2")
+        sites.append(values)
+        kept.append(rows)
+    return sites, kept, problems
 
 
 def fit_scaling(kind: str, columns: Sequence[str], site_arrays: Sequence[np.ndarray], seed: int | None = 0) -> ColumnScaling:
