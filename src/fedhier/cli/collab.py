@@ -121,7 +121,7 @@ def _fit(args: argparse.Namespace, command: str) -> int:
     if not config.get("variables"):
         _check_default_variables(data, variables)
     notes: list[str] = []
-    sites, kept, problems = complete_rows(data, variables, "variables", notes)
+    sites, kept, problems = complete_rows(data, variables, "variables", notes, min_rows=2)
     known = _labels(data.tables, kept, label, problems) if label else None
     if problems:
         raise SiteDataError(join_problems(problems))

@@ -115,6 +115,10 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
     if id_column is not None and (not isinstance(id_column, str) or not id_column):
         raise ValueError(f"{source}: id must be a column name")
     sites, file = raw.get("sites"), raw.get("file")
+    flower_sites = raw.get("flower", {}).get("sites") if isinstance(raw.get("flower"), dict) else None
+    if sites is None and file is None and isinstance(flower_sites, list) and flower_sites:
+        raise ValueError(f"{source}: [flower] names the sites, but a fit on this machine needs each site's file: add a "
+                         f"[sites] table, e.g. [sites] {flower_sites[0]} = \"{flower_sites[0]}.csv\"")
     if (sites is None) == (file is None):
         raise ValueError(f"{source}: name the data either with a [sites] table (site name = \"file.csv\") "
                          "or with file = \"data.csv\" and site_column = \"...\"")
@@ -186,12 +190,12 @@ def check_columns(data: SiteData, groups: Mapping[str, Sequence[str]], *, exclud
         raise ValueError(join_problems(problems) + f" (columns: {available})")
 
 
-def complete_rows(data: SiteData, columns: Sequence[str], what: str, notes: list[str]
+def complete_rows(data: SiteData, columns: Sequence[str], what: str, notes: list[str], min_rows: int = 1
                   ) -> tuple[list[np.ndarray], list[np.ndarray], list[str]]:
     """Every site's complete rows of ``columns`` (:func:`~fedhier.data.sitefiles.read_rows`), for models that need every cell.
 
     Returns ``(values per site, kept row positions per site, problems)``: the problems of all sites, each
-    site needing at least 2 complete rows, for the caller to raise in one message.
+    site needing at least ``min_rows`` complete rows, for the caller to raise in one message.
     """
     problems: list[str] = []
     sites, kept = [], []
@@ -201,8 +205,8 @@ def complete_rows(data: SiteData, columns: Sequence[str], what: str, notes: list
         except SiteDataError as exc:
             problems.append(str(exc))
             continue
-        if len(rows) < 2:
-            problems.append(f"site {table.site!r}: {len(rows)} complete row(s); a site needs at least 2")
+        if len(rows) < min_rows:
+            problems.append(f"site {table.site!r}: {len(rows)} complete row(s); a site needs at least {min_rows}")
         sites.append(values)
         kept.append(rows)
     return sites, kept, problems
