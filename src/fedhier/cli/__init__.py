@@ -82,7 +82,8 @@ def _cmd_fit(args) -> int:
         return fit_linear_config(args.config, out_dir=args.out)
 
     summary = fit_from_config(args.config, out_dir=args.out, total_budget=_total_budget(args), progress=not args.quiet)
-    print(json.dumps(summary, indent=2))
+    shown = {k: v for k, v in summary.items() if k not in ("columns", "scaling")}  # both are in summary.json
+    print(json.dumps(shown, indent=2))
     return 0
 
 
