@@ -199,3 +199,20 @@ def test_no_command_needs_an_optional_package_on_the_core_install(tmp_path, monk
     assert main(["collab", "score", "--model", str(tmp_path / "collab" / "model.npz"), "--csv", str(tmp_path / "motes" / "motes.csv"),
                  "--out", str(tmp_path / "s.csv")]) == 0
     assert main(["experiment", "list"]) == 0
+
+
+def test_the_reader_reads_cells_as_a_spreadsheet_user_writes_them(tmp_path):
+    import gzip
+
+    from fedhier.data.sitefiles import SiteDataError, read_site_table
+
+    text = "\ufeffa, b ,c\nTrue,1.5,NA\nno,,N/A\nYES,2,3\n\n"
+    with gzip.open(tmp_path / "s.csv.gz", "wt", encoding="utf-8") as fh:
+        fh.write(text)
+    notes = []
+    views = read_site_table(tmp_path / "s.csv.gz", {"flags": ["a"], "pair": ["b", "c"]}, "s", notes=notes)
+    np.testing.assert_array_equal(views["flags"][:, 0], [1.0, 0.0, 1.0])
+    assert np.isnan(views["pair"][:2]).all() and views["pair"][2].tolist() == [2.0, 3.0]  # row 1 partly observed: missing
+    assert notes == ["site 's', view 'pair': 1 subject(s) observed in only part of the view are treated as lacking it"]
+    with pytest.raises(SiteDataError, match=r"site 's', view 'pair': 1 row\(s\) with some but not all .* first at row 1"):
+        read_site_table(tmp_path / "s.csv.gz", {"pair": ["b", "c"]}, "s", partial="refuse")
