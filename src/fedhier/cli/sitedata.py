@@ -223,11 +223,10 @@ def fit_scaling(kind: str, columns: Sequence[str], site_arrays: Sequence[np.ndar
     from ..protocol.scaling import ColumnScalingProtocol
     from ..runtime.simulate import simulate
 
-    protocol = ColumnScalingProtocol(len(columns), kind)
-    try:
-        result = simulate(protocol, list(site_arrays), n_rounds=1, random_state=seed)
-    except ValueError as exc:
-        raise ValueError(f"scale = {kind!r}: {exc}".replace("column(s) ", "column index(es) ")) from None
+    nowhere = [c for j, c in enumerate(columns) if all(np.isnan(X[:, j]).all() for X in site_arrays)]
+    if nowhere:
+        raise ValueError(f"scale = {kind!r}: column(s) {nowhere} observed at no site")
+    result = simulate(ColumnScalingProtocol(len(columns), kind), list(site_arrays), n_rounds=1, random_state=seed)
     return ColumnScaling(kind, columns, result.broadcast["center"], result.broadcast["scale"])
 
 
