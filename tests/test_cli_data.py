@@ -56,15 +56,16 @@ def test_heart_reads_booleans_partial_views_and_columns_empty_at_a_site(tmp_path
     assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 0
     summary = json.loads((tmp_path / "fit" / "summary.json").read_text())
     notes = " ".join(summary["notes"])
-    assert "site 'hungary', view 'angiography': column(s) ['ca'] empty at every row" in notes
+    assert "site 'hungary', view 'angiography': column(s) ['ca'] empty or missing at every row" in notes
+    assert "site 'switzerland', view 'lab': column(s) ['chol'] empty or missing at every row" in notes  # chol = 0 marked missing
     assert "site 'switzerland', view 'clinical': 28 subject(s) observed in only part of the view" in notes
-    # VA Long Beach: 7 patients lack every exercise cell and have no ca, and one of the clinical cells -> no view
+    # VA Long Beach: some patients lack a cell of every view (chol = 0 is missing there) -> no observed view
     va = _rows(tmp_path / "heart" / "va_long_beach.csv")
     latent = _rows(tmp_path / "fit" / "latent_va_long_beach.csv")
     assert [r["id"] for r in latent] == [r["id"] for r in va]
-    views = {"clinical": ["age", "trestbps", "chol", "fbs"], "exercise": ["thalch", "oldpeak", "exang"], "angiography": ["ca"]}
-    no_view = [all(any(r[c] == "" for c in cols) for cols in views.values()) for r in va]
-    assert sum(no_view) == 7
+    views = {"clinical": ["age", "trestbps", "fbs"], "lab": ["chol"], "exercise": ["thalch", "oldpeak", "exang"], "angiography": ["ca"]}
+    no_view = [all(any(r[c] in ("", "0", "0.0") if c == "chol" else r[c] == "" for c in cols) for cols in views.values()) for r in va]
+    assert 0 < sum(no_view) < len(va)
     for row, none in zip(latent, no_view):
         assert np.isnan(float(row["x1"])) == none  # NaN exactly for the subjects with no observed view, never 0.0
 
@@ -150,6 +151,8 @@ def test_the_flower_fit_toml_is_the_same_file_plus_a_flower_table(tmp_path, caps
     toml.write_text(linear)
     assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "lin")]) == 0  # the same file runs FedLin
     assert (tmp_path / "lin" / "phi.csv").is_file()
+    marked = fit_from_toml('missing_values = { uranium = ["-9"] }\n' + text, "fit.toml")  # read at each site as on the command line
+    assert marked.missing_values == {"uranium": ["-9"]} and type(marked).from_json(marked.to_json()) == marked
     with pytest.raises(ValueError, match="scale = 'standard' is not applied over Flower"):
         fit_from_toml(text.replace('scale = "none"', 'scale = "standard"'), "fit.toml")
 

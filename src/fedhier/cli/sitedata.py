@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..data.scaling import ColumnScaling
-from ..deploy._toml import CONFIG_KEYS, DATA_KEYS, FAMILY_OPTIONS, MODEL_KEYS
+from ..deploy._toml import CONFIG_KEYS, DATA_KEYS, FAMILY_OPTIONS, MODEL_KEYS, check_missing_values
 from ..data.sitefiles import PARTIAL, SiteDataError, SiteTable, close_matches, join_problems, read_rows, read_table
 from ..protocol.scaling import SCALES
 from ..utils.io import atomic_write_text, markdown_table, write_json
@@ -114,6 +114,7 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
     id_column = raw.get("id")
     if id_column is not None and (not isinstance(id_column, str) or not id_column):
         raise ValueError(f"{source}: id must be a column name")
+    missing = check_missing_values(raw.get("missing_values", {}), source)
     sites, file = raw.get("sites"), raw.get("file")
     flower_sites = raw.get("flower", {}).get("sites") if isinstance(raw.get("flower"), dict) else None
     if sites is None and file is None and isinstance(flower_sites, list) and flower_sites:
@@ -123,9 +124,9 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
         raise ValueError(f"{source}: name the data either with a [sites] table (site name = \"file.csv\") "
                          "or with file = \"data.csv\" and site_column = \"...\"")
     if file is not None:
-        tables, inputs, layout = _split_by_site_column(raw, source, base / str(file))
+        tables, inputs, layout = _split_by_site_column(raw, source, base / str(file), missing)
     else:
-        tables, inputs, layout = _site_files(sites, source, base)
+        tables, inputs, layout = _site_files(sites, source, base, missing)
     if id_column is not None:
         lacking = [t.site for t in tables if not t.has(id_column)]
         if lacking:
@@ -134,7 +135,7 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
     return SiteData(tables, id_column, scale, partial, inputs, layout)
 
 
-def _site_files(sites: Any, source: str, base: Path) -> tuple[list[SiteTable], list[Path], str]:
+def _site_files(sites: Any, source: str, base: Path, missing: dict[str, list[str]]) -> tuple[list[SiteTable], list[Path], str]:
     if isinstance(sites, dict) and sites and all(isinstance(v, str) for v in sites.values()):
         entries = list(sites.items())
     elif isinstance(sites, list) and sites and all(isinstance(s, dict) and "path" in s for s in sites):  # [[sites]] name/path
@@ -145,20 +146,21 @@ def _site_files(sites: Any, source: str, base: Path) -> tuple[list[SiteTable], l
     if len(set(names)) != len(names):
         raise ValueError(f"{source}: site names must be unique, got {names}")
     paths = [(base / str(p)).resolve() for _, p in entries]
-    missing = [f"site {n!r}: file {p} does not exist" for n, p in zip(names, paths) if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(f"{source}: " + join_problems(missing))
-    return [read_table(p, n) for n, p in zip(names, paths)], paths, "one file per site"
+    absent = [f"site {n!r}: file {p} does not exist" for n, p in zip(names, paths) if not p.is_file()]
+    if absent:
+        raise FileNotFoundError(f"{source}: " + join_problems(absent))
+    return [read_table(p, n, missing) for n, p in zip(names, paths)], paths, "one file per site"
 
 
-def _split_by_site_column(raw: Mapping[str, Any], source: str, path: Path) -> tuple[list[SiteTable], list[Path], str]:
+def _split_by_site_column(raw: Mapping[str, Any], source: str, path: Path, missing: dict[str, list[str]]
+                          ) -> tuple[list[SiteTable], list[Path], str]:
     column = raw.get("site_column")
     if not isinstance(column, str) or not column:
         raise ValueError(f"{source}: file = \"{path.name}\" needs site_column = \"...\", the column naming each row's site")
     path = path.resolve()
     if not path.is_file():
         raise FileNotFoundError(f"{source}: file {path} does not exist")
-    pooled = read_table(path, path.name)
+    pooled = read_table(path, path.name, missing)
     if not pooled.has(column):
         raise ValueError(f"{path.name}: no site column {column!r}{close_matches(column, pooled.header)}; "
                          f"columns: {pooled.header}")

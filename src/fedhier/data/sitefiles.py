@@ -24,7 +24,7 @@ import gzip
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -79,6 +79,9 @@ class SiteTable:
         The site's data rows, cells as text.
     row_numbers : list of int
         1-based data row number of each row in ``path`` (header not counted).
+    missing : mapping column -> set of str
+        Cells that also mean "missing" in a column (lower case), besides :data:`MISSING_CELLS`
+        (e.g. ``{"chol": {"0", "0.0"}}`` where a zero cholesterol is a missing measurement).
     """
 
     site: str
@@ -86,6 +89,7 @@ class SiteTable:
     header: list[str]
     rows: list[list[str]]
     row_numbers: list[int] = field(default_factory=list)
+    missing: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.row_numbers:
@@ -103,13 +107,19 @@ class SiteTable:
         j = self._position[column]
         return [row[j].strip() if j < len(row) else "" for row in self.rows]
 
+    def is_missing(self, column: str, cell: str) -> bool:
+        """True for an empty cell, a missing marker, or one of the column's own missing markers."""
+        low = cell.lower()
+        return low in MISSING_CELLS or low in self.missing.get(column, ())
+
     def measures(self, column: str) -> bool:
         """True when the file has ``column`` and at least one of its cells is not missing."""
-        return self.has(column) and any(c.lower() not in MISSING_CELLS for c in self.text(column))
+        return self.has(column) and any(not self.is_missing(column, c) for c in self.text(column))
 
     def subset(self, site: str, keep: Sequence[int]) -> "SiteTable":
         """The rows at positions ``keep`` as the table of ``site`` (splitting a pooled file by its site column)."""
-        return SiteTable(site, self.path, self.header, [self.rows[i] for i in keep], [self.row_numbers[i] for i in keep])
+        return SiteTable(site, self.path, self.header, [self.rows[i] for i in keep], [self.row_numbers[i] for i in keep],
+                         self.missing)
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
@@ -142,8 +152,11 @@ def _read_parquet(path: Path, site: str) -> tuple[list[str], list[list[str]], li
     return header, body, list(range(1, len(body) + 1))
 
 
-def read_table(path: str | Path, site: str) -> SiteTable:
-    """Read a whole file as text; a column named twice in the header is an error."""
+def read_table(path: str | Path, site: str, missing: Mapping[str, Sequence[str]] | None = None) -> SiteTable:
+    """Read a whole file as text; a column named twice in the header is an error.
+
+    ``missing``: column -> cells that also mean missing there (see :attr:`SiteTable.missing`).
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
@@ -152,7 +165,8 @@ def read_table(path: str | Path, site: str) -> SiteTable:
     repeated = sorted({name for name in header if header.count(name) > 1})
     if repeated:
         raise SiteDataError(f"site {site!r}: column(s) {repeated} appear more than once in the header of {path.name}")
-    return SiteTable(site, path, header, body, numbers)
+    marks = {c: frozenset(str(v).strip().lower() for v in values) for c, values in (missing or {}).items()}
+    return SiteTable(site, path, header, body, numbers, marks)
 
 
 def parse_column(table: SiteTable, column: str, problems: list[str], where: str = "") -> np.ndarray:
@@ -168,7 +182,7 @@ def parse_column(table: SiteTable, column: str, problems: list[str], where: str 
     infinite: list[int] = []
     for i, cell in enumerate(table.text(column)):
         low = cell.lower()
-        if low in MISSING_CELLS:
+        if table.is_missing(column, cell):
             out[i] = np.nan
         elif low in BOOLEAN_CELLS:
             out[i] = BOOLEAN_CELLS[low]
@@ -191,18 +205,19 @@ def parse_column(table: SiteTable, column: str, problems: list[str], where: str 
 
 
 def read_site_table(path: str | Path | SiteTable, views: dict[str, list[str]], site_name: str, *,
-                    partial: str = "missing", notes: list[str] | None = None) -> dict[str, np.ndarray]:
+                    partial: str = "missing", notes: list[str] | None = None,
+                    missing: Mapping[str, Sequence[str]] | None = None) -> dict[str, np.ndarray]:
     """Read one site's views into ``{view: (n, d) float array}``; views the site does not measure are omitted.
 
     A view is not measured at a site when the file lacks, or has only empty cells in, any of its
     columns (with ``partial="refuse"``, only when it lacks all of them).  A subject whose view
     is partly observed lacks that view (its row is all NaN) unless ``partial="refuse"``.  Every
     problem of the file is listed in one :class:`SiteDataError`.  ``notes`` receives one line
-    per view left out or per partly observed view.
+    per view left out or per partly observed view.  ``missing``: a column's own missing markers.
     """
     if partial not in PARTIAL:
         raise ValueError(f"partial must be one of {list(PARTIAL)}, got {partial!r}")
-    table = path if isinstance(path, SiteTable) else read_table(path, site_name)
+    table = path if isinstance(path, SiteTable) else read_table(path, site_name, missing)
     notes = [] if notes is None else notes
     problems: list[str] = []
     out: dict[str, np.ndarray] = {}
@@ -211,8 +226,8 @@ def read_site_table(path: str | Path | SiteTable, views: dict[str, list[str]], s
         if len(unmeasured) == len(columns):
             empty = [c for c in columns if table.has(c)]
             if empty:
-                notes.append(f"site {site_name!r}, view {view!r}: column(s) {empty} empty at every row, so the view is "
-                             "not measured there")
+                notes.append(f"site {site_name!r}, view {view!r}: column(s) {empty} empty or missing at every row, so "
+                             "the view is not measured there")
             continue
         where = f", view {view!r}"
         values = np.column_stack([parse_column(table, c, problems, where) for c in columns])

@@ -9,7 +9,7 @@ from typing import Any
 
 
 #: where the sites' rows are and how they are read: the same keys for every family and command (docs/cli.md)
-DATA_KEYS = frozenset({"sites", "file", "site_column", "id", "scale", "partial"})
+DATA_KEYS = frozenset({"sites", "file", "site_column", "id", "scale", "partial", "missing_values"})
 #: what each family models
 MODEL_KEYS = {"fed-mv-ppca": frozenset({"views"}), "fedlin": frozenset({"target", "features", "intercept"}),
               "collab": frozenset({"variables", "label"})}
@@ -45,9 +45,19 @@ def deployment_keys(raw: dict[str, Any], source: str, family: str, own: frozense
     partial = raw.get("partial", "missing")
     if partial not in ("missing", "refuse"):
         raise ValueError(f"{source}: partial must be 'missing' or 'refuse', got {partial!r}")
+    missing = check_missing_values(raw.get("missing_values", {}), source)
     for key in CONFIG_KEYS - set(own) - FAMILY_OPTIONS[family] - MODEL_KEYS[family] - {"model", "flower", "secure"}:
         raw.pop(key, None)
-    return raw, partial
+    return raw, {"partial": partial, "missing_values": missing}
+
+
+def check_missing_values(value: Any, source: str) -> dict[str, list[str]]:
+    """``missing_values``: a table column = list of cells that mean "missing" in that column (e.g. chol = ["0"])."""
+    if not isinstance(value, dict) or not all(
+            isinstance(v, list) and all(isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in v)
+            for v in value.values()):
+        raise ValueError(f"{source}: missing_values must map columns to lists of cells, e.g. missing_values = {{ chol = [\"0\"] }}")
+    return {str(c): [str(x) for x in v] for c, v in value.items()}
 
 
 class TomlFit:

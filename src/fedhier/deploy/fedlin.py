@@ -100,6 +100,7 @@ class FedLinFitConfig(TomlFit, Deployment):
     threshold: int | None = None
     frac_bits: int = 30
     partial: str = "missing"
+    missing_values: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "features", tuple(self.features))
@@ -139,7 +140,7 @@ class FedLinFitConfig(TomlFit, Deployment):
         model = raw.get("model")
         if model not in OPTIONS:
             raise ValueError(f"{source}: model must be one of {sorted(OPTIONS)}, got {model!r}")
-        raw, partial = deployment_keys(raw, source, "fedlin", _KEYS | OPTIONS[model])
+        raw, reading = deployment_keys(raw, source, "fedlin", _KEYS | OPTIONS[model])
         raw, flower, secure = read_fit_tables(raw, source, _KEYS | OPTIONS[model])
         for key in ("target", "features"):
             if key not in raw:
@@ -148,7 +149,7 @@ class FedLinFitConfig(TomlFit, Deployment):
             raise ValueError(f"{source}: features must be a list of column names")
         options = {k: raw.pop(k) for k in sorted(OPTIONS[model]) if k in raw}
         try:
-            return cls(model=model, options=options, **raw, **flower, **secure, partial=partial)
+            return cls(model=model, options=options, **raw, **flower, **secure, **reading)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: {exc}") from None
 
@@ -208,7 +209,7 @@ class FedLinFitConfig(TomlFit, Deployment):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
-        values, _ = read_rows(read_table(path, site), [*self.features, self.target], partial=self.partial,
+        values, _ = read_rows(read_table(path, site, self.missing_values), [*self.features, self.target], partial=self.partial,
                               what="target and features")
         X, y = np.ascontiguousarray(values[:, :-1]), values[:, -1].copy()
         if X.shape[0] < 2:

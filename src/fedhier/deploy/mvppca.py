@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -75,6 +75,8 @@ class FlowerFitConfig(TomlFit, Deployment):
         A subject observed in only part of a view lacks the view, or the site's file is refused
         (as ``fedhier fit``; the file's other data keys -- ``[sites]``, ``file``, ``id`` -- are the
         command line's).
+    missing_values : mapping column -> cells
+        Cells that also mean "missing" in a column (``docs/cli.md``).
     """
 
     views: Mapping[str, tuple[str, ...]]
@@ -100,6 +102,7 @@ class FlowerFitConfig(TomlFit, Deployment):
     threshold: int | None = None
     frac_bits: int = 30
     partial: str = "missing"
+    missing_values: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     model = "fed-mv-ppca"
 
@@ -159,7 +162,7 @@ class FlowerFitConfig(TomlFit, Deployment):
             raise ValueError(f"{source}: invalid TOML: {exc}") from exc
         if raw.get("model", cls.model) != cls.model:
             raise ValueError(f"{source}: model = {raw['model']!r} is not a {cls.model} fit")
-        raw, partial = deployment_keys(raw, source, "fed-mv-ppca", _ALLOWED_KEYS)
+        raw, reading = deployment_keys(raw, source, "fed-mv-ppca", _ALLOWED_KEYS)
         raw, flower, secure = read_fit_tables(raw, source, _ALLOWED_KEYS)
         views = raw.pop("views", None)
         if not isinstance(views, dict) or not all(isinstance(c, list) for c in views.values()):
@@ -168,7 +171,7 @@ class FlowerFitConfig(TomlFit, Deployment):
             if raw.get(key) == "none":
                 raw[key] = None
         try:
-            return cls(views=views, **raw, **flower, **secure, partial=partial)
+            return cls(views=views, **raw, **flower, **secure, **reading)
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None
 
@@ -240,7 +243,8 @@ class FlowerFitConfig(TomlFit, Deployment):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
-        table = read_site_table(path, {v: list(c) for v, c in self.views.items()}, site, partial=self.partial)
+        table = read_site_table(path, {v: list(c) for v, c in self.views.items()}, site, partial=self.partial,
+                                missing=self.missing_values)
         try:
             checked, _ = check_sites([table], schema=self.schema(), n_components=self.n_components, min_subjects=2,
                                      site_names=[site])
