@@ -75,6 +75,7 @@ class SiteData:
     partial : "missing" or "refuse"
     inputs : list of Path, the files read (never overwritten by an output)
     layout : str, for summaries ("one file per site" or "site column 'x' of file")
+    site_column : str or None, the column naming each row's site (never a variable)
     """
 
     tables: list[SiteTable]
@@ -83,6 +84,7 @@ class SiteData:
     partial: str = "missing"
     inputs: list[Path] = field(default_factory=list)
     layout: str = ""
+    site_column: str | None = None
 
     @property
     def names(self) -> list[str]:
@@ -98,7 +100,7 @@ class SiteData:
         seen: dict[str, None] = {}
         for t in self.tables:
             seen.update(dict.fromkeys(t.header))
-        return list(seen)
+        return [c for c in seen if c != self.site_column]
 
 
 def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | None = None) -> SiteData:
@@ -132,7 +134,7 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
         if lacking:
             raise ValueError(f"{source}: id column {id_column!r} missing at site(s) {lacking}"
                              f"{close_matches(id_column, tables[0].header)}; columns: {tables[0].header}")
-    return SiteData(tables, id_column, scale, partial, inputs, layout)
+    return SiteData(tables, id_column, scale, partial, inputs, layout, raw.get("site_column") if file is not None else None)
 
 
 def _site_files(sites: Any, source: str, base: Path, missing: dict[str, list[str]]) -> tuple[list[SiteTable], list[Path], str]:
