@@ -83,6 +83,9 @@ def test_standard_and_minmax_scaling_equal_the_pooled_statistics(tmp_path):
     minmax = fit_scaling("minmax", ["a", "b", "c"], sites)
     np.testing.assert_allclose(minmax.center, np.nanmin(pooled, axis=0))
     np.testing.assert_allclose(minmax.scale, np.nanmax(pooled, axis=0) - np.nanmin(pooled, axis=0))
+    secure = fit_scaling("standard", ["a", "b", "c"], sites, aggregation="secure")  # the coordinator sees only the sums
+    np.testing.assert_allclose(secure.center, standard.center, rtol=1e-6)
+    np.testing.assert_allclose(secure.scale, standard.scale, rtol=1e-6)
     Z = minmax.transform(["c", "a"], pooled[:, [2, 0]])
     assert np.nanmin(Z, axis=0) == pytest.approx([0, 0]) and np.nanmax(Z, axis=0) == pytest.approx([1, 1])
     np.testing.assert_allclose(minmax.inverse_transform(["c", "a"], Z), pooled[:, [2, 0]])
@@ -219,3 +222,15 @@ def test_the_reader_reads_cells_as_a_spreadsheet_user_writes_them(tmp_path):
     assert notes == ["site 's', view 'pair': 1 subject(s) observed in only part of the view are treated as lacking it"]
     with pytest.raises(SiteDataError, match=r"site 's', view 'pair': 1 row\(s\) with some but not all .* first at row 1"):
         read_site_table(tmp_path / "s.csv.gz", {"pair": ["b", "c"]}, "s", partial="refuse")
+
+
+def test_collab_scale_changes_nothing_because_collabdict_standardises_itself(tmp_path, capsys):
+    toml = _copy(tmp_path, "motes")
+    assert main(["collab", "fit", "--config", str(toml), "--out", str(tmp_path / "minmax")]) == 0
+    toml.write_text(toml.read_text().replace('scale = "minmax"', 'scale = "none"'))
+    assert main(["collab", "fit", "--config", str(toml), "--out", str(tmp_path / "none")]) == 0
+    for mote in "1234":
+        a = [float(r["score"]) for r in _rows(tmp_path / "minmax" / f"scores_{mote}.csv")]
+        b = [float(r["score"]) for r in _rows(tmp_path / "none" / f"scores_{mote}.csv")]
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
+    assert "has no effect on CollabDict" in " ".join(json.loads((tmp_path / "minmax" / "summary.json").read_text())["notes"])

@@ -97,7 +97,8 @@ def fit_from_config(
     sites = read_views(data, views, notes)
     names = data.names
     columns = [c for cols in views.values() for c in cols]
-    scaling = fit_scaling(data.scale, columns, [_all_columns(s, views) for s in sites], seed=config.get("seed", 0))
+    scaling = fit_scaling(data.scale, columns, [_all_columns(s, views) for s in sites], seed=config.get("seed", 0),
+                          aggregation=config.get("aggregation", "plain"))
     sites = [{v: scaling.transform(views[v], X) for v, X in s.items()} for s in sites]
     options = {k: config.get(k, d) for k, d in _OPTIONS.items()}
     with site_warnings(names):

@@ -24,7 +24,7 @@ from ..data.scaling import ColumnScaling
 from ..data.sitefiles import SiteDataError, close_matches, join_problems, parse_column, read_table
 from ..utils.io import write_csv
 from ..utils.untrusted import check_outputs_spare_inputs
-from .sitedata import check_columns, complete_rows, fit_scaling, load_config, read_saved_data, site_data, site_warnings, write_summary
+from .sitedata import check_columns, complete_rows, load_config, read_saved_data, site_data, site_warnings, write_summary
 
 _DEFAULTS = {"n_components": 7, "rho": 0.8, "weights": "local", "aggregation": "consensus", "max_iter": 100, "seed": 0}
 
@@ -126,8 +126,10 @@ def _fit(args: argparse.Namespace, command: str) -> int:
     if problems:
         raise SiteDataError(join_problems(problems))
     opt = {k: config.get(k, d) for k, d in _DEFAULTS.items()}
-    scaling = fit_scaling(data.scale, variables, sites, seed=opt["seed"])
-    sites = [scaling.transform(variables, X) for X in sites]
+    if data.scale != "none":  # an affine change of a variable leaves CollabDict's own standardisation unchanged
+        notes.append(f"scale = {data.scale!r} has no effect on CollabDict: it standardises every variable across the "
+                     "sites itself, without a centre, before its first round")
+    scaling = ColumnScaling("none", variables)
     names = data.names
     inputs = [*data.inputs, *([source] if str(source).endswith(".toml") else [])]
     out_arg = Path(args.out) if args.out else Path("fedhier-collab")

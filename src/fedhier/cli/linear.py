@@ -129,7 +129,7 @@ def _fit_linear(config: dict[str, Any], command: str | None) -> int:
     sites, kept, problems = complete_rows(data, columns, "target and features", notes)
     if problems:
         raise SiteDataError(join_problems(problems))
-    scaling = fit_scaling(data.scale, columns, sites, seed=opt["seed"])
+    scaling = fit_scaling(data.scale, columns, sites, seed=opt["seed"], aggregation=config.get("aggregation", "plain"))
     sites = [scaling.transform(columns, v) for v in sites]
     sites = [(v[:, :-1], v[:, -1]) for v in sites]
     names = data.names
@@ -150,6 +150,8 @@ def _fit_linear(config: dict[str, Any], command: str | None) -> int:
         else:
             for key in ("prior", "noise", "mu_scale", "level"):
                 params.setdefault(key, _DEFAULTS[key])
+            if "aggregation" in config:  # "secure": the EP deltas are summed securely
+                params["aggregation"] = config["aggregation"]
             if params.get("random") is not None:
                 wanted = params["random"] if isinstance(params["random"], list) else [params["random"]]
                 unknown = [c for c in wanted if c not in names_out]

@@ -216,11 +216,15 @@ def complete_rows(data: SiteData, columns: Sequence[str], what: str, notes: list
     return sites, kept, problems
 
 
-def fit_scaling(kind: str, columns: Sequence[str], site_arrays: Sequence[np.ndarray], seed: int | None = 0) -> ColumnScaling:
+def fit_scaling(kind: str, columns: Sequence[str], site_arrays: Sequence[np.ndarray], seed: int | None = 0,
+                aggregation: str = "plain") -> ColumnScaling:
     """Fit ``kind`` scaling of ``columns`` across the sites by one round of :func:`~fedhier.runtime.simulate.simulate`.
 
     ``site_arrays``: one ``(n_s, len(columns))`` array per site, NaN for a missing cell.  Only
     per-column counts and sums (standard) or counts, minima and maxima (min-max) leave a site.
+    ``aggregation="secure"`` (the fit's own setting): the standard scaling's sums are formed by
+    secure summation, so the coordinator learns only the totals; min-max ranges are not sums and
+    are sent in the clear.
     """
     if kind == "none":
         return ColumnScaling("none", columns)
@@ -230,7 +234,14 @@ def fit_scaling(kind: str, columns: Sequence[str], site_arrays: Sequence[np.ndar
     nowhere = [c for j, c in enumerate(columns) if all(np.isnan(X[:, j]).all() for X in site_arrays)]
     if nowhere:
         raise ValueError(f"scale = {kind!r}: column(s) {nowhere} observed at no site")
-    result = simulate(ColumnScalingProtocol(len(columns), kind), list(site_arrays), n_rounds=1, random_state=seed)
+    secure = aggregation == "secure" and kind == "standard"
+    aggregator = None
+    if secure:
+        from ..privacy.secure_round import SecureAggregator
+
+        aggregator = SecureAggregator(len(site_arrays))
+    result = simulate(ColumnScalingProtocol(len(columns), kind), list(site_arrays), n_rounds=1, random_state=seed,
+                      aggregation="secure" if secure else "plain", aggregator=aggregator)
     return ColumnScaling(kind, columns, result.broadcast["center"], result.broadcast["scale"])
 
 
