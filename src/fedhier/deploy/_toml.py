@@ -30,12 +30,14 @@ FAMILY_OPTIONS = {
 CONFIG_KEYS = DATA_KEYS | {"model", "flower", "secure"} | frozenset().union(*MODEL_KEYS.values(), *FAMILY_OPTIONS.values())
 
 
-def deployment_keys(raw: dict[str, Any], source: str, family: str, own: frozenset[str] | set[str]) -> tuple[dict[str, Any], str]:
-    """A parsed ``fit.toml`` without the command line's data keys and other families' keys, and its ``partial``.
+def deployment_keys(raw: dict[str, Any], source: str, family: str,
+                    own: frozenset[str] | set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A parsed ``fit.toml`` without the command line's data keys and the keys only other families read, and how
+    each site reads its file: ``{"partial": ..., "missing_values": ...}``.
 
     The Flower deployment reads the same file as ``fedhier fit``: ``[sites]``, ``file``, ``site_column`` and
     ``id`` are the command line's (each SuperNode names its own file); ``scale`` other than ``"none"``
-    is refused (a deployment does not fit a scaling yet).
+    is refused (a deployment does not fit a scaling yet).  ``own``: the keys the deployment itself reads.
     """
     raw = dict(raw)
     scale = raw.get("scale", "none")

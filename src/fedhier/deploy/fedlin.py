@@ -100,7 +100,7 @@ class FedLinFitConfig(TomlFit, Deployment):
     threshold: int | None = None
     frac_bits: int = 30
     partial: str = "missing"
-    missing_values: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    missing_values: Mapping[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "features", tuple(self.features))

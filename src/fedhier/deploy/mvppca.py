@@ -102,7 +102,7 @@ class FlowerFitConfig(TomlFit, Deployment):
     threshold: int | None = None
     frac_bits: int = 30
     partial: str = "missing"
-    missing_values: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    missing_values: Mapping[str, list[str]] = field(default_factory=dict)
 
     model = "fed-mv-ppca"
 
