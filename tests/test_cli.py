@@ -100,6 +100,7 @@ def test_fit_reads_csv_files_as_spreadsheets_write_them(tmp_path, user_files, ca
     ],
 )
 def test_fit_refuses_a_malformed_site_file_naming_site_and_row(tmp_path, user_files, capsys, edit, message):
+    user_files.write_text('partial = "refuse"\n' + user_files.read_text())  # else a partly observed view is missing
     lines = (tmp_path / "b.csv").read_text().splitlines()
     (tmp_path / "b.csv").write_text("\n".join(edit(lines)) + "\n")
     out = tmp_path / "fit"
@@ -136,18 +137,17 @@ def test_the_fit_toml_of_docs_cli_runs_as_written(tmp_path, capsys):
     config = tomllib.loads(block)
     (tmp_path / "fit.toml").write_text(block)
     rng = np.random.default_rng(0)
-    for i, site in enumerate(config["sites"]):
+    for i, (site, path) in enumerate(config["sites"].items()):
         views = config["views"] if i == 0 else {v: c for v, c in config["views"].items() if v != "csf"}
-        columns = [c for cols in views.values() for c in cols]
+        columns = [config["id"], *(c for cols in views.values() for c in cols)]
         rows = rng.normal(size=(40, len(columns)))
         lines = [",".join(columns)] + [",".join(f"{x:.6f}" for x in row) for row in rows]
-        (tmp_path / site["path"]).write_text("\n".join(lines) + "\n")
+        (tmp_path / path).write_text("\n".join(lines) + "\n")
     assert main(["fit", "--config", str(tmp_path / "fit.toml"), "--out", str(tmp_path / "out"), "--quiet"]) == 0
     assert (tmp_path / "out" / "model.npz").exists()
 
 
 @pytest.mark.parametrize("package, argv, extra", [
-    ("pandas", ["collab", "fit", "--csv", "x.csv", "--site-column", "s", "--out", "m.npz"], "stats"),
     ("statsmodels", ["experiment", "fedlin-radon", "--quick"], "stats"),
 ])
 def test_a_missing_optional_package_gives_one_line_naming_the_extra(monkeypatch, capsys, tmp_path, package, argv, extra):
@@ -165,3 +165,19 @@ def test_a_missing_optional_package_gives_one_line_naming_the_extra(monkeypatch,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedhier: error: `fedhier ") and f"needs the optional package {package}" in err[0]
     assert f"pip install -e \".[{extra}]\"" in err[0]
+
+
+def test_collab_runs_without_pandas(monkeypatch, capsys, tmp_path):
+    import sys
+
+    for name in list(sys.modules):
+        if name == "pandas" or name.startswith("pandas."):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "pandas", None)  # as on the core install
+    rng = np.random.default_rng(0)
+    lines = ["s,a,b"] + [f"{s},{x:.4f},{y:.4f}" for s in ("p", "q", "r") for x, y in rng.normal(size=(20, 2))]
+    (tmp_path / "x.csv").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "c"
+    assert main(["collab", "fit", "--csv", str(tmp_path / "x.csv"), "--site-column", "s", "--components", "2",
+                 "--max-iter", "3", "--out", str(out)]) == 0
+    assert (out / "model.npz").is_file() and (out / "scores_p.csv").is_file() and (out / "report.html").is_file()

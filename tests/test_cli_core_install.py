@@ -83,6 +83,9 @@ CORE = [
     ["fit", "--config", "fit.toml", "--out", "fit-out", "--quiet"],
     ["fit", "linear", "pooled.csv", "--site", "site", "--target", "y", "--features", "a,b,c", "--rounds", "2", "--out", "lin"],
     ["experiment", "list"],
+    ["collab", "fit", "--csv", "pooled.csv", "--site-column", "site", "--columns", "a,b,c", "--max-iter", "2", "--quiet",
+     "--out", "collab-fit"],
+    ["collab", "score", "--model", "collab.npz", "--csv", "pooled.csv", "--site", "0", "--columns", "a,b,c", "--out", "s.csv"],
     ["flower", "certs", "--out", "certs"],
     ["flower", "key", "--out", "site.key"],
     ["flower", "demo-data", "--out", "demo-sites"],
@@ -92,9 +95,6 @@ CORE = [
 
 #: commands that need an extra: (arguments, package, extra)
 NEEDS_EXTRA = [
-    (["collab", "fit", "--csv", "pooled.csv", "--site-column", "site", "--out", "collab-fit.npz"], "pandas", "stats"),
-    (["collab", "score", "--model", "collab.npz", "--csv", "pooled.csv", "--site", "0", "--columns", "a,b,c", "--out", "s.csv"],
-     "pandas", "stats"),
     (["experiment", "fedlin-radon", "--quick", "--out", "radon"], "statsmodels", "stats"),
     (["flower", "link", "--insecure", "--host", "127.0.0.1", "--port", "9"], "flwr", "flower"),
     (["flower", "site", "--site", "north", "--data", "north.csv", "--superlink", "127.0.0.1:9", "--insecure"], "flwr", "flower"),

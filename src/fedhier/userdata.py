@@ -1,169 +1,83 @@
-"""``fedhier fit``: Fed-mv-PPCA on user files described by a small TOML file.
+"""``fedhier fit``: Fed-mv-PPCA on the sites' files described by a TOML file (``docs/cli.md``).
 
 Example ``fit.toml`` (paths relative to the TOML file)::
 
-    n_components = 5          # optional, default 5
+    n_components = 2          # optional, default 5
     n_rounds = 100            # optional, default 100
-    n_init = 1                # optional: random starts, the best kept (FedMVPPCA n_init)
     seed = 0                  # optional
-    # also optional: n_local_iter, n_first_iter, tol, init, local_tol (FedMVPPCA's parameters of those names)
+    # also optional: n_init, n_local_iter, n_first_iter, tol, init, local_tol, ig_solver, sigma2_prior,
+    # epsilon, delta (a total DP budget per site), aggregation ("plain" or "secure")
+    id = "id"                 # optional: a column carried to the latent CSVs
+    scale = "standard"        # "standard", "minmax" or "none" (default), fitted across the sites
+    partial = "missing"       # a subject with part of a view lacks the view ("refuse": an error)
 
     [views]                   # view name -> list of column names
-    proteins = ["ACE", "AXL", "Adiponectin"]
-    csf = ["tau", "p_tau", "Ab_42"]
+    clinical = ["age", "trestbps", "chol"]
+    exercise = ["thalch", "oldpeak", "exang"]
 
-    [[sites]]
-    name = "hospital-a"
-    path = "hospital_a.csv"   # .csv, or .parquet (needs pandas + pyarrow)
+    [sites]                   # site name -> its file; or: file = "all.csv" and site_column = "hospital"
+    cleveland = "cleveland.csv"
+    hungary = "hungary.csv"
 
-    [[sites]]
-    name = "hospital-b"
-    path = "hospital_b.csv"
-
-A site file that has none of a view's columns does not measure that view; a file that
-has only some of them is an error, and so is a column named twice.  Empty cells are
-missing values: a subject whose view is entirely empty lacks that view.  Blank lines, a
-UTF-8 byte-order mark and spaces around column names are ignored.  Everything is checked
-before any work.  Error messages name the site, view, column and row of a problem, never
-a cell's content (a message may reach the coordinator of a federated fit).  Site names
-name output files: no path separators, no leading ``.``, no control characters.  No
-output may replace an input file.
+A site file that lacks (or leaves empty) a view's column does not measure that view; a view
+that no site measures, and a configured column that no file has, are errors.  Empty cells,
+``NA`` and ``NaN`` are missing; ``True``/``False``/``yes``/``no`` are 1/0.  Everything is
+checked before any work, and every problem found is listed.  Error messages name the site,
+view, column and row of a problem, never a cell's content (a message may reach the
+coordinator of a federated fit).  No output may replace an input file.
 """
 
 from __future__ import annotations
 
-import csv
-import math
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .protocol.base import SiteError
+from .cli.sitedata import SiteData, check_columns, fit_scaling, load_config, site_data, site_warnings, write_summary
+from .data.sitefiles import SiteDataError, join_problems, read_site_table
 from .utils.io import write_csv, write_json
-from .utils.untrusted import check_outputs_spare_inputs, check_site_name
+from .utils.untrusted import check_outputs_spare_inputs
 
-__all__ = ["load_config", "read_site_table", "fit_from_config"]
+__all__ = ["read_views", "read_site_table", "fit_from_config", "SiteDataError"]
 
-_ALLOWED_KEYS = {"n_components", "n_rounds", "n_local_iter", "n_first_iter", "n_init", "tol", "init", "local_tol", "seed", "views", "sites"}
+_OPTIONS = {"n_components": 5, "n_rounds": 100, "n_local_iter": 15, "n_first_iter": 30, "n_init": 1, "init": "pca",
+            "ig_solver": "newton", "aggregation": "plain"}
 
 
-def load_config(path: str | Path) -> dict[str, Any]:
-    """Read and check the TOML configuration; raise ValueError naming the problem."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"configuration file {path} does not exist")
-    try:
-        config = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: invalid TOML: {exc}") from exc
-    unknown = sorted(set(config) - _ALLOWED_KEYS)
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(_ALLOWED_KEYS)}")
-    views = config.get("views")
+def check_views(views: Any, source: str) -> dict[str, list[str]]:
+    """The ``[views]`` table: view name -> non-empty list of distinct column names, no column in two views."""
     if not isinstance(views, dict) or not views:
-        raise ValueError(f"{path}: a [views] table mapping view names to column lists is required")
+        raise ValueError(f"{source}: a [views] table mapping view names to column lists is required")
     seen: dict[str, str] = {}
     for view, columns in views.items():
-        if not isinstance(columns, list) or not columns or not all(isinstance(c, str) for c in columns):
-            raise ValueError(f"{path}: view {view!r} must list its columns as a non-empty list of strings")
+        if not isinstance(columns, list) or not columns or not all(isinstance(c, str) and c for c in columns):
+            raise ValueError(f"{source}: view {view!r} must list its columns as a non-empty list of strings")
+        if len(set(columns)) != len(columns):
+            raise ValueError(f"{source}: view {view!r} lists a column twice")
         for c in columns:
             if c in seen:
-                raise ValueError(f"{path}: column {c!r} is in both view {seen[c]!r} and view {view!r}")
+                raise ValueError(f"{source}: column {c!r} is in both view {seen[c]!r} and view {view!r}")
             seen[c] = view
-        if len(set(columns)) != len(columns):
-            raise ValueError(f"{path}: view {view!r} lists a column twice")
-    sites = config.get("sites")
-    if not isinstance(sites, list) or not sites:
-        raise ValueError(f"{path}: at least one [[sites]] entry with a path is required")
-    names = []
-    for i, site in enumerate(sites):
-        if not isinstance(site, dict) or "path" not in site:
-            raise ValueError(f"{path}: site {i} needs a 'path'")
-        site.setdefault("name", f"site{i}")
-        names.append(check_site_name(site["name"], f"{path}: site {i}"))  # it names an output file
-        site["path"] = str((path.parent / site["path"]).resolve())
-        if not Path(site["path"]).is_file():
-            raise FileNotFoundError(f"{path}: site {site['name']!r}: file {site['path']} does not exist")
-    if len(set(names)) != len(names):
-        raise ValueError(f"{path}: site names must be unique, got {names}")
-    return config
+    return views
 
 
-class SiteDataError(SiteError, ValueError):
-    """A problem in a site's data file.  Its text names the site, view, column and 1-based row, never a
-    cell's value, so a site may send it to the coordinator."""
-
-
-def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
-    """Header and rows; a UTF-8 byte-order mark (Excel's "CSV UTF-8") is dropped, blank lines skipped."""
-    try:
-        with path.open(newline="", encoding="utf-8-sig") as fh:
-            reader = csv.reader(fh)
-            rows = [row for row in reader if any(cell.strip() for cell in row)]
-    except UnicodeDecodeError as exc:  # its own text quotes the file's bytes: not repeated
-        raise ValueError(f"{path}: not UTF-8 text (undecodable byte at offset {exc.start})") from None
-    except csv.Error as exc:
-        raise ValueError(f"{path}: not a readable CSV file (line {reader.line_num}: {exc})") from None
-    if not rows:
-        raise ValueError(f"{path}: empty file")
-    return rows[0], rows[1:]
-
-
-def read_site_table(path: str | Path, views: dict[str, list[str]], site_name: str) -> dict[str, np.ndarray]:
-    """Read one site's file into ``{view: (n, d) float array}`` (absent views omitted)."""
-    path = Path(path)
-    if path.suffix == ".parquet":
+def read_views(data: SiteData, views: dict[str, list[str]], notes: list[str]) -> list[dict[str, np.ndarray]]:
+    """Every site's views (``read_site_table``), all sites' problems in one error; a view no site measures is refused."""
+    check_columns(data, {f"view {v!r}": c for v, c in views.items()}, exclude=[data.id or ""])
+    sites, problems = [], []
+    for table in data.tables:
         try:
-            import pandas as pd
-        except ImportError as exc:  # pragma: no cover - depends on the installation
-            raise SiteDataError(f"site {site_name!r}: reading Parquet needs pandas and pyarrow") from exc
-        frame = pd.read_parquet(path)
-        header = [str(c) for c in frame.columns]
-        body = [["" if (isinstance(v, float) and math.isnan(v)) else str(v) for v in row] for row in frame.itertuples(index=False)]
-    else:
-        header, body = _read_csv(path)
-    header = [name.strip() for name in header]
-    repeated = sorted({name for name in header if header.count(name) > 1})
-    if repeated:
-        raise SiteDataError(f"site {site_name!r}: column(s) {repeated} appear more than once in the header of {path.name}")
-    position = {name: j for j, name in enumerate(header)}
-    out: dict[str, np.ndarray] = {}
-    for view, columns in views.items():
-        present = [c for c in columns if c in position]
-        if not present:
-            continue
-        if len(present) != len(columns):
-            missing = [c for c in columns if c not in position]
-            raise SiteDataError(f"site {site_name!r}, view {view!r}: column(s) {missing} missing from {path.name}")
-        values = np.empty((len(body), len(columns)))
-        for i, row in enumerate(body):
-            for j, c in enumerate(columns):
-                cell = row[position[c]].strip() if position[c] < len(row) else ""
-                if cell in ("", "NA", "NaN", "nan"):
-                    values[i, j] = np.nan
-                    continue
-                # the message may reach the coordinator: it names the place, never the cell's text
-                try:
-                    values[i, j] = float(cell)
-                except ValueError:
-                    raise SiteDataError(
-                        f"site {site_name!r}, view {view!r}: non-numeric value in column {c!r}, row {i + 1}"
-                    ) from None
-                if not math.isfinite(values[i, j]):
-                    raise SiteDataError(f"site {site_name!r}, view {view!r}: infinite value in column {c!r}, row {i + 1}")
-        empty = np.isnan(values)
-        partial = np.flatnonzero(empty.any(axis=1) & ~empty.all(axis=1))
-        if partial.size:
-            raise SiteDataError(
-                f"site {site_name!r}, view {view!r}: {partial.size} row(s) with some but not all of the view's cells "
-                f"empty, first at row {partial[0] + 1}; a subject has all of a view's columns or none"
-            )
-        out[view] = values
-    if not out:
-        raise SiteDataError(f"site {site_name!r}: {path.name} has none of the configured view columns")
-    return out
+            sites.append(read_site_table(table, views, table.site, partial=data.partial, notes=notes))
+        except SiteDataError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise SiteDataError(join_problems(problems))
+    nowhere = [v for v in views if not any(v in s for s in sites)]
+    if nowhere:
+        raise ValueError(f"view(s) {nowhere} measured at no site: at every site a column is absent or empty "
+                         f"({', '.join(f'{v}: {views[v]}' for v in nowhere)})")
+    return sites
 
 
 def fit_from_config(
@@ -171,70 +85,101 @@ def fit_from_config(
 ) -> dict[str, Any]:
     """Fit Fed-mv-PPCA on the sites of a configuration; write model, latents, summary and report."""
     from .data.validation import check_sites
-    from .models.mvppca.dp import DPConfig
     from .estimators.mvppca import FedMVPPCA
+    from .models.mvppca.dp import DPConfig
 
+    config_path = Path(config_path)
     config = load_config(config_path)
-    names = [s["name"] for s in config["sites"]]
-    sites = [read_site_table(s["path"], config["views"], s["name"]) for s in config["sites"]]
-    check_sites(sites, n_components=config.get("n_components", 5), site_names=names)  # errors name the sites
-    n_rounds = config.get("n_rounds", 100)
+    source = str(config_path)
+    views = check_views(config.get("views"), source)
+    data = site_data(config, config_path)
+    notes: list[str] = []
+    sites = read_views(data, views, notes)
+    names = data.names
+    columns = [c for cols in views.values() for c in cols]
+    scaling = fit_scaling(data.scale, columns, [_all_columns(s, views) for s in sites], seed=config.get("seed", 0),
+                          aggregation=config.get("aggregation", "plain"))
+    sites = [{v: scaling.transform(views[v], X) for v, X in s.items()} for s in sites]
+    options = {k: config.get(k, d) for k, d in _OPTIONS.items()}
+    with site_warnings(names):
+        sites, _ = check_sites(sites, n_components=options["n_components"], site_names=names)  # errors name the sites
+    if total_budget is None and config.get("epsilon") is not None:
+        total_budget = (float(config["epsilon"]), float(config.get("delta", 1e-5)))
     privacy = None
     if total_budget is not None:
         # the default EM prior update also releases two posterior-spread scalars per view and round
-        privacy = DPConfig.total(*total_budget, n_rounds=n_rounds, n_views=max(len(s) for s in sites), spread=True)
+        privacy = DPConfig.total(*total_budget, n_rounds=options["n_rounds"], n_views=max(len(s) for s in sites), spread=True)
     model = FedMVPPCA(
-        n_components=config.get("n_components", 5),
-        n_rounds=n_rounds,
-        n_local_iter=config.get("n_local_iter", 15),
-        n_first_iter=config.get("n_first_iter", 30),
+        **options,
         random_state=config.get("seed", 0),
-        n_init=config.get("n_init", 1),
         **({"tol": config["tol"]} if "tol" in config else {}),  # else FedMVPPCA's default
-        init=config.get("init", "pca"),
         local_tol=None if config.get("local_tol") == "none" else config.get("local_tol", 1e-8),
+        sigma2_prior=None if config.get("sigma2_prior") == "none" else config.get("sigma2_prior", "weak"),
         privacy=privacy,
         progress=progress,
     )
     out = Path(out_dir)
-    outputs = [out / "model.npz", out / "summary.json", *(out / f"latent_{name}.csv" for name in names)]
-    check_outputs_spare_inputs(outputs, [config_path, *(s["path"] for s in config["sites"])])
-    model.fit(sites)
+    outputs = [out / "model.npz", out / "summary.json", out / "summary.md", *(out / f"latent_{name}.csv" for name in names)]
+    check_outputs_spare_inputs(outputs, [config_path, *data.inputs])
+    with site_warnings(names):
+        model.fit(sites)
     model.save(out / "model.npz")
-    for site, data in zip(config["sites"], sites):
-        latent = model.transform(data)
-        write_csv(out / f"latent_{site['name']}.csv", [{f"x{j + 1}": float(v) for j, v in enumerate(row)} for row in latent])
+    for table, site in zip(data.tables, sites):
+        latent = model.transform(site)
+        unseen = np.all([np.isnan(X).all(axis=1) for X in site.values()], axis=0)
+        latent[unseen] = np.nan  # a subject with no observed view has no latent position
+        key = data.id or "row"
+        write_csv(out / f"latent_{table.site}.csv",
+                  [{key: i, **{f"x{j + 1}": float(v) for j, v in enumerate(row)}} for i, row in zip(data.ids(table), latent)])
+        if unseen.any():
+            notes.append(f"site {table.site!r}: {int(unseen.sum())} subject(s) with no observed view get latent NaN")
+    ell = model.history_[-1]["expected_ll"]
     summary = {
-        "sites": [s["name"] for s in config["sites"]],
-        "views": {v: len(c) for v, c in config["views"].items()},
+        "model_family": "fed-mv-ppca",
+        "sites": names,
+        "subjects": {n: len(t) for n, t in zip(names, data.tables)},
+        "data": data.layout,
+        "views": {v: len(c) for v, c in views.items()},
+        "columns": views,
+        "id": data.id,
+        "scale": data.scale,
+        "scaling": scaling.to_dict(),
+        "partial": data.partial,
         "n_components": model.n_components,
         "n_rounds": model.n_rounds,
         "rounds_run": model.n_rounds_,
         "n_init": model.n_init,
         # sent by the sites without privacy only (it is computed from their raw data)
-        "final_expected_ll": ell if np.isfinite(ell := model.history_[-1]["expected_ll"]) else None,
+        "final_expected_ll": ell if np.isfinite(ell) else None,
         "bytes_sent": int(sum(h["bytes_sent"] for h in model.history_)),
         "model": str(out / "model.npz"),
     }
     if privacy is not None:
         summary["privacy_spent"] = model.privacy_spent_
-        names = {s: site["name"] for s, site in enumerate(config["sites"])}
-        write_json(out / "privacy-report.json", model.privacy_report(site_names=names))
-    write_json(out / "summary.json", summary)
+        write_json(out / "privacy-report.json", model.privacy_report(site_names=dict(enumerate(names))))
     from .report.mvppca import write_mvppca_report
 
-    names = summary["sites"]
+    units = ("Values are in the units of the sites' files." if data.scale == "none" else
+             f"Every column was scaled ({data.scale}) across the sites before the fit; values are in scaled units.")
     intro = (
         f"Fed-mv-PPCA on {len(sites)} sites ({', '.join(f'{n}: {len(next(iter(s.values())))} subjects' for n, s in zip(names, sites))}) "
-        f"and {len(config['views'])} views ({', '.join(f'{v}: {len(c)} features' for v, c in config['views'].items())}), "
-        f"{model.n_components} latent factors, {model.n_rounds_} rounds run. Values are in the units of the sites' files."
+        f"and {len(views)} views ({', '.join(f'{v}: {len(c)} features' for v, c in views.items())}), "
+        f"{model.n_components} latent factors, {model.n_rounds_} rounds run. {units}"
     )
     write_mvppca_report(
-        out, model, title="Fed-mv-PPCA fit", intro=intro, command=f"fedhier fit --config {Path(config_path).name}",
+        out, model, title="Fed-mv-PPCA fit", intro=intro, command=f"fedhier fit --config {config_path.name}",
         summary_rows=[{"quantity": k, "value": summary[k]} for k in ("rounds_run", "final_expected_ll", "bytes_sent")],
         tables=[("Privacy spent per site for the whole fit", [{"site": names[s], **v} for s, v in model.privacy_spent_.items()])]
         if privacy is not None else (),
-        sites=sites, site_names=names, feature_names=config["views"],
+        sites=sites, site_names=names, feature_names=views,
     )
     summary["report"] = str(out / "report.html")
+    write_summary(out, summary, title="fedhier fit (Fed-mv-PPCA)", notes=notes)
+    summary["notes"] = notes
     return summary
+
+
+def _all_columns(site: dict[str, np.ndarray], views: dict[str, list[str]]) -> np.ndarray:
+    """A site's views side by side in configuration order, NaN for a view it does not measure."""
+    n = len(next(iter(site.values())))
+    return np.column_stack([site.get(v, np.full((n, len(c)), np.nan)) for v, c in views.items()])

@@ -772,7 +772,7 @@ def test_fedlin_configuration_errors_name_the_key(fleet):
 
 def test_a_fleet_site_with_a_bad_cell_tells_where_not_what(fleet, tmp_path):
     folder, configs, _ = fleet
-    config = configs["fedlin-hm2"]
+    config = configs["fedlin-hm2"].replace(partial="refuse")  # default "missing": a row with an empty cell is left out
     lines = (folder / "fedlin-hm2" / "machine-02.csv").read_text().splitlines()
     lines[3] = "0.1,0.01,0.001,0.0001,0.123456789"
     lines[4] = lines[4].split(",", 1)[0] + ",,0.1,0.1,0.1"
@@ -781,12 +781,12 @@ def test_a_fleet_site_with_a_bad_cell_tells_where_not_what(fleet, tmp_path):
     from fedhier.runtime.flower import site_round
 
     reply, _ = site_round(config, "machine-02", bad, {"round": 1, "broadcast": b""}, {})
-    assert reply["status"] == "error" and "site 'machine-02', view 'features'" in reply["error"] and "row 4" in reply["error"]
+    assert reply["status"] == "error" and "site 'machine-02'" in reply["error"] and "column 't2', row 4" in reply["error"]
     assert "0.123456789" not in reply["error"]
     lines[4] = ",,,,0.5"  # a row without features: FedLin needs every cell
     bad.write_text("\n".join(lines) + "\n")
     reply, _ = site_round(config, "machine-02", bad, {"round": 1, "broadcast": b""}, {})
-    assert "empty cell in column 't', row 4" in reply["error"] and "0.123456789" not in reply["error"]
+    assert "empty cell, first in column 't', row 4" in reply["error"] and "0.123456789" not in reply["error"]
 
 
 def test_the_flower_runtime_imports_no_model_estimator_or_cli_module():

@@ -42,7 +42,7 @@ MODELS = ("vae", "mcvae")
 
 
 def torch_available() -> bool:
-    """True when PyTorch can be imported (``pip install 'fedhier[torch]'``)."""
+    """True when PyTorch can be imported (``pip install -e ".[torch]"``)."""
     try:
         import torch  # noqa: F401
     except ModuleNotFoundError:
@@ -55,7 +55,7 @@ def _torch():
         import torch
     except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
         raise ModuleNotFoundError(
-            "the VAE baselines need PyTorch: pip install torch==2.13.0 (or fedhier[torch])"
+            "the VAE baselines need PyTorch: pip install torch==2.13.0 (or pip install -e ".[torch]")"
         ) from exc
     return torch
 

@@ -77,9 +77,16 @@ def _cmd_demo(args) -> int:
 
 def _cmd_fit(args) -> int:
     from ..userdata import fit_from_config
+    from .sitedata import load_config
+
+    if str(load_config(args.config).get("model", "")).startswith("fedlin"):  # the same file, a linear model
+        from .linear import fit_linear_config
+
+        return fit_linear_config(args.config, out_dir=args.out)
 
     summary = fit_from_config(args.config, out_dir=args.out, total_budget=_total_budget(args), progress=not args.quiet)
-    print(json.dumps(summary, indent=2))
+    shown = {k: v for k, v in summary.items() if k not in ("columns", "scaling")}  # both are in summary.json
+    print(json.dumps(shown, indent=2))
     return 0
 
 
@@ -134,10 +141,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("fit", help="Fed-mv-PPCA on your data (`fedhier fit linear -h` for FedLin)",
-                       description="Fed-mv-PPCA on your data: one CSV file per site and a TOML file (docs/cli.md). "
-                                   "For FedLin (hierarchical linear regression) see `fedhier fit linear --help`.")
-    p.add_argument("--config", required=True, help="TOML file: views -> columns, sites -> CSV files")
-    p.add_argument("--out", default="fedhier-fit", help="output folder")
+                       description="Fed-mv-PPCA on your sites' files (docs/cli.md); a file with model = \"fedlin-hm2\" "
+                                   "runs FedLin. Subcommand: `fedhier fit linear -h` (FedLin from a TOML file or flags).")
+    p.add_argument("--config", required=True, help="TOML file: [views], [sites] or file + site_column, options (docs/cli.md)")
+    p.add_argument("--out", default="fedhier-fit", help="result folder (default fedhier-fit)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     privacy_flags(p)
     p.set_defaults(func=_cmd_fit)

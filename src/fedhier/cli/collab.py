@@ -1,4 +1,13 @@
-"""``fedhier collab {fit,score}``: CollabDict anomaly detection from a CSV whose rows belong to sites."""
+"""``fedhier collab {fit,score}``: CollabDict anomaly detection on the sites' rows.
+
+``fit`` reads the data model of ``docs/cli.md`` from ``--config fit.toml`` (``[sites]`` or ``file`` +
+``site_column``, ``variables``, ``label``, ``id``, ``scale``, ``partial``, options) or from the flags
+``--csv FILE --site-column COL [--columns ...]``, which build the same configuration.  The result
+folder holds ``model.npz``, ``scores_<site>.csv``, ``summary.json`` (sites, variables, scaling:
+what ``score`` needs), ``summary.md`` and the report.  ``score`` reads the model's folder and
+scores a CSV's rows with a site's weights (``--site NAME``, or each row's own site from the site
+column).
+"""
 
 from __future__ import annotations
 
@@ -7,85 +16,42 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from ..estimators.collab import CollabDict
+from ..data.scaling import ColumnScaling
+from ..data.sitefiles import SiteDataError, close_matches, join_problems, parse_column, read_table
 from ..utils.io import write_csv
 from ..utils.untrusted import check_outputs_spare_inputs
-from .console import rounds_shown
+from .console import rounds_shown, run
+from .sitedata import check_columns, complete_rows, load_config, read_saved_data, site_data, site_warnings, write_summary
+
+_DEFAULTS = {"n_components": 7, "rho": 0.8, "weights": "local", "aggregation": "consensus", "max_iter": 100, "seed": 0}
 
 
-def _numeric(frame, columns: list[str], csv_path: str) -> np.ndarray:
-    """``frame[columns]`` as floats; a non-numeric cell is named by its column and data row, never quoted."""
-    import pandas as pd
-
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{csv_path}: unknown column(s) {missing}")
-    for column in columns:
-        numeric = pd.to_numeric(frame[column], errors="coerce")
-        bad = np.flatnonzero(numeric.isna().to_numpy() & frame[column].notna().to_numpy())
-        if bad.size:
-            raise ValueError(f"{csv_path}: non-numeric value in column {column!r}, row {int(bad[0]) + 1}")
-    return frame[columns].apply(pd.to_numeric).to_numpy(dtype=float)
-
-
-def _read_sites(csv_path: str, site_column: str, columns: list[str] | None, drop: list[str]):
-    import pandas as pd
-
-    frame = pd.read_csv(csv_path)
-    if site_column not in frame.columns:
-        raise ValueError(f"{csv_path}: no site column {site_column!r}; columns are {list(frame.columns)}")
-    names = columns or [c for c in frame.columns if c != site_column and c not in drop]
-    values = _numeric(frame, names, csv_path)
-    labels = sorted(frame[site_column].unique().tolist())
-    sites = [values[(frame[site_column] == lab).to_numpy()] for lab in labels]
-    return labels, names, sites
-
-
-def _read_labels(csv_path: str, site_column: str, label_column: str, site_labels) -> list[np.ndarray]:
-    """Known anomaly labels (0/1) per site, in the order of :func:`_read_sites`."""
-    import pandas as pd
-
-    frame = pd.read_csv(csv_path)
-    if label_column not in frame.columns:
-        raise ValueError(f"{csv_path}: no label column {label_column!r}; columns are {list(frame.columns)}")
-    values = frame[label_column].to_numpy(dtype=float)
-    if not np.isin(values, (0.0, 1.0)).all():
-        raise ValueError(f"{csv_path}: label column {label_column!r} must hold 0 (normal) or 1 (anomaly)")
-    return [values[(frame[site_column] == lab).to_numpy()].astype(np.int64) for lab in site_labels]
-
-
-def cli_collab(argv: Sequence[str] | None = None) -> int:
-    """``fedhier collab {fit,score}``: fit CollabDict on a CSV split by a site column, or score.
-
-    ``fit`` with ``--runtime mpi`` must run under ``mpiexec -n S`` (one process per site);
-    each process then writes its own model file ``OUT`` with ``{site}`` replaced by its
-    index (or ``.site<k>`` inserted before the suffix).
-    """
-    parser = argparse.ArgumentParser(prog="fedhier collab", description="Serverless collaborative anomaly detection")
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedhier collab", description="Serverless collaborative anomaly detection (CollabDict)")
     sub = parser.add_subparsers(dest="command", required=True)
-    fit = sub.add_parser("fit", help="fit on a CSV whose rows belong to sites")
-    fit.add_argument("--csv", required=True, help="CSV file with a header row; each row belongs to the site named in --site-column")
-    fit.add_argument("--site-column", required=True, help="column naming the site of each row")
-    fit.add_argument("--columns", help="comma-separated variables (default: all but site/drop columns)")
-    fit.add_argument("--drop-columns", default="", help="comma-separated columns to ignore (e.g. labels)")
-    fit.add_argument("--out", required=True, help="model .npz path")
-    fit.add_argument("--runtime", choices=["peer", "star", "mpi"], default="peer",
-                     help="peer: serverless, in this process (default); star: exact sums, the centralised reference; "
-                          "mpi: one process per site under mpiexec")
+    fit = sub.add_parser("fit", help="fit on the sites' rows (--config fit.toml, or --csv with --site-column)")
+    fit.add_argument("--config", default=None, help="TOML file: [sites] or file + site_column, variables, options (docs/cli.md)")
+    fit.add_argument("--csv", default=None, help="one CSV file holding every site's rows (with --site-column)")
+    fit.add_argument("--site-column", default=None, help="the CSV's column naming each row's site")
+    fit.add_argument("--columns", help="comma-separated variables (default: every column but the site, id, label and dropped ones)")
+    fit.add_argument("--drop-columns", default="", help="comma-separated columns to ignore")
+    fit.add_argument("--out", default=None,
+                     help="result folder (default fedhier-collab); a path ending in .npz names the model file and its folder holds the rest")
+    fit.add_argument("--runtime", choices=["peer", "star", "mpi"], default="peer", help="how the sites talk (default peer: no centre)")
     fit.add_argument("--peer-timeout", type=float, default=None,
                      help="with --runtime mpi: seconds without a message before a peer is reported lost "
                           "(default 300; must exceed the longest site step)")
-    fit.add_argument("--aggregation", choices=["consensus", "chunked", "shamir"], default="consensus",
-                     help="how the peers compute sums without a centre (default consensus)")
-    fit.add_argument("--components", type=int, default=7, help="initial number of patterns (default 7; unused ones are pruned)")
-    fit.add_argument("--rho", type=float, default=0.8, help="sparsity (l1 strength) of the patterns' precision matrices, on standardised data (default 0.8)")
-    fit.add_argument("--weights", choices=["local", "shared"], default="local", help="private pattern weights per site (default) or one shared set")
-    fit.add_argument("--max-iter", type=int, default=100, help="most rounds (default 100; stops earlier once converged)")
-    fit.add_argument("--seed", type=int, default=0,
+    fit.add_argument("--aggregation", choices=["consensus", "chunked", "shamir"], default=None,
+                     help="how sums are formed without a centre (default consensus)")
+    fit.add_argument("--components", type=int, default=None, help="most dictionary patterns (default 7)")
+    fit.add_argument("--rho", type=float, default=None, help="sparsity of the patterns' precision matrices (default 0.8)")
+    fit.add_argument("--weights", choices=["local", "shared"], default=None, help="mixture weights per site or shared (default local)")
+    fit.add_argument("--max-iter", type=int, default=None, help="most rounds (default 100)")
+    fit.add_argument("--seed", type=int, default=None,
                      help="the run's seed (with --runtime mpi: public, every site knows it)")
     fit.add_argument("--site-seed", type=int, default=None,
                      help="with --runtime mpi: each site's secret seed, for reproducible tests only "
@@ -93,90 +59,241 @@ def cli_collab(argv: Sequence[str] | None = None) -> int:
     fit.add_argument("--label-column", default=None,
                      help="column marking known anomalies (1) and normal samples (0); not used in the fit, only to "
                           "evaluate it in the report")
-    fit.add_argument("--report", default=None,
-                     help="folder of the report (report.html, report.md, figures/); default: the model file's folder")
+    fit.add_argument("--scale", choices=["standard", "minmax", "none"], default=None,
+                     help="scale every variable across the sites before the fit (default none)")
+    fit.add_argument("--id", default=None, help="column identifying each row (kept in the score files)")
     fit.add_argument("--quiet", action="store_true", help="no progress display")
-    score = sub.add_parser("score", help="score a CSV with a fitted model")
-    score.add_argument("--model", required=True, help="model file written by `fedhier collab fit`")
-    score.add_argument("--csv", required=True, help="CSV file of the samples to score")
-    score.add_argument("--site", type=int, required=True, help="site index (sorted order of the site column)")
-    score.add_argument("--columns", required=True, help="comma-separated variables, in the model's order")
+    fit.add_argument("--report", default=None,
+                     help="folder of the report (report.html, report.md, figures/); default: the result folder")
+    score = sub.add_parser("score", help="score a CSV's rows with a fitted model")
+    score.add_argument("--model", required=True, help="model.npz of a `collab fit` result folder")
+    score.add_argument("--csv", required=True, help="rows to score (the variables the model was fitted on)")
+    score.add_argument("--site", default=None,
+                       help="the site whose weights score every row (its name; default: each row's site column)")
+    score.add_argument("--columns", default=None, help="comma-separated variables (default: the model's own)")
     score.add_argument("--out", required=True, help="CSV of scores")
     score.add_argument("--variable", action="store_true", help="also write variable-wise scores")
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    return parser
 
+
+def cli_collab(argv: Sequence[str] | None = None) -> int:
+    """``fedhier collab {fit,score}``.
+
+    ``fit`` with ``--runtime mpi`` must run under ``mpiexec -n S`` (one process per site);
+    each process then writes its own model file ``OUT`` with ``{site}`` replaced by its
+    index (or ``.site<k>`` inserted before the suffix).
+    """
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    args = _parser().parse_args(argv)
     if args.command == "fit":
-        cols = args.columns.split(",") if args.columns else None
-        drop = [c for c in args.drop_columns.split(",") if c]
-        if args.label_column:
-            drop.append(args.label_column)
-        labels, names, sites = _read_sites(args.csv, args.site_column, cols, drop)
-        check_outputs_spare_inputs([args.out], [args.csv])
-        known = _read_labels(args.csv, args.site_column, args.label_column, labels) if args.label_column else None
-        model = CollabDict(n_components=args.components, rho=args.rho, weights=args.weights,
-                           aggregation=args.aggregation, max_iter=args.max_iter, random_state=args.seed,
-                           runtime="peer" if args.runtime == "mpi" else args.runtime)
-        if args.runtime == "mpi":
-            from ..runtime.mpi import world
-            from ..runtime.peer import PeerGraphSplit
+        return _fit(args, "fedhier collab " + shlex.join(str(a) for a in argv))
+    return _score(args)
 
-            comm = world()
-            if comm.Get_size() != len(sites):
-                raise ValueError(f"{len(sites)} sites in {args.csv} but {comm.Get_size()} MPI processes")
-            rank = comm.Get_rank()
-            out = Path(args.out)
-            out = Path(str(out).format(site=rank)) if "{site}" in str(out) else out.with_name(
-                f"{out.stem}.site{rank}{out.suffix}")
-            state = out.with_name(f"{out.stem}.state{out.suffix}")
-            check_outputs_spare_inputs([out, state], [args.csv])
-            try:
-                model.fit_mpi(sites[rank], comm, site_seed=args.site_seed, timeout=args.peer_timeout, state_path=state)
-            except PeerGraphSplit as exc:
-                where = (f" This site's model and state after the last completed round are in {state}."
-                         if state.exists() else " No round had completed; nothing was saved.")
-                print(f"site {rank}: {exc}.{where}", file=sys.stderr, flush=True)
-                os._exit(3)  # MPI_Finalize would wait for the lost peers
-        else:
-            with rounds_shown(args.max_iter + 1, "CollabDict rounds", quiet=args.quiet):  # + the round of moments
-                model.fit(sites)
-            out = Path(args.out)
-        check_outputs_spare_inputs([out], [args.csv])
-        model.save(out)
-        lost = getattr(model, "lost_sites_", [])
-        print(f"fitted CollabDict on {len(sites)} sites ({', '.join(map(str, labels))}); variables {names}; "
-              f"{int(model.active_.sum())} patterns; {model.n_iter_} rounds; wrote {out}"
-              + (f"; sites {lost} stopped answering and were left out from then on" if lost else ""), flush=True)
-        if args.runtime != "mpi":  # under MPI each process holds only its own site's weights
-            from ..report.collab import write_collab_report
 
-            intro = (f"Collaborative anomaly detection on {len(sites)} sites ({sum(len(x) for x in sites)} samples of "
-                     f"{len(names)} variables: {', '.join(names)}) from {Path(args.csv).name}. The sites learned a shared "
-                     "dictionary of patterns without a centre; each scores its own samples with its private weights.")
-            report = write_collab_report(
-                Path(args.report) if args.report else out.parent, model, sites, site_names=[f"{args.site_column} {x}" if isinstance(x, (int, float)) else str(x) for x in labels],
-                variables=names, title="CollabDict fit", intro=intro, labels=known,
-                command="fedhier collab " + shlex.join(str(a) for a in (argv if argv is not None else sys.argv[1:])))
-            print(f"report: {report}")
-        if lost:
-            model._transport.commit()  # every survivor has written its model
-            sys.stderr.flush()
-            os._exit(0)  # MPI_Finalize would wait for the lost peers
-        return 0
+def _config_of(args: argparse.Namespace) -> dict[str, Any]:
+    if args.config is not None:
+        config = load_config(args.config)
+        config["_source"], config["_base"] = str(args.config), Path(args.config).parent
+    elif args.csv is not None:
+        if args.site_column is None:
+            raise ValueError("fedhier collab fit --csv needs --site-column (or use --config fit.toml)")
+        config = {"file": args.csv, "_source": args.csv, "_base": Path(".")}
+    else:
+        raise ValueError("fedhier collab fit needs --config fit.toml, or --csv FILE with --site-column COL")
+    flags = {"site_column": args.site_column, "label": args.label_column, "scale": args.scale, "id": args.id,
+             "n_components": args.components, "rho": args.rho, "weights": args.weights, "aggregation": args.aggregation,
+             "max_iter": args.max_iter, "seed": args.seed,
+             "variables": [c for c in args.columns.split(",") if c] if args.columns else None}
+    config.update({k: v for k, v in flags.items() if v is not None})
+    return config
 
-    check_outputs_spare_inputs([args.out], [args.csv, args.model])
-    model = CollabDict.load(args.model)
-    import pandas as pd
 
-    frame = pd.read_csv(args.csv)
-    X = _numeric(frame, args.columns.split(","), args.csv)
-    rows = [{"row": i, "score": float(v)} for i, v in enumerate(model.anomaly_score(X, site=args.site))]
-    if args.variable:
-        for row, vs in zip(rows, model.variable_scores(X, site=args.site)):
-            row.update({f"score_{c}": float(v) for c, v in zip(args.columns.split(","), vs)})
-    write_csv(args.out, rows)
-    print(f"wrote {len(rows)} scores to {args.out}")
+def _fit(args: argparse.Namespace, command: str) -> int:
+    from ..estimators.collab import CollabDict
+
+    config = _config_of(args)
+    source = config["_source"]
+    data = site_data(config, source, config["_base"])
+    label = config.get("label")
+    drop = {c for c in args.drop_columns.split(",") if c} | {config.get("site_column"), data.id, label} - {None}
+    variables = config.get("variables") or [c for c in data.columns() if c not in drop]
+    if not isinstance(variables, list) or not variables or not all(isinstance(c, str) and c for c in variables):
+        raise ValueError(f"{source}: variables = [\"column\", ...] must list the variables (or leave it out: every column)")
+    check_columns(data, {"variables": variables, **({"label": [label]} if label else {})}, exclude=list(drop - {label}))
+    if not config.get("variables"):
+        _check_default_variables(data, variables)
+    notes: list[str] = []
+    sites, kept, problems = complete_rows(data, variables, "variables", notes, min_rows=2)
+    known = _labels(data.tables, kept, label, problems) if label else None
+    if problems:
+        raise SiteDataError(join_problems(problems))
+    opt = {k: config.get(k, d) for k, d in _DEFAULTS.items()}
+    if data.scale != "none":  # an affine change of a variable leaves CollabDict's own standardisation unchanged
+        notes.append(f"scale = {data.scale!r} has no effect on CollabDict: it standardises every variable across the "
+                     "sites itself, without a centre, before its first round")
+    scaling = ColumnScaling("none", variables)
+    names = data.names
+    inputs = [*data.inputs, *([source] if str(source).endswith(".toml") else [])]
+    out_arg = Path(args.out) if args.out else Path("fedhier-collab")
+    folder, model_path = (out_arg.parent, out_arg) if out_arg.suffix == ".npz" else (out_arg, out_arg / "model.npz")
+    report_dir = Path(args.report) if args.report else folder
+    model = CollabDict(n_components=opt["n_components"], rho=opt["rho"], weights=opt["weights"],
+                       aggregation=opt["aggregation"], max_iter=opt["max_iter"], random_state=opt["seed"],
+                       runtime="peer" if args.runtime == "mpi" else args.runtime)
+    if args.runtime == "mpi":
+        from ..runtime.mpi import world
+        from ..runtime.peer import PeerGraphSplit
+
+        comm = world()
+        if comm.Get_size() != len(sites):
+            raise ValueError(f"{len(sites)} sites in {source} but {comm.Get_size()} MPI processes")
+        rank = comm.Get_rank()
+        out = Path(str(model_path).format(site=rank)) if "{site}" in str(model_path) else model_path.with_name(
+            f"{model_path.stem}.site{rank}{model_path.suffix}")
+        state = out.with_name(f"{out.stem}.state{out.suffix}")
+        check_outputs_spare_inputs([out, state], inputs)
+        try:
+            model.fit_mpi(sites[rank], comm, site_seed=args.site_seed, timeout=args.peer_timeout, state_path=state)
+        except PeerGraphSplit as exc:
+            where = (f" This site's model and state after the last completed round are in {state}."
+                     if state.exists() else " No round had completed; nothing was saved.")
+            print(f"site {names[rank]!r}: {exc}.{where}", file=sys.stderr, flush=True)
+            os._exit(3)  # MPI_Finalize would wait for the lost peers
+    else:
+        out = model_path
+        check_outputs_spare_inputs([out, folder / "summary.json", *(folder / f"scores_{n}.csv" for n in names)], inputs)
+        with site_warnings(names), rounds_shown(opt["max_iter"] + 1, "CollabDict rounds", quiet=args.quiet):  # + the round of moments
+            model.fit(sites)
+    model.save(out)
+    lost = getattr(model, "lost_sites_", [])
+    print(f"fitted CollabDict on {len(sites)} sites ({', '.join(names)}); variables {variables}; "
+          f"{int(model.active_.sum())} patterns; {model.n_iter_} rounds; wrote {out}"
+          + (f"; sites {[names[s] for s in lost]} stopped answering and were left out from then on" if lost else ""), flush=True)
+    if args.runtime != "mpi":  # under MPI each process holds only its own site's weights
+        for k, (table, X, rows) in enumerate(zip(data.tables, sites, kept)):
+            key = data.id or "row"
+            write_csv(folder / f"scores_{table.site}.csv",
+                      [{key: i, "score": float(v)} for i, v in zip(data.ids(table, rows), model.score_samples(X, site=k))])
+        from ..report.collab import write_collab_report
+
+        units = "" if data.scale == "none" else f" Every variable was scaled ({data.scale}) across the sites before the fit."
+        intro = (f"Collaborative anomaly detection on {len(sites)} sites ({sum(len(x) for x in sites)} samples of "
+                 f"{len(variables)} variables: {', '.join(variables)}; {data.layout}). The sites learned a shared "
+                 "dictionary of patterns without a centre; each scores its own samples with its private weights." + units)
+        report = write_collab_report(report_dir, model, sites, site_names=names, variables=variables, title="CollabDict fit",
+                                     intro=intro, labels=known, command=command)
+        summary = {"model_family": "collab", "sites": names, "rows": {n: len(x) for n, x in zip(names, sites)},
+                   "data": data.layout, "site_column": config.get("site_column"), "variables": variables, "label": label,
+                   "id": data.id, "scale": data.scale, "scaling": scaling.to_dict(), "partial": data.partial,
+                   "patterns": int(model.active_.sum()), "rounds_run": int(model.n_iter_), "model": str(out),
+                   "report": str(report)}
+        write_summary(folder, summary, title="fedhier collab fit", notes=notes)
+        print(f"report: {report}")
+    if lost:
+        model._transport.commit()  # every survivor has written its model
+        sys.stderr.flush()
+        os._exit(0)  # MPI_Finalize would wait for the lost peers
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(cli_collab(sys.argv[1:]))
+def _check_default_variables(data, variables: list[str]) -> None:
+    """Without a list of variables every column is one: name, in one line, those that cannot be (text, not measured)."""
+    text, unmeasured = {}, {}
+    for table in data.tables:
+        for c in variables:
+            if not table.measures(c):
+                unmeasured.setdefault(c, table.site)
+                continue
+            problems: list[str] = []
+            parse_column(table, c, problems)
+            if problems and c not in text:
+                text[c] = problems[0]
+    if text or unmeasured:
+        parts = ([f"column(s) {list(text)} hold text (first: {next(iter(text.values()))})"] if text else []) + (
+            [f"column(s) {list(unmeasured)} not measured at site {next(iter(unmeasured.values()))!r}"] if unmeasured else [])
+        raise ValueError("the variables default to every column, but " + " and ".join(parts)
+                         + "; list the variables with variables = [...] (or --columns)")
+
+
+def _labels(tables, kept, label: str, problems: list[str]) -> list[np.ndarray]:
+    """Known anomaly labels (0/1, or booleans) of the kept rows of every site."""
+    out = []
+    for table, rows in zip(tables, kept):
+        values = parse_column(table, label, problems)[rows]
+        bad = np.flatnonzero(~np.isin(values, (0.0, 1.0)))
+        if bad.size:
+            problems.append(f"site {table.site!r}: label column {label!r} must hold 0 (normal) or 1 (anomaly), "
+                            f"row {table.row_numbers[rows[bad[0]]]}" + (f" and {bad.size - 1} more" if bad.size > 1 else ""))
+        out.append(values.astype(np.int64))
+    return out
+
+
+def _score(args: argparse.Namespace) -> int:
+    from ..estimators.collab import CollabDict
+
+    model_path = Path(args.model)
+    check_outputs_spare_inputs([args.out], [args.csv, args.model])
+    model = CollabDict.load(model_path)
+    saved = read_saved_data(model_path.parent)
+    names = [str(n) for n in saved.get("sites", [])]
+    columns = [c for c in args.columns.split(",") if c] if args.columns else saved.get("variables")
+    if not columns:
+        raise ValueError(f"{model_path.parent}: no summary.json with the model's variables; name them with --columns")
+    table = read_table(args.csv, Path(args.csv).name)
+    site_column = saved.get("site_column")
+    if args.site is not None:
+        site = _site_index(args.site, names, model_path)
+        which = np.full(len(table), site)
+    elif site_column and table.has(site_column):
+        labels = table.text(site_column)
+        unknown = sorted(set(labels) - set(names))
+        if unknown:
+            raise ValueError(f"{args.csv}: site column {site_column!r} names site(s) {unknown} the model was not fitted on; "
+                             f"its sites: {names}")
+        which = np.array([names.index(v) for v in labels], dtype=int)
+    else:
+        raise ValueError(f"{args.csv}: name the site whose weights score the rows with --site (the model's sites: {names})")
+    problems: list[str] = []
+    lacking = [c for c in columns if not table.has(c)]
+    if lacking:
+        raise ValueError(f"{args.csv}: column(s) {lacking} missing{close_matches(lacking[0], table.header)}; columns: {table.header}")
+    X = np.column_stack([parse_column(table, c, problems) for c in columns])
+    if problems:
+        raise SiteDataError(join_problems(problems))
+    if "scaling" in saved:
+        X = ColumnScaling.from_dict(saved["scaling"]).transform(columns, X)
+    complete = ~np.isnan(X).any(axis=1)
+    scores = np.full(len(table), np.nan)
+    variable = np.full((len(table), len(columns)), np.nan)
+    for s in np.unique(which):
+        rows = np.flatnonzero((which == s) & complete)
+        if rows.size:
+            scores[rows] = model.score_samples(X[rows], site=int(s))
+            if args.variable:
+                variable[rows] = model.variable_scores(X[rows], site=int(s))
+    id_column = saved.get("id")
+    ids = table.text(id_column) if id_column and table.has(id_column) else [str(r) for r in table.row_numbers]
+    out_rows = []
+    for i in range(len(table)):
+        row = {id_column if id_column and table.has(id_column) else "row": ids[i],
+               "site": names[which[i]] if names else int(which[i]), "score": float(scores[i])}
+        if args.variable:
+            row.update({f"score_{c}": float(v) for c, v in zip(columns, variable[i])})
+        out_rows.append(row)
+    write_csv(args.out, out_rows)
+    print(f"wrote {len(out_rows)} scores to {args.out}" + (f" ({int((~complete).sum())} row(s) with an empty cell scored NaN)"
+                                                          if not complete.all() else ""))
+    return 0
+
+
+def _site_index(site: str, names: list[str], model_path: Path) -> int:
+    """A site named as in the fit (or, for a model without a summary, its 0-based index)."""
+    if site in names:
+        return names.index(site)
+    if not names and site.isdigit():
+        return int(site)
+    raise ValueError(f"--site {site!r} is not a site of the model {model_path.name}{close_matches(site, names)}; its sites: {names}")
+
+
+if __name__ == "__main__":  # ``python -m fedhier.cli.collab ...``, e.g. under mpiexec
+    sys.exit(run(lambda: cli_collab(sys.argv[1:]), "fedhier collab"))

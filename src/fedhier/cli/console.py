@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 __all__ = ["EXTRAS", "run", "user_error", "debugging", "one_line_warnings", "rounds_shown"]
 

@@ -1,121 +1,235 @@
-"""``fedhier fit linear``: FedLin (HM1 / HM2) from a CSV whose rows belong to sites."""
+"""``fedhier fit linear``: FedLin (HM1 / HM2) on the sites' rows, from a TOML file or from flags.
+
+``fedhier fit linear --config fit.toml`` reads the data model of ``docs/cli.md`` (``[sites]`` or
+``file`` + ``site_column``; ``id``, ``scale``, ``partial``) with ``target``, ``features`` and the
+options; the flag form ``fedhier fit linear data.csv --site COL --target Y --features A,B`` builds
+the same configuration.  Flags given with ``--config`` override its keys.
+"""
 
 from __future__ import annotations
 
 import argparse
-import csv
+import inspect
 import shlex
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from ..estimators.fedlin import FedHM1Regressor, FedHM2Regressor
-from ..utils.io import atomic_write_text, markdown_table, write_csv, write_json
+from ..data.sitefiles import SiteDataError, join_problems
+from ..deploy._toml import FEDLIN_OPTIONS
+from ..utils.io import write_csv, write_json
 from ..utils.untrusted import check_outputs_spare_inputs
 from .console import rounds_shown, run
+from .sitedata import check_columns, complete_rows, fit_scaling, load_config, site_data, site_warnings, write_summary
+
+_INTERCEPT = "(intercept)"
+#: option -> default, as the flags and a TOML file set them
+_DEFAULTS = {"model": "hm2", "prior": "gaussian", "intercept": False, "random": None, "noise": "local", "mu_scale": 10.0,
+             "n_rounds": 20, "level": 0.9, "eta": 1e-4, "seed": 0, "scale": "none", "partial": "missing", "id": None}
+
 
 def add_fit_linear_arguments(parser) -> None:
     """Arguments of ``fedhier fit linear``."""
-    parser.add_argument("csv", type=Path, help="CSV file with a header row")
-    parser.add_argument("--site", required=True, help="column naming the site of each row")
-    parser.add_argument("--target", required=True, help="response column")
-    parser.add_argument("--features", required=True, help="comma-separated predictor columns")
-    parser.add_argument("--model", choices=["hm2", "hm1"], default="hm2", help="hm2: federated expectation propagation with intervals (default); hm1: federated MAP")
-    parser.add_argument("--prior", choices=["gaussian", "lasso", "ridge"], default="gaussian", help="HM2 prior of the site coefficients (default gaussian)")
-    parser.add_argument("--intercept", action="store_true", help="add a column of ones (prior=gaussian, hm1)")
+    parser.add_argument("csv", type=Path, nargs="?", default=None,
+                        help="one CSV file holding every site's rows (with --site); or use --config")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="TOML file: [sites] or file + site_column, target, features, options (docs/cli.md)")
+    parser.add_argument("--site", default=None, help="the CSV's column naming the site of each row")
+    parser.add_argument("--target", default=None, help="response column")
+    parser.add_argument("--features", default=None, help="comma-separated predictor columns")
+    parser.add_argument("--model", choices=["hm2", "hm1"], default=None, help="HM2 (EP, intervals; default) or HM1 (MAP)")
+    parser.add_argument("--prior", choices=["gaussian", "lasso", "ridge"], default=None, help="HM2 prior (default gaussian)")
+    parser.add_argument("--intercept", action="store_true", default=None, help="add a column of ones (coefficient '(intercept)')")
     parser.add_argument("--random", default=None, help="comma-separated columns with site-varying coefficients (gaussian prior; default all)")
-    parser.add_argument("--noise", choices=["local", "shared"], default="local", help="gaussian prior: site-local log sigma_k or one shared log sigma^2 in phi")
-    parser.add_argument("--mu-scale", type=float, default=10.0, help="gaussian prior: mu ~ N(0, mu_scale^2 I) (default 10, vague)")
-    parser.add_argument("--rounds", type=int, default=20, help="most communication rounds (default 20; HM2 stops earlier once converged)")
-    parser.add_argument("--level", type=float, default=0.9, help="HM2 credible level of the intervals and of feature inclusion (default 0.9)")
-    parser.add_argument("--eta", type=float, default=1e-4, help="HM1 step size")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the fit (default 0)")
-    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--noise", choices=["local", "shared"], default=None, help="gaussian prior: site-local log sigma_k or one shared log sigma^2 in phi")
+    parser.add_argument("--mu-scale", type=float, default=None, help="gaussian prior: mu ~ N(0, mu_scale^2 I) (default 10, vague)")
+    parser.add_argument("--rounds", type=int, default=None, help="most rounds (default 20)")
+    parser.add_argument("--level", type=float, default=None, help="level of the credible intervals (default 0.9)")
+    parser.add_argument("--eta", type=float, default=None, help="HM1 step size (default 1e-4)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the run (default 0)")
+    parser.add_argument("--scale", choices=["standard", "minmax", "none"], default=None,
+                        help="scale every column across the sites before the fit (default none)")
+    parser.add_argument("--id", default=None, help="column identifying each row (kept in per-row outputs)")
+    parser.add_argument("--out", type=Path, default=None, help="result folder (default fedhier-fit-linear)")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
 
 
-def _read_sites(path: Path, site_col: str, target: str, features: list[str]):
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    if not rows:
-        raise ValueError(f"{path}: no rows")
-    missing = [c for c in [site_col, target, *features] if c not in rows[0]]
-    if missing:
-        raise ValueError(f"{path}: column(s) {missing} not found")
-    names = list(dict.fromkeys(r[site_col] for r in rows))
-    sites = []
-    for name in names:
-        part = [(i, r) for i, r in enumerate(rows, start=1) if r[site_col] == name]
-        values = np.empty((len(part), len(features) + 1))
-        for k, (i, r) in enumerate(part):
-            for j, c in enumerate([*features, target]):
-                try:
-                    values[k, j] = float(r[c])
-                except (TypeError, ValueError):  # the cell's text is not quoted: error text may be shared
-                    raise ValueError(f"{path}: site {name!r}: non-numeric value in column {c!r}, row {i}") from None
-        sites.append((values[:, :-1], values[:, -1]))
-    return names, sites
-
-
 def cli_fit_linear(argv) -> int:
-    """``fedhier fit linear``: fit HM1 or HM2 to a CSV with a site column; write results to ``--out``.
+    """``fedhier fit linear``: fit HM1 or HM2; write the result folder.
 
     ``argv`` is the list of arguments after ``fit linear`` (or an ``argparse.Namespace`` built with
-    :func:`add_fit_linear_arguments`). Writes ``coefficients.csv`` (site, feature, estimate, and for
-    HM2 the interval and inclusion), ``phi.csv`` (HM2), ``summary.md``, ``history.json``,
-    ``model.npz`` and the report (``report.html``, ``report.md``, ``figures/``). Returns 0, or 2 after printing ``fedhier: error: ...`` for bad input.
+    :func:`add_fit_linear_arguments`, whose errors are raised). Writes ``coefficients.csv`` (site,
+    feature, estimate, and for HM2 the interval and inclusion; with a scaling also in the files'
+    units), ``phi.csv`` (HM2), ``history.json``, ``model.npz``, ``summary.json``, ``summary.md``
+    and the report (``report.html``, ``report.md``, ``figures/``). Returns 0, or 2 after printing
+    ``fedhier: error: ...`` for bad input.
     """
     if isinstance(argv, argparse.Namespace):
-        return _fit_linear(argv)
+        return _fit_linear(_config_of(argv), command=None)
     parser = argparse.ArgumentParser(prog="fedhier fit linear", description="FedLin: federated hierarchical linear regression (HM1 / HM2).")
     add_fit_linear_arguments(parser)
     args = parser.parse_args(list(argv))
-    return run(lambda: _fit_linear(args, command="fedhier fit linear " + shlex.join(str(a) for a in argv)), "fedhier fit linear")
+    return run(lambda: _fit_linear(_config_of(args), command="fedhier fit linear " + shlex.join(str(a) for a in argv)),
+               "fedhier fit linear")
 
 
-def _fit_linear(args: argparse.Namespace, command: str | None = None) -> int:
-    features = [c.strip() for c in args.features.split(",") if c.strip()]
-    names, sites = _read_sites(Path(args.csv), args.site, args.target, features)
-    outputs = ["phi.csv", "coefficients.csv", "history.json", "model.npz", "summary.md"]
-    check_outputs_spare_inputs([Path(args.out) / name for name in outputs], [args.csv])
-    if args.intercept:
-        features = ["(intercept)", *features]
-        sites = [(np.column_stack([np.ones(len(y)), X]), y) for X, y in sites]
-    out = Path(args.out)
-    if args.model == "hm1":
-        with rounds_shown(args.rounds, "FedLin HM1 rounds", quiet=getattr(args, "quiet", False)):
-            est = FedHM1Regressor(fit_intercept=False, n_rounds=args.rounds, eta=args.eta, random_state=args.seed).fit(sites)
-        rows = [{"site": n, "feature": f, "estimate": float(est.coef_[k, j])} for k, n in enumerate(names) for j, f in enumerate(features)]
+def _config_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The configuration the flags (and ``--config``) describe: one dict in the TOML's shape."""
+    if args.config is not None:
+        config = load_config(args.config)
+        config["_source"], config["_base"] = str(args.config), Path(args.config).parent
+    elif args.csv is not None:
+        if args.site is None or args.target is None or args.features is None:
+            raise ValueError("fedhier fit linear CSV needs --site, --target and --features (or use --config fit.toml)")
+        config = {"file": str(args.csv), "_source": str(args.csv), "_base": Path(".")}
     else:
-        random = None
-        if args.random:
-            wanted = {c.strip() for c in args.random.split(",")}
-            unknown = wanted - set(features)
-            if unknown:
-                raise ValueError(f"--random names unknown column(s) {sorted(unknown)}")
-            random = [f in wanted for f in features]
-        with rounds_shown(args.rounds, "FedLin HM2 rounds", quiet=getattr(args, "quiet", False)):
-            est = FedHM2Regressor(fit_intercept=False, prior=args.prior, random=random, noise=args.noise, mu_scale=args.mu_scale, n_rounds=args.rounds, level=args.level, random_state=args.seed).fit(sites)
-        ci = est.coef_interval(args.level)
-        rows = [
-            {"site": n, "feature": f, "estimate": float(est.coef_[k, j]), "lower": float(ci[k, j, 0]), "upper": float(ci[k, j, 1]), "included": bool(est.selected_features_[k, j])}
-            for k, n in enumerate(names) for j, f in enumerate(features)
-        ]
-        phi_ci = est.phi_interval(args.level)
-        write_csv(out / "phi.csv", [{"component": nm, "mean": float(est.phi_mean_[i]), "lower": float(phi_ci[i, 0]), "upper": float(phi_ci[i, 1])} for i, nm in enumerate(est.phi_names_)])
+        raise ValueError("fedhier fit linear needs a CSV file with --site, --target, --features, or --config fit.toml")
+    flags = {"site_column": args.site, "target": args.target, "model": args.model, "prior": args.prior,
+             "intercept": args.intercept, "noise": args.noise, "mu_scale": args.mu_scale, "n_rounds": args.rounds,
+             "level": args.level, "eta": args.eta, "seed": args.seed, "scale": args.scale, "id": args.id,
+             "features": None if args.features is None else [c.strip() for c in args.features.split(",") if c.strip()],
+             "random": None if args.random is None else [c.strip() for c in args.random.split(",") if c.strip()]}
+    config.update({k: v for k, v in flags.items() if v is not None})
+    config["_out"] = Path(args.out) if args.out is not None else Path("fedhier-fit-linear")
+    config["_quiet"] = bool(getattr(args, "quiet", False))
+    return config
+
+
+def _model_name(config: dict[str, Any]) -> str:
+    model = str(config.get("model", "hm2")).removeprefix("fedlin-")
+    if model not in ("hm1", "hm2"):
+        raise ValueError(f"{config['_source']}: model must be 'hm2' or 'hm1' (or 'fedlin-hm2', 'fedlin-hm1') for a linear fit, got {config.get('model')!r}")
+    return model
+
+
+def fit_linear_config(config_path: str | Path, *, out_dir: str | Path) -> int:
+    """``fedhier fit --config`` with ``model = "fedlin-hm2"`` (or hm1): the same fit as ``fit linear --config``."""
+    config = load_config(config_path)
+    config.update(_source=str(config_path), _base=Path(config_path).parent, _out=Path(out_dir))
+    return _fit_linear(config, command=f"fedhier fit --config {Path(config_path).name}")
+
+
+def _fit_linear(config: dict[str, Any], command: str | None) -> int:
+    from ..estimators.fedlin import FedHM1Regressor, FedHM2Regressor
+
+    source = config["_source"]
+    opt = {k: config.get(k, d) for k, d in _DEFAULTS.items()}
+    model = _model_name(config)
+    target, features = config.get("target"), config.get("features")
+    if not isinstance(target, str) or not target:
+        raise ValueError(f"{source}: target = \"column\" (the response) is required for a linear fit")
+    if not isinstance(features, list) or not features or not all(isinstance(c, str) and c for c in features):
+        raise ValueError(f"{source}: features = [\"column\", ...] (the predictors) is required for a linear fit")
+    data = site_data(config, source, config["_base"])
+    columns = [*features, target]
+    check_columns(data, {"target": [target], "features": features}, exclude=[config.get("site_column") or "", data.id or ""])
+    notes: list[str] = []
+    sites, kept, problems = complete_rows(data, columns, "target and features", notes)
+    if problems:
+        raise SiteDataError(join_problems(problems))
+    scaling = fit_scaling(data.scale, columns, sites, seed=opt["seed"], aggregation=config.get("aggregation", "plain"))
+    sites = [scaling.transform(columns, v) for v in sites]
+    sites = [(v[:, :-1], v[:, -1]) for v in sites]
+    names = data.names
+    out = Path(config["_out"])
+    outputs = ["phi.csv", "coefficients.csv", "history.json", "model.npz", "summary.md", "summary.json"]
+    check_outputs_spare_inputs([out / name for name in outputs], [*data.inputs, *([source] if source.endswith(".toml") else [])])
+    names_out = list(features)
+    if opt["intercept"]:
+        names_out = [_INTERCEPT, *names_out]
+        sites = [(np.column_stack([np.ones(len(y)), X]), y) for X, y in sites]
+    params = {k: config[k] for k in FEDLIN_OPTIONS[f"fedlin-{model}"] if k in config}  # the estimator's own options
+    with site_warnings(names):
+        if model == "hm1":
+            params.setdefault("eta", _DEFAULTS["eta"])
+            est = _build(FedHM1Regressor, n_rounds=opt["n_rounds"], random_state=opt["seed"], **params)
+            with rounds_shown(opt["n_rounds"], "FedLin HM1 rounds", quiet=config.get("_quiet", False)):
+                _fit(est, sites, data.scale)
+            rows = [{"site": n, "feature": f, "estimate": float(est.coef_[k, j])} for k, n in enumerate(names) for j, f in enumerate(names_out)]
+        else:
+            for key in ("prior", "noise", "mu_scale", "level"):
+                params.setdefault(key, _DEFAULTS[key])
+            if "aggregation" in config:  # "secure": the EP deltas are summed securely
+                params["aggregation"] = config["aggregation"]
+            if params.get("random") is not None:
+                wanted = params["random"] if isinstance(params["random"], list) else [params["random"]]
+                unknown = [c for c in wanted if c not in names_out]
+                if unknown:
+                    raise ValueError(f"random names column(s) {unknown} that are not features; features: {names_out}")
+                params["random"] = [f in wanted for f in names_out]
+            est = _build(FedHM2Regressor, n_rounds=opt["n_rounds"], random_state=opt["seed"], **params)
+            with rounds_shown(opt["n_rounds"], "FedLin HM2 rounds", quiet=config.get("_quiet", False)):
+                _fit(est, sites, data.scale)
+            ci = est.coef_interval(opt["level"])
+            rows = [
+                {"site": n, "feature": f, "estimate": float(est.coef_[k, j]), "lower": float(ci[k, j, 0]), "upper": float(ci[k, j, 1]), "included": bool(est.selected_features_[k, j])}
+                for k, n in enumerate(names) for j, f in enumerate(names_out)
+            ]
+            phi_ci = est.phi_interval(opt["level"])
+            write_csv(out / "phi.csv", [{"component": nm, "mean": float(est.phi_mean_[i]), "lower": float(phi_ci[i, 0]), "upper": float(phi_ci[i, 1])} for i, nm in enumerate(est.phi_names_)])
+    if data.scale != "none":
+        _add_original_units(rows, est, scaling, features, target, names)
     write_csv(out / "coefficients.csv", rows)
     write_json(out / "history.json", est.history_)
     est.save(out / "model.npz")
-    atomic_write_text(out / "summary.md", f"# fedhier fit linear ({args.model})\n\n" + markdown_table(rows))
     from ..report.fedlin import write_fedlin_report
 
-    model = "HM2 (federated expectation propagation)" if args.model == "hm2" else "HM1 (federated MAP)"
+    label = "HM2 (federated expectation propagation)" if model == "hm2" else "HM1 (federated MAP)"
+    units = "" if data.scale == "none" else f" Every column was scaled ({data.scale}) across the sites before the fit; the report is in scaled units, coefficients.csv also in the files' units."
     intro = (
-        f"Hierarchical linear regression of {args.target} on {', '.join(features)} across {len(sites)} sites "
-        f"({sum(len(y) for _, y in sites)} rows from {Path(args.csv).name}), fitted with {model}"
-        + (f" and the {args.prior} prior" if args.model == "hm2" else "") + ". Each site keeps its rows; "
-        "the sites share one population model and each gets its own coefficients."
+        f"Hierarchical linear regression of {target} on {', '.join(names_out)} across {len(sites)} sites "
+        f"({sum(len(y) for _, y in sites)} rows, {data.layout}), fitted with {label}"
+        + (f" and the {opt['prior']} prior" if model == "hm2" else "") + ". Each site keeps its rows; "
+        "the sites share one population model and each gets its own coefficients." + units
     )
-    write_fedlin_report(out, est, sites, site_names=[str(n) for n in names], features=features, target=args.target,
-                        title=f"FedLin fit ({args.model.upper()})", intro=intro, command=command, level=args.level)
+    write_fedlin_report(out, est, sites, site_names=names, features=names_out, target=target,
+                        title=f"FedLin fit ({model.upper()})", intro=intro, command=command, level=opt["level"])
+    summary = {"model_family": f"fedlin-{model}", "sites": names, "rows": {n: len(y) for n, (_, y) in zip(names, sites)},
+               "data": data.layout, "target": target, "features": features, "intercept": bool(opt["intercept"]),
+               "id": data.id, "scale": data.scale, "scaling": scaling.to_dict(), "partial": data.partial,
+               "n_rounds": opt["n_rounds"], "rounds_run": len(est.history_), "model": str(out / "model.npz"),
+               "report": str(out / "report.html")}
+    write_summary(out, summary, title=f"fedhier fit linear ({model})", notes=notes, tables=[("Coefficients", rows)])
     return 0
+
+
+def _build(cls, **params):
+    """The estimator with ``params``; a constructor that adds its own intercept is told not to (the CLI adds a column)."""
+    if "fit_intercept" in inspect.signature(cls).parameters:
+        params["fit_intercept"] = False
+    return cls(**params)
+
+
+def _fit(est, sites, scale: str) -> None:
+    try:
+        est.fit(sites)
+    except (ValueError, np.linalg.LinAlgError) as exc:
+        hint = ("; the columns are in raw units: set scale = \"standard\" (flag --scale standard)" if scale == "none" else "")
+        raise ValueError(f"the fit failed: {exc}{hint}") from None
+
+
+def _add_original_units(rows, est, scaling, features, target, names) -> None:
+    """Coefficients in the files' units: slope_j = s_y b_j / s_j; intercept = c_y + s_y (b_0 + a_k - sum_j b_j c_j / s_j).
+
+    ``a_k``: the estimator's own intercept (0 without one).  Slope intervals map the same way
+    (a positive rescaling); the intercept's interval depends on the joint posterior and is left empty.
+    """
+    cx, sx = scaling.center[: len(features)], scaling.scale[: len(features)]
+    cy, sy = scaling.center[-1], scaling.scale[-1]
+    intercepts = np.asarray(getattr(est, "intercept_", np.zeros(len(names))), dtype=float).reshape(-1)
+    by_site: dict[str, dict[str, dict]] = {}
+    for row in rows:
+        by_site.setdefault(row["site"], {})[row["feature"]] = row
+    for k, name in enumerate(names):
+        site_rows = by_site[name]
+        b = np.array([site_rows[f]["estimate"] for f in features])
+        for j, f in enumerate(features):
+            r = site_rows[f]
+            r["estimate_original_units"] = float(sy * b[j] / sx[j])
+            if "lower" in r:
+                r["lower_original_units"] = float(sy * r["lower"] / sx[j])
+                r["upper_original_units"] = float(sy * r["upper"] / sx[j])
+        if _INTERCEPT in site_rows:
+            b0 = site_rows[_INTERCEPT]["estimate"] + (intercepts[k] if intercepts.size == len(names) else 0.0)
+            site_rows[_INTERCEPT]["estimate_original_units"] = float(cy + sy * (b0 - np.sum(b * cx / sx)))

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["site_ranges", "combine_ranges", "MinMaxScaling", "per_dataset_minmax"]
+__all__ = ["site_ranges", "combine_ranges", "MinMaxScaling", "per_dataset_minmax", "ColumnScaling"]
 
 Ranges = dict[str, tuple[np.ndarray, np.ndarray]]
 
@@ -148,3 +148,55 @@ def per_dataset_minmax(views: Mapping[str, Any]) -> dict[str, np.ndarray]:
     Apply separately to each site's data and to the test set to reproduce the reference code.
     """
     return MinMaxScaling(site_ranges(views)).transform(views)
+
+
+class ColumnScaling:
+    """A fitted per-column affine map ``z = (x - center) / scale`` of named columns.
+
+    Fitted across sites by :class:`fedhier.protocol.scaling.ColumnScalingProtocol`; saved with a
+    model (:meth:`to_dict`) and applied to any later input (:meth:`transform`) and output
+    (:meth:`inverse_transform`).
+
+    Parameters
+    ----------
+    kind : "standard", "minmax" or "none"
+    columns : sequence of str, length m
+    center, scale : array-like (m,)
+    """
+
+    def __init__(self, kind: str, columns: Sequence[str], center: Any = None, scale: Any = None):
+        self.kind = kind
+        self.columns = tuple(columns)
+        m = len(self.columns)
+        self.center = np.zeros(m) if center is None else np.asarray(center, dtype=np.float64).reshape(m)
+        self.scale = np.ones(m) if scale is None else np.asarray(scale, dtype=np.float64).reshape(m)
+        if not (np.all(np.isfinite(self.center)) and np.all(np.isfinite(self.scale)) and np.all(self.scale > 0)):
+            raise ValueError("scaling: centers must be finite and scales positive")
+        self._index = {c: j for j, c in enumerate(self.columns)}
+
+    def _take(self, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        unknown = [c for c in columns if c not in self._index]
+        if unknown:
+            raise ValueError(f"column(s) {unknown} were not scaled when the model was fitted; scaled: {list(self.columns)}")
+        j = [self._index[c] for c in columns]
+        return self.center[j], self.scale[j]
+
+    def transform(self, columns: Sequence[str], X: Any) -> np.ndarray:
+        """``(X - center) / scale`` for the named columns of ``X`` (n, len(columns)); NaN stays NaN."""
+        center, scale = self._take(columns)
+        return (np.asarray(X, dtype=np.float64) - center) / scale
+
+    def inverse_transform(self, columns: Sequence[str], Z: Any) -> np.ndarray:
+        """``center + Z * scale``: back to the units of the sites' files."""
+        center, scale = self._take(columns)
+        return center + np.asarray(Z, dtype=np.float64) * scale
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "columns": list(self.columns), "center": self.center.tolist(), "scale": self.scale.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ColumnScaling":
+        return cls(str(d["kind"]), [str(c) for c in d["columns"]], d["center"], d["scale"])
+
+    def __repr__(self) -> str:
+        return f"ColumnScaling(kind={self.kind!r}, columns={list(self.columns)})"

@@ -8,6 +8,60 @@ from pathlib import Path
 from typing import Any
 
 
+#: where the sites' rows are and how they are read: the same keys for every family and command (docs/cli.md)
+DATA_KEYS = frozenset({"sites", "file", "site_column", "id", "scale", "partial", "missing_values"})
+#: what each family models
+MODEL_KEYS = {"fed-mv-ppca": frozenset({"views"}), "fedlin": frozenset({"target", "features", "intercept"}),
+              "collab": frozenset({"variables", "label"})}
+#: FedLin estimator options a ``fit.toml`` may set, per model
+FEDLIN_OPTIONS = {
+    "fedlin-hm1": frozenset({"n_local_steps", "eta", "alpha", "omega_rule", "batch_size", "gradient", "shrink_scale", "init", "jitter"}),
+    "fedlin-hm2": frozenset({"prior", "covariance", "random", "noise", "tau", "mu_scale", "damping", "tol", "tilted_method",
+                             "n_draws", "mcmc", "n_posterior_draws", "level", "standardize"}),
+}
+#: each family's options on the command line (a file may hold several families' keys; each command reads its own)
+FAMILY_OPTIONS = {
+    "fed-mv-ppca": frozenset({"n_components", "n_rounds", "n_local_iter", "n_first_iter", "n_init", "tol", "init",
+                              "local_tol", "seed", "ig_solver", "sigma2_prior", "epsilon", "delta", "aggregation"}),
+    "fedlin": frozenset({"model", "n_rounds", "seed", "aggregation"}).union(*FEDLIN_OPTIONS.values()),
+    "collab": frozenset({"n_components", "rho", "weights", "aggregation", "max_iter", "seed"}),
+}
+#: every top-level key of a configuration
+CONFIG_KEYS = DATA_KEYS | {"model", "flower", "secure"} | frozenset().union(*MODEL_KEYS.values(), *FAMILY_OPTIONS.values())
+
+
+def deployment_keys(raw: dict[str, Any], source: str, family: str,
+                    own: frozenset[str] | set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A parsed ``fit.toml`` without the command line's data keys and the keys only other families read, and how
+    each site reads its file: ``{"partial": ..., "missing_values": ...}``.
+
+    The Flower deployment reads the same file as ``fedhier fit``: ``[sites]``, ``file``, ``site_column`` and
+    ``id`` are the command line's (each SuperNode names its own file); ``scale`` other than ``"none"``
+    is refused (a deployment does not fit a scaling yet).  ``own``: the keys the deployment itself reads.
+    """
+    raw = dict(raw)
+    scale = raw.get("scale", "none")
+    if scale != "none":
+        raise ValueError(f"{source}: scale = {scale!r} is not applied over Flower yet: scale the sites' files "
+                         "beforehand, or set scale = \"none\"")
+    partial = raw.get("partial", "missing")
+    if partial not in ("missing", "refuse"):
+        raise ValueError(f"{source}: partial must be 'missing' or 'refuse', got {partial!r}")
+    missing = check_missing_values(raw.get("missing_values", {}), source)
+    for key in CONFIG_KEYS - set(own) - FAMILY_OPTIONS[family] - MODEL_KEYS[family] - {"model", "flower", "secure"}:
+        raw.pop(key, None)
+    return raw, {"partial": partial, "missing_values": missing}
+
+
+def check_missing_values(value: Any, source: str) -> dict[str, list[str]]:
+    """``missing_values``: a table column = list of cells that mean "missing" in that column (e.g. chol = ["0"])."""
+    if not isinstance(value, dict) or not all(
+            isinstance(v, list) and all(isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in v)
+            for v in value.values()):
+        raise ValueError(f"{source}: missing_values must map columns to lists of cells, e.g. missing_values = {{ chol = [\"0\"] }}")
+    return {str(c): [str(x) for x in v] for c, v in value.items()}
+
+
 class TomlFit:
     """Mixin of a frozen configuration dataclass with a ``from_toml(text, source)`` classmethod and a ``model`` name."""
 

@@ -44,16 +44,12 @@ import numpy as np
 
 from ..protocol.base import RoundProtocol
 from ..runtime.flower import Deployment, FitHooks, FlowerFitResult, check_flower_settings, check_secure_settings, read_fit_tables
-from ._toml import TomlFit
+from ._toml import FEDLIN_OPTIONS, TomlFit, deployment_keys
 
 __all__ = ["FedLinFitConfig", "OPTIONS"]
 
 #: estimator options a ``fit.toml`` may set, per model
-OPTIONS = {
-    "fedlin-hm1": frozenset({"n_local_steps", "eta", "alpha", "omega_rule", "batch_size", "gradient", "shrink_scale", "init", "jitter"}),
-    "fedlin-hm2": frozenset({"prior", "covariance", "random", "noise", "tau", "mu_scale", "damping", "tol", "tilted_method",
-                             "n_draws", "mcmc", "n_posterior_draws", "level", "standardize"}),
-}
+OPTIONS = FEDLIN_OPTIONS
 _KEYS = {"target", "features", "intercept", "n_rounds", "seed", "aggregation"}
 _INTERCEPT = "(intercept)"
 
@@ -103,6 +99,8 @@ class FedLinFitConfig(TomlFit, Deployment):
     aggregation: str = "plain"
     threshold: int | None = None
     frac_bits: int = 30
+    partial: str = "missing"
+    missing_values: Mapping[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "features", tuple(self.features))
@@ -142,6 +140,7 @@ class FedLinFitConfig(TomlFit, Deployment):
         model = raw.get("model")
         if model not in OPTIONS:
             raise ValueError(f"{source}: model must be one of {sorted(OPTIONS)}, got {model!r}")
+        raw, reading = deployment_keys(raw, source, "fedlin", _KEYS | OPTIONS[model])
         raw, flower, secure = read_fit_tables(raw, source, _KEYS | OPTIONS[model])
         for key in ("target", "features"):
             if key not in raw:
@@ -150,7 +149,7 @@ class FedLinFitConfig(TomlFit, Deployment):
             raise ValueError(f"{source}: features must be a list of column names")
         options = {k: raw.pop(k) for k in sorted(OPTIONS[model]) if k in raw}
         try:
-            return cls(model=model, options=options, **raw, **flower, **secure)
+            return cls(model=model, options=options, **raw, **flower, **secure, **reading)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{source}: {exc}") from None
 
@@ -202,23 +201,17 @@ class FedLinFitConfig(TomlFit, Deployment):
         """Read one site's CSV file: ``(X (n, d), y (n,))`` for HM1, the site's own standardised
         sufficient statistics (:meth:`FedHM2Regressor.site_stats`) for HM2.
 
-        Every cell must hold a number; errors name the site, column and row, never a value
-        (:class:`~fedhier.userdata.SiteDataError`).
+        A row with an empty cell is left out (``partial = "refuse"``: an error); errors name the site,
+        column and row, never a value (:class:`~fedhier.data.sitefiles.SiteDataError`).
         """
-        from ..userdata import SiteDataError, read_site_table
+        from ..data.sitefiles import SiteDataError, read_rows, read_table
 
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
-        table = read_site_table(path, {"features": list(self.features), "target": [self.target]}, site)
-        for view, columns in (("features", self.features), ("target", [self.target])):
-            if view not in table:
-                raise SiteDataError(f"site {site!r}: column(s) {list(columns)} missing from {path.name}")
-            empty = np.argwhere(np.isnan(table[view]))
-            if empty.size:
-                i, j = empty[0]
-                raise SiteDataError(f"site {site!r}: empty cell in column {list(columns)[j]!r}, row {i + 1}; FedLin needs every cell")
-        X, y = table["features"], table["target"][:, 0]
+        values, _ = read_rows(read_table(path, site, self.missing_values), [*self.features, self.target], partial=self.partial,
+                              what="target and features")
+        X, y = np.ascontiguousarray(values[:, :-1]), values[:, -1].copy()
         if X.shape[0] < 2:
             raise SiteDataError(f"site {site!r}: {X.shape[0]} row(s) in {path.name}; a site needs at least 2")
         if self.intercept:

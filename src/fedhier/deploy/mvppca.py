@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from ..protocol.base import RoundProtocol
 from ..protocol.messages import MessageSpec
-from ._toml import TomlFit
+from ._toml import TomlFit, deployment_keys
 from ..runtime.flower import Deployment, FitHooks, FlowerFitResult, check_flower_settings, check_secure_settings, read_fit_tables
 
 __all__ = ["FlowerFitConfig"]
@@ -71,6 +71,12 @@ class FlowerFitConfig(TomlFit, Deployment):
     frac_bits : int
         Fixed-point fractional bits (``[secure] frac_bits``), default 30.  Both as
         :class:`fedhier.privacy.secure_round.SecureAggregator`.
+    partial : "missing" or "refuse"
+        A subject observed in only part of a view lacks the view, or the site's file is refused
+        (as ``fedhier fit``; the file's other data keys -- ``[sites]``, ``file``, ``id`` -- are the
+        command line's).
+    missing_values : mapping column -> cells
+        Cells that also mean "missing" in a column (``docs/cli.md``).
     """
 
     views: Mapping[str, tuple[str, ...]]
@@ -95,6 +101,8 @@ class FlowerFitConfig(TomlFit, Deployment):
     aggregation: str = "plain"
     threshold: int | None = None
     frac_bits: int = 30
+    partial: str = "missing"
+    missing_values: Mapping[str, list[str]] = field(default_factory=dict)
 
     model = "fed-mv-ppca"
 
@@ -154,6 +162,7 @@ class FlowerFitConfig(TomlFit, Deployment):
             raise ValueError(f"{source}: invalid TOML: {exc}") from exc
         if raw.get("model", cls.model) != cls.model:
             raise ValueError(f"{source}: model = {raw['model']!r} is not a {cls.model} fit")
+        raw, reading = deployment_keys(raw, source, "fed-mv-ppca", _ALLOWED_KEYS)
         raw, flower, secure = read_fit_tables(raw, source, _ALLOWED_KEYS)
         views = raw.pop("views", None)
         if not isinstance(views, dict) or not all(isinstance(c, list) for c in views.values()):
@@ -162,7 +171,7 @@ class FlowerFitConfig(TomlFit, Deployment):
             if raw.get(key) == "none":
                 raw[key] = None
         try:
-            return cls(views=views, **raw, **flower, **secure)
+            return cls(views=views, **raw, **flower, **secure, **reading)
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None
 
@@ -225,16 +234,17 @@ class FlowerFitConfig(TomlFit, Deployment):
         """Read and check one site's CSV file (columns named as in ``views``).
 
         Returns ``{view: (n, d_view) float64 array}`` in schema order, views the file lacks
-        omitted.  Raises :class:`~fedhier.userdata.SiteDataError` naming the site, view,
+        omitted.  Raises :class:`~fedhier.data.sitefiles.SiteDataError` naming the site, view,
         column and row of a problem, never a value.
         """
         from ..data.validation import check_sites
-        from ..userdata import SiteDataError, read_site_table
+        from ..data.sitefiles import SiteDataError, read_site_table
 
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
-        table = read_site_table(path, {v: list(c) for v, c in self.views.items()}, site)
+        table = read_site_table(path, {v: list(c) for v, c in self.views.items()}, site, partial=self.partial,
+                                missing=self.missing_values)
         try:
             checked, _ = check_sites([table], schema=self.schema(), n_components=self.n_components, min_subjects=2,
                                      site_names=[site])

@@ -93,7 +93,7 @@ try:
     from flwr.common.constant import ErrorCode
     from flwr.serverapp import Grid, ServerApp
 except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise ImportError("the Flower runtime needs the optional extra: pip install 'fedhier[flower]'") from exc
+    raise ImportError('the Flower runtime needs the optional extra: pip install -e ".[flower]"') from exc
 
 __all__ = [
     "Deployment",

@@ -1,6 +1,6 @@
 """MPI runtime: one site per process, messages point to point with deadlines (spec collabdict §3-§4).
 
-Install with ``pip install "fedhier[mpi]"`` (``mpi4py`` and the ``mpich`` wheel, which
+Install with ``pip install -e ".[mpi]"`` (``mpi4py`` and the ``mpich`` wheel, which
 provides ``mpiexec``).  The same fit then runs as ``S`` real processes::
 
     mpiexec -n 7 python -m fedhier.cli.collab fit --runtime mpi --csv data.csv --site-column site --out model.npz
@@ -50,7 +50,7 @@ def world():
     try:
         from mpi4py import MPI
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError('the MPI runtime needs mpi4py: pip install "fedhier[mpi]" (mpi4py + mpich)') from exc
+        raise ImportError('the MPI runtime needs mpi4py: pip install -e ".[mpi]" (mpi4py + mpich)') from exc
     return MPI.COMM_WORLD
 
 

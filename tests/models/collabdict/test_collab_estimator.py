@@ -168,7 +168,7 @@ def test_cli_fit_and_score(tmp_path):
     frame.to_csv(tmp_path / "d.csv", index=False)
     assert cli_collab(["fit", "--csv", str(tmp_path / "d.csv"), "--site-column", "site", "--components", "3",
                        "--max-iter", "5", "--out", str(tmp_path / "m.npz")]) == 0
-    assert cli_collab(["score", "--model", str(tmp_path / "m.npz"), "--csv", str(tmp_path / "d.csv"), "--site", "1",
+    assert cli_collab(["score", "--model", str(tmp_path / "m.npz"), "--csv", str(tmp_path / "d.csv"), "--site", "s1",
                        "--columns", "a,b,c", "--out", str(tmp_path / "s.csv"), "--variable"]) == 0
     scores = pd.read_csv(tmp_path / "s.csv")
     model = CollabDict.load(tmp_path / "m.npz")

@@ -1,0 +1,293 @@
+"""Reading a site's data file as a user has it: one reader for every command line and deployment.
+
+A site's file is a CSV (optionally gzip-compressed, ``.csv.gz``) or Parquet table with a header
+row.  A cell is read as
+
+* a number (``12``, ``-0.5``, ``1e3``);
+* a boolean, as 0/1: ``True``/``False``/``true``/``false``/``yes``/``no`` (any capitalisation);
+* missing: an empty cell, ``NA``, ``N/A``, ``NaN``, ``nan``, ``null``;
+
+anything else is a problem, reported by site, column and 1-based data row, never by the
+cell's text (a message may reach the coordinator of a federated fit).  A column that a
+site's file lacks, or whose every cell is empty, is *not measured* at that site.
+
+Rows of a view (a group of columns that a subject has together) with some but not all
+cells empty are *partly observed*: with ``partial="missing"`` (default) the subject lacks
+the view; with ``partial="refuse"`` they are an error naming the first such row.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import gzip
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..protocol.base import SiteError
+
+__all__ = ["SiteDataError", "SiteTable", "read_table", "read_site_table", "parse_column", "close_matches",
+           "PARTIAL", "MISSING_CELLS", "BOOLEAN_CELLS"]
+
+#: cells read as missing (compared case-insensitively after stripping spaces)
+MISSING_CELLS = frozenset({"", "na", "n/a", "nan", "null"})
+#: cells read as booleans, 1.0 or 0.0 (case-insensitive)
+BOOLEAN_CELLS = {"true": 1.0, "false": 0.0, "yes": 1.0, "no": 0.0}
+#: what to do with a partly observed view: treat the subject's view as missing, or refuse the file
+PARTIAL = ("missing", "refuse")
+#: problems listed in one message before "and N more"
+_MAX_LISTED = 6
+
+
+class SiteDataError(SiteError, ValueError):
+    """A problem in a site's data file.  Its text names the site, view, column and 1-based row, never a
+    cell's value, so a site may send it to the coordinator."""
+
+
+def join_problems(problems: Sequence[str]) -> str:
+    """Several problems as one line: ``p1; p2; ... (and N more)``."""
+    shown = "; ".join(problems[:_MAX_LISTED])
+    return shown + (f" (and {len(problems) - _MAX_LISTED} more)" if len(problems) > _MAX_LISTED else "")
+
+
+def close_matches(name: str, available: Sequence[str]) -> str:
+    """``; did you mean 'x'?`` for the closest of ``available`` (case-insensitive), or ``""``."""
+    lowered = {a.lower(): a for a in available}
+    low = name.lower()
+    hits = difflib.get_close_matches(low, list(lowered), n=3, cutoff=0.6)
+    hits += [a for a in lowered if a not in hits and min(len(a), len(low)) >= 3 and (low.startswith(a) or a.startswith(low))]
+    return f"; did you mean {', '.join(repr(lowered[h]) for h in hits)}?" if hits else ""
+
+
+@dataclass
+class SiteTable:
+    """One site's rows as text.
+
+    Attributes
+    ----------
+    site : str
+        The site's name (used in every message).
+    path : Path
+        The file the rows come from (a pooled file for a site column).
+    header : list of str
+        Column names, spaces around them removed.
+    rows : list of list of str
+        The site's data rows, cells as text.
+    row_numbers : list of int
+        1-based data row number of each row in ``path`` (header not counted).
+    missing : mapping column -> set of str
+        Cells that also mean "missing" in a column (lower case), besides :data:`MISSING_CELLS`
+        (e.g. ``{"chol": {"0", "0.0"}}`` where a zero cholesterol is a missing measurement).
+    """
+
+    site: str
+    path: Path
+    header: list[str]
+    rows: list[list[str]]
+    row_numbers: list[int] = field(default_factory=list)
+    missing: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.row_numbers:
+            self.row_numbers = list(range(1, len(self.rows) + 1))
+        self._position = {name: j for j, name in enumerate(self.header)}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def has(self, column: str) -> bool:
+        return column in self._position
+
+    def text(self, column: str) -> list[str]:
+        """The cells of ``column`` as stripped text ("" for a short row)."""
+        j = self._position[column]
+        return [row[j].strip() if j < len(row) else "" for row in self.rows]
+
+    def is_missing(self, column: str, cell: str) -> bool:
+        """True for an empty cell, a missing marker, or one of the column's own missing markers."""
+        low = cell.lower()
+        return low in MISSING_CELLS or low in self.missing.get(column, ())
+
+    def measures(self, column: str) -> bool:
+        """True when the file has ``column`` and at least one of its cells is not missing."""
+        return self.has(column) and any(not self.is_missing(column, c) for c in self.text(column))
+
+    def subset(self, site: str, keep: Sequence[int]) -> "SiteTable":
+        """The rows at positions ``keep`` as the table of ``site`` (splitting a pooled file by its site column)."""
+        return SiteTable(site, self.path, self.header, [self.rows[i] for i in keep], [self.row_numbers[i] for i in keep],
+                         self.missing)
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
+    """Header, rows and their 1-based data row numbers; a UTF-8 byte-order mark is dropped, blank lines skipped."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    reader = None
+    try:
+        with opener(path, "rt", newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            rows = [row for row in reader if any(cell.strip() for cell in row)]
+    except UnicodeDecodeError as exc:  # its own text quotes the file's bytes: not repeated
+        raise SiteDataError(f"{path}: not UTF-8 text (undecodable byte at offset {exc.start})") from None
+    except (csv.Error, gzip.BadGzipFile, EOFError) as exc:
+        line = f"line {reader.line_num}: " if reader is not None else ""
+        raise SiteDataError(f"{path}: not a readable CSV file ({line}{type(exc).__name__})") from None
+    if not rows:
+        raise SiteDataError(f"{path}: empty file")
+    return rows[0], rows[1:], list(range(1, len(rows)))
+
+
+def _read_parquet(path: Path, site: str) -> tuple[list[str], list[list[str]], list[int]]:
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - depends on the installation
+        raise SiteDataError(f'site {site!r}: reading Parquet needs pandas and pyarrow: pip install -e ".[stats]" pyarrow') from None
+    frame = pd.read_parquet(path)
+    header = [str(c) for c in frame.columns]
+    body = [["" if (isinstance(v, float) and math.isnan(v)) or v is None else str(v) for v in row]
+            for row in frame.itertuples(index=False)]
+    return header, body, list(range(1, len(body) + 1))
+
+
+def read_table(path: str | Path, site: str, missing: Mapping[str, Sequence[str]] | None = None) -> SiteTable:
+    """Read a whole file as text; a column named twice in the header is an error.
+
+    ``missing``: column -> cells that also mean missing there (see :attr:`SiteTable.missing`).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
+    header, body, numbers = _read_parquet(path, site) if path.suffix == ".parquet" else _read_csv(path)
+    header = [name.strip() for name in header]
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise SiteDataError(f"site {site!r}: column(s) {repeated} appear more than once in the header of {path.name}")
+    marks = {c: frozenset(str(v).strip().lower() for v in values) for c, values in (missing or {}).items()}
+    return SiteTable(site, path, header, body, numbers, marks)
+
+
+def parse_column(table: SiteTable, column: str, problems: list[str], where: str = "") -> np.ndarray:
+    """The cells of ``column`` as floats (missing -> NaN, booleans -> 0/1).
+
+    A cell that is neither is appended to ``problems`` (site, column, first row and how many
+    more, never the text) and read as NaN; a column the file lacks is all NaN.
+    """
+    if not table.has(column):
+        return np.full(len(table), np.nan)
+    out = np.empty(len(table))
+    bad: list[int] = []
+    infinite: list[int] = []
+    for i, cell in enumerate(table.text(column)):
+        low = cell.lower()
+        if table.is_missing(column, cell):
+            out[i] = np.nan
+        elif low in BOOLEAN_CELLS:
+            out[i] = BOOLEAN_CELLS[low]
+        else:
+            try:
+                out[i] = float(cell)
+            except ValueError:
+                out[i] = np.nan
+                bad.append(i)
+                continue
+            if not math.isfinite(out[i]):
+                out[i] = np.nan
+                infinite.append(i)
+    prefix = f"site {table.site!r}{where}: "
+    for rows, what in ((bad, "non-numeric value"), (infinite, "infinite value")):
+        if rows:
+            more = f" and {len(rows) - 1} more row(s)" if len(rows) > 1 else ""
+            problems.append(f"{prefix}{what} in column {column!r}, row {table.row_numbers[rows[0]]}{more}")
+    return out
+
+
+def read_site_table(path: str | Path | SiteTable, views: dict[str, list[str]], site_name: str, *,
+                    partial: str = "missing", notes: list[str] | None = None,
+                    missing: Mapping[str, Sequence[str]] | None = None) -> dict[str, np.ndarray]:
+    """Read one site's views into ``{view: (n, d) float array}``; views the site does not measure are omitted.
+
+    A view is not measured at a site when the file lacks, or has only empty cells in, any of its
+    columns (with ``partial="refuse"``, only when it lacks all of them).  A subject whose view
+    is partly observed lacks that view (its row is all NaN) unless ``partial="refuse"``.  Every
+    problem of the file is listed in one :class:`SiteDataError`.  ``notes`` receives one line
+    per view left out or per partly observed view.  ``missing``: a column's own missing markers.
+    """
+    if partial not in PARTIAL:
+        raise ValueError(f"partial must be one of {list(PARTIAL)}, got {partial!r}")
+    table = path if isinstance(path, SiteTable) else read_table(path, site_name, missing)
+    notes = [] if notes is None else notes
+    problems: list[str] = []
+    out: dict[str, np.ndarray] = {}
+    for view, columns in views.items():
+        unmeasured = [c for c in columns if not table.measures(c)]
+        if len(unmeasured) == len(columns):
+            empty = [c for c in columns if table.has(c)]
+            if empty:
+                notes.append(f"site {site_name!r}, view {view!r}: column(s) {empty} empty or missing at every row, so "
+                             "the view is not measured there")
+            continue
+        where = f", view {view!r}"
+        values = np.column_stack([parse_column(table, c, problems, where) for c in columns])
+        if unmeasured:
+            if partial == "refuse":
+                lacking = [c for c in unmeasured if not table.has(c)]
+                problems.append(f"site {site_name!r}{where}: column(s) {lacking or unmeasured} "
+                                f"{'missing from ' + table.path.name if lacking else 'empty at every row'}; "
+                                "with partial = \"refuse\" a site measures all of a view's columns or none")
+                continue
+            notes.append(f"site {site_name!r}{where}: column(s) {unmeasured} not measured there, so the view is "
+                         "left out at this site")
+            continue
+        empty = np.isnan(values)
+        some = np.flatnonzero(empty.any(axis=1) & ~empty.all(axis=1))
+        if some.size:
+            if partial == "refuse":
+                problems.append(f"site {site_name!r}{where}: {some.size} row(s) with some but not all of the view's "
+                                f"cells empty, first at row {table.row_numbers[some[0]]}; with partial = \"refuse\" "
+                                "a subject has all of a view's columns or none")
+                continue
+            values[some] = np.nan
+            notes.append(f"site {site_name!r}{where}: {some.size} subject(s) observed in only part of the view "
+                         "are treated as lacking it")
+        out[view] = values
+    if problems:
+        raise SiteDataError(join_problems(problems))
+    if not out:
+        wanted = [c for cols in views.values() for c in cols]
+        raise SiteDataError(f"site {site_name!r}: {table.path.name} measures none of the configured columns {wanted}")
+    return out
+
+
+def read_rows(table: SiteTable, columns: Sequence[str], *, partial: str = "missing", what: str = "columns",
+              notes: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Complete rows of ``columns``: ``(values (n_kept, m), kept row positions (n_kept,))``.
+
+    For models that need every cell (FedLin, CollabDict).  A column the site does not measure is an
+    error; a row with an empty cell is left out (``partial="missing"``, noted) or an error naming
+    its row (``"refuse"``).  Every problem of the site is listed in one :class:`SiteDataError`.
+    """
+    problems: list[str] = []
+    unmeasured = [c for c in columns if not table.measures(c)]
+    if unmeasured:
+        raise SiteDataError(
+            f"site {table.site!r}: column(s) {unmeasured} not measured there (absent or empty at every row); "
+            f"every site needs all the {what}: remove them from {what} or leave the site out")
+    values = np.column_stack([parse_column(table, c, problems) for c in columns])
+    if problems:
+        raise SiteDataError(join_problems(problems))
+    empty = np.isnan(values).any(axis=1)
+    if empty.any():
+        first = int(np.flatnonzero(empty)[0])
+        column = columns[int(np.flatnonzero(np.isnan(values[first]))[0])]
+        if partial == "refuse":
+            raise SiteDataError(f"site {table.site!r}: {int(empty.sum())} row(s) with an empty cell, first in column "
+                                f"{column!r}, row {table.row_numbers[first]}; with partial = \"refuse\" every cell is needed")
+        if notes is not None:
+            notes.append(f"site {table.site!r}: {int(empty.sum())} row(s) with an empty cell left out (first: column "
+                         f"{column!r}, row {table.row_numbers[first]})")
+    kept = np.flatnonzero(~empty)
+    return values[kept], kept
+

@@ -1,0 +1,236 @@
+"""One data model for every command: the raw slices of tests/cli_data through `fit`, `fit linear` and `collab fit`."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedhier.cli import main
+
+DATA = Path(__file__).resolve().parent / "cli_data"
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _copy(tmp: Path, name: str) -> Path:
+    shutil.copytree(DATA / name, tmp / name)
+    return tmp / name / "fit.toml"
+
+
+def _check_folder(out: Path, *files: str) -> dict:
+    for name in ("model.npz", "summary.json", "summary.md", "report.html", "report.md", *files):
+        assert (out / name).is_file(), name
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["heart", "radon", "motes"])
+def test_every_command_runs_from_the_raw_slice_with_one_toml(name, tmp_path, capsys):
+    toml = _copy(tmp_path, name)
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 0
+    summary = _check_folder(tmp_path / "fit")
+    sites = summary["sites"]
+    id_column = summary["id"]
+    for site in sites:
+        latent = _rows(tmp_path / "fit" / f"latent_{site}.csv")
+        assert list(latent[0])[0] == id_column and len(latent) == summary["subjects"][site]
+    assert main(["fit", "linear", "--config", str(toml), "--out", str(tmp_path / "linear")]) == 0
+    summary = _check_folder(tmp_path / "linear", "coefficients.csv", "phi.csv")
+    assert summary["sites"] == sites and {r["site"] for r in _rows(tmp_path / "linear" / "coefficients.csv")} == set(sites)
+    assert main(["collab", "fit", "--config", str(toml), "--out", str(tmp_path / "collab")]) == 0
+    summary = _check_folder(tmp_path / "collab", *(f"scores_{s}.csv" for s in sites))
+    assert summary["sites"] == sites
+    first = _rows(tmp_path / "collab" / f"scores_{sites[0]}.csv")
+    assert list(first[0]) == [id_column, "score"]
+
+
+def test_heart_reads_booleans_partial_views_and_columns_empty_at_a_site(tmp_path, capsys):
+    toml = _copy(tmp_path, "heart")
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 0
+    summary = json.loads((tmp_path / "fit" / "summary.json").read_text())
+    notes = " ".join(summary["notes"])
+    assert "site 'hungary', view 'angiography': column(s) ['ca'] empty or missing at every row" in notes
+    assert "site 'switzerland', view 'lab': column(s) ['chol'] empty or missing at every row" in notes  # chol = 0 marked missing
+    assert "site 'switzerland', view 'clinical': 28 subject(s) observed in only part of the view" in notes
+    # VA Long Beach: some patients lack a cell of every view (chol = 0 is missing there) -> no observed view
+    va = _rows(tmp_path / "heart" / "va_long_beach.csv")
+    latent = _rows(tmp_path / "fit" / "latent_va_long_beach.csv")
+    assert [r["id"] for r in latent] == [r["id"] for r in va]
+    views = {"clinical": ["age", "trestbps", "fbs"], "lab": ["chol"], "exercise": ["thalch", "oldpeak", "exang"], "angiography": ["ca"]}
+    no_view = [all(any(r[c] in ("", "0", "0.0") if c == "chol" else r[c] == "" for c in cols) for cols in views.values()) for r in va]
+    assert 0 < sum(no_view) < len(va)
+    for row, none in zip(latent, no_view):
+        assert np.isnan(float(row["x1"])) == none  # NaN exactly for the subjects with no observed view, never 0.0
+
+
+def test_standard_and_minmax_scaling_equal_the_pooled_statistics(tmp_path):
+    from fedhier.cli.sitedata import fit_scaling
+
+    rng = np.random.default_rng(0)
+    sites = [rng.normal(loc=100 * k, scale=1 + k, size=(20 + 5 * k, 3)) for k in range(3)]
+    sites[1][::4, 2] = np.nan  # missing cells are left out
+    pooled = np.vstack(sites)
+    standard = fit_scaling("standard", ["a", "b", "c"], sites)
+    np.testing.assert_allclose(standard.center, np.nanmean(pooled, axis=0), rtol=1e-12)
+    np.testing.assert_allclose(standard.scale, np.nanstd(pooled, axis=0), rtol=1e-9)
+    minmax = fit_scaling("minmax", ["a", "b", "c"], sites)
+    np.testing.assert_allclose(minmax.center, np.nanmin(pooled, axis=0))
+    np.testing.assert_allclose(minmax.scale, np.nanmax(pooled, axis=0) - np.nanmin(pooled, axis=0))
+    secure = fit_scaling("standard", ["a", "b", "c"], sites, aggregation="secure")  # the coordinator sees only the sums
+    np.testing.assert_allclose(secure.center, standard.center, rtol=1e-6)
+    np.testing.assert_allclose(secure.scale, standard.scale, rtol=1e-6)
+    Z = minmax.transform(["c", "a"], pooled[:, [2, 0]])
+    assert np.nanmin(Z, axis=0) == pytest.approx([0, 0]) and np.nanmax(Z, axis=0) == pytest.approx([1, 1])
+    np.testing.assert_allclose(minmax.inverse_transform(["c", "a"], Z), pooled[:, [2, 0]])
+
+
+def test_fit_linear_coefficients_in_the_files_units_give_the_same_predictions(tmp_path, capsys):
+    toml = _copy(tmp_path, "heart")
+    assert main(["fit", "linear", "--config", str(toml), "--out", str(tmp_path / "lin")]) == 0
+    summary = json.loads((tmp_path / "lin" / "summary.json").read_text())
+    from fedhier.data.scaling import ColumnScaling
+    from fedhier.estimators.fedlin import load
+
+    scaling = ColumnScaling.from_dict(summary["scaling"])
+    est = load(tmp_path / "lin" / "model.npz")
+    rows = _rows(tmp_path / "lin" / "coefficients.csv")
+    features = summary["features"]
+    x = np.array([[50.0, 130.0, 1.0], [62.0, 150.0, 0.0]])  # raw units
+    z = scaling.transform(features, x)
+    intercepts = np.asarray(getattr(est, "intercept_", np.zeros(len(summary["sites"]))), dtype=float).reshape(-1)
+    for k, site in enumerate(summary["sites"]):
+        mine = {r["feature"]: r for r in rows if r["site"] == site}
+        b = np.array([float(mine[f]["estimate"]) for f in ["(intercept)", *features]])
+        scaled = b[0] + intercepts[k] + z @ b[1:]
+        in_units = scaling.inverse_transform([summary["target"]], scaled[:, None])[:, 0]
+        direct = float(mine["(intercept)"]["estimate_original_units"]) + x @ np.array(
+            [float(mine[f]["estimate_original_units"]) for f in features])
+        np.testing.assert_allclose(direct, in_units, rtol=1e-10)
+
+
+def test_collab_score_by_site_name_with_the_models_columns_and_scaling(tmp_path, capsys):
+    toml = _copy(tmp_path, "motes")
+    assert main(["collab", "fit", "--config", str(toml), "--out", str(tmp_path / "c")]) == 0
+    from fedhier.data.scaling import ColumnScaling
+    from fedhier.estimators.collab import CollabDict
+
+    model = CollabDict.load(tmp_path / "c" / "model.npz")
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())
+    scaling = ColumnScaling.from_dict(summary["scaling"])
+    rows = _rows(tmp_path / "motes" / "motes.csv")
+    X = np.array([[float(r["humidity"]), float(r["temperature"])] for r in rows])
+    # one site's weights for every row
+    assert main(["collab", "score", "--model", str(tmp_path / "c" / "model.npz"), "--csv", str(tmp_path / "motes" / "motes.csv"),
+                 "--site", "3", "--out", str(tmp_path / "s3.csv")]) == 0
+    got = np.array([float(r["score"]) for r in _rows(tmp_path / "s3.csv")])
+    np.testing.assert_allclose(got, model.score_samples(scaling.transform(["humidity", "temperature"], X), site=2))
+    # each row with its own site's weights (the site column), the id carried
+    assert main(["collab", "score", "--model", str(tmp_path / "c" / "model.npz"), "--csv", str(tmp_path / "motes" / "motes.csv"),
+                 "--out", str(tmp_path / "all.csv")]) == 0
+    scored = _rows(tmp_path / "all.csv")
+    assert [r["reading"] for r in scored] == [r["reading"] for r in rows] and [r["site"] for r in scored] == [r["mote_id"] for r in rows]
+    fitted = _rows(tmp_path / "c" / "scores_1.csv")
+    np.testing.assert_allclose([float(r["score"]) for r in scored if r["site"] == "1"], [float(r["score"]) for r in fitted])
+
+
+def test_the_flower_fit_toml_is_the_same_file_plus_a_flower_table(tmp_path, capsys):
+    from fedhier.deploy import fit_from_toml
+
+    toml = _copy(tmp_path, "radon")
+    text = toml.read_text() + '\n[flower]\nsites = ["ANOKA", "DAKOTA", "HENNEPIN", "RAMSEY", "ST LOUIS", "WASHINGTON"]\n'
+    toml.write_text(text)
+    flower = fit_from_toml(text, "fit.toml")
+    assert flower.model == "fed-mv-ppca" and flower.views == {"home": ("log.radon", "basement"), "county": ("uranium",)}
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 0
+    linear = 'model = "fedlin-hm2"\n' + text
+    assert fit_from_toml(linear, "fit.toml").features == ("basement", "uranium")
+    toml.write_text(linear)
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "lin")]) == 0  # the same file runs FedLin
+    assert (tmp_path / "lin" / "phi.csv").is_file()
+    marked = fit_from_toml('missing_values = { uranium = ["-9"] }\n' + text, "fit.toml")  # read at each site as on the command line
+    assert marked.missing_values == {"uranium": ["-9"]} and type(marked).from_json(marked.to_json()) == marked
+    with pytest.raises(ValueError, match="scale = 'standard' is not applied over Flower"):
+        fit_from_toml(text.replace('scale = "none"', 'scale = "standard"'), "fit.toml")
+
+
+def test_one_file_per_site_and_a_site_column_give_the_same_fit(tmp_path, capsys):
+    toml = _copy(tmp_path, "motes")
+    rows = _rows(tmp_path / "motes" / "motes.csv")
+    header = list(rows[0])
+    sites = {}
+    for r in rows:
+        sites.setdefault(r["mote_id"], []).append(r)
+    for mote, mine in sites.items():
+        with (tmp_path / "motes" / f"mote{mote}.csv").open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=header)
+            w.writeheader()
+            w.writerows(mine)
+    text = toml.read_text().replace('file = "motes.csv"\nsite_column = "mote_id"\n', "")
+    (tmp_path / "motes" / "split.toml").write_text(text + "\n[sites]\n" + "".join(f'"{m}" = "mote{m}.csv"\n' for m in sites))
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    assert main(["fit", "--config", str(tmp_path / "motes" / "split.toml"), "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    for mote in sites:
+        a = np.loadtxt(tmp_path / "a" / f"latent_{mote}.csv", delimiter=",", skiprows=1)
+        b = np.loadtxt(tmp_path / "b" / f"latent_{mote}.csv", delimiter=",", skiprows=1)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_no_command_needs_an_optional_package_on_the_core_install(tmp_path, monkeypatch, capsys):
+    import sys
+
+    optional = ("pandas", "statsmodels", "flwr", "torch", "mpi4py", "pyarrow")
+
+    class NotInstalled:  # as on the install `make demo` creates
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name.split(".")[0] in optional:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    for name in list(sys.modules):
+        if name.split(".")[0] in optional:
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [NotInstalled(), *sys.meta_path])
+    toml = _copy(tmp_path, "motes")
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 0
+    assert main(["fit", "linear", "--config", str(toml), "--out", str(tmp_path / "linear")]) == 0
+    assert main(["collab", "fit", "--config", str(toml), "--out", str(tmp_path / "collab")]) == 0
+    assert main(["collab", "score", "--model", str(tmp_path / "collab" / "model.npz"), "--csv", str(tmp_path / "motes" / "motes.csv"),
+                 "--out", str(tmp_path / "s.csv")]) == 0
+    assert main(["experiment", "list"]) == 0
+
+
+def test_the_reader_reads_cells_as_a_spreadsheet_user_writes_them(tmp_path):
+    import gzip
+
+    from fedhier.data.sitefiles import SiteDataError, read_site_table
+
+    text = "\ufeffa, b ,c\nTrue,1.5,NA\nno,,N/A\nYES,2,3\n\n"
+    with gzip.open(tmp_path / "s.csv.gz", "wt", encoding="utf-8") as fh:
+        fh.write(text)
+    notes = []
+    views = read_site_table(tmp_path / "s.csv.gz", {"flags": ["a"], "pair": ["b", "c"]}, "s", notes=notes)
+    np.testing.assert_array_equal(views["flags"][:, 0], [1.0, 0.0, 1.0])
+    assert np.isnan(views["pair"][:2]).all() and views["pair"][2].tolist() == [2.0, 3.0]  # row 1 partly observed: missing
+    assert notes == ["site 's', view 'pair': 1 subject(s) observed in only part of the view are treated as lacking it"]
+    with pytest.raises(SiteDataError, match=r"site 's', view 'pair': 1 row\(s\) with some but not all .* first at row 1"):
+        read_site_table(tmp_path / "s.csv.gz", {"pair": ["b", "c"]}, "s", partial="refuse")
+
+
+def test_collab_scale_changes_nothing_because_collabdict_standardises_itself(tmp_path, capsys):
+    toml = _copy(tmp_path, "motes")
+    assert main(["collab", "fit", "--config", str(toml), "--out", str(tmp_path / "minmax")]) == 0
+    toml.write_text(toml.read_text().replace('scale = "minmax"', 'scale = "none"'))
+    assert main(["collab", "fit", "--config", str(toml), "--out", str(tmp_path / "none")]) == 0
+    for mote in "1234":
+        a = [float(r["score"]) for r in _rows(tmp_path / "minmax" / f"scores_{mote}.csv")]
+        b = [float(r["score"]) for r in _rows(tmp_path / "none" / f"scores_{mote}.csv")]
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
+    assert "has no effect on CollabDict" in " ".join(json.loads((tmp_path / "minmax" / "summary.json").read_text())["notes"])

@@ -1,0 +1,233 @@
+"""Every user mistake of the newcomer's report, run for real on the raw slices of tests/cli_data: the message it gets.
+
+Each case runs ``fedhier`` in this process and checks that the answer is one line
+``fedhier: error: ...`` (no traceback) naming the site and the column (and row) where there is
+one, or, for a mistake the command line now handles, that it runs and says what it did.  The
+table of docs/cli.md ("What a mistake gets you") is printed by
+
+    python tests/test_cli_mistakes.py
+
+and a test checks that the page holds every message as it is produced now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedhier.cli import main
+
+HERE = Path(__file__).resolve().parent
+DOCS = HERE.parent / "docs" / "cli.md"
+
+
+def _heart(tmp: Path, edit=None, csv_edit=None) -> Path:
+    """The heart slices in ``tmp``; ``edit(toml text) -> text``; ``csv_edit(name, text) -> text``."""
+    folder = tmp / "heart"
+    shutil.copytree(HERE / "cli_data" / "heart", folder, dirs_exist_ok=True)
+    if csv_edit is not None:
+        for path in folder.glob("*.csv"):
+            path.write_text(csv_edit(path.name, path.read_text()))
+    toml = folder / "fit.toml"
+    if edit is not None:
+        toml.write_text(edit(toml.read_text()))
+    return toml
+
+
+def _pooled(tmp: Path, name: str) -> Path:
+    folder = tmp / name
+    shutil.copytree(HERE / "cli_data" / name, folder, dirs_exist_ok=True)
+    return folder
+
+
+def _radon(tmp: Path, edit) -> Path:
+    toml = _pooled(tmp, "radon") / "fit.toml"
+    toml.write_text(edit(toml.read_text()))
+    return toml
+
+
+def _heart_pooled(tmp: Path) -> Path:
+    """The four heart files as one CSV with the hospital in column ``dataset``."""
+    files = sorted((HERE / "cli_data" / "heart").glob("*.csv"))
+    lines = files[0].read_text().splitlines()[:1]
+    for f in files:
+        lines += f.read_text().splitlines()[1:]
+    path = tmp / "heart.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _heart_with_male(tmp: Path) -> Path:
+    """The whole bundled heart table in raw units with a 0/1 column `male`, as the newcomer made it."""
+    import csv
+    import gzip
+
+    with gzip.open(HERE.parent / "src" / "fedhier" / "data" / "bundled" / "heart_disease_uci.csv.gz", "rt", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    path = tmp / "heart_male.csv"
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=[*rows[0], "male"])
+        writer.writeheader()
+        writer.writerows({**r, "male": int(r["sex"] == "Male")} for r in rows)
+    return path
+
+
+def _sub(old: str, new: str):
+    return lambda text: text.replace(old, new, 1)
+
+
+def _fitted_collab(tmp: Path) -> Path:
+    folder = _pooled(tmp, "motes")
+    assert main(["collab", "fit", "--config", str(folder / "fit.toml"), "--out", str(tmp / "collab")]) == 0
+    return tmp / "collab" / "model.npz"
+
+
+#: (newcomer report point, the mistake, argv builder, expected exit status, fragments the message must hold)
+CASES = [
+    ("1", "`fedhier fit`: a view's only column misspelled at every site",
+     lambda t: ["fit", "--config", str(_heart(t, _sub('angiography = ["ca"]', 'angiography = ["cax"]'))), "--out", str(t / "o")],
+     2, ["view 'angiography'", "column 'cax'", "did you mean 'ca'"]),
+    ("1", "`fedhier fit`: both columns of a two-column view misspelled",
+     lambda t: ["fit", "--config", str(_heart(t, _sub('lab = ["chol"]', 'lab = ["cholesterol", "restbp"]'))), "--out", str(t / "o")],
+     2, ["view 'lab'", "column 'cholesterol'", "did you mean 'chol'", "column 'restbp'", "did you mean 'trestbps'"]),
+    ("1", "`fedhier fit`: a view whose columns are empty at every site it is measured",
+     lambda t: ["fit", "--config", str(_heart(t, lambda s: s.replace('cleveland = "cleveland.csv"\n', "").replace(
+         'va_long_beach = "va_long_beach.csv"\n', ""))), "--out", str(t / "o")],
+     2, ["view(s) ['angiography'] measured at no site", "angiography: ['ca']"]),
+    ("7", "`fedhier fit`: a partly observed view, with partial = \"refuse\"",
+     lambda t: ["fit", "--config", str(_heart(t, _sub('partial = "missing"', 'partial = "refuse"'))), "--out", str(t / "o")],
+     2, ["site 'hungary', view 'clinical'", "first at row 1", "site 'switzerland', view 'clinical'"]),
+    ("7, 8", "`fedhier fit`: partly observed views and a column empty at one site (default partial = \"missing\")",
+     lambda t: ["fit", "--config", str(_heart(t)), "--out", str(t / "o"), "--quiet"],
+     0, ["site 'hungary', view 'angiography'", "column(s) ['ca'] empty or missing at every row"]),
+    ("9, 10, 20", "`fedhier fit`: a text column in a view (several sites' problems at once)",
+     lambda t: ["fit", "--config", str(_heart(t, _sub('"trestbps", "fbs"]', '"trestbps", "fbs", "sex"]'))), "--out", str(t / "o")],
+     2, ["site 'cleveland', view 'clinical': non-numeric value in column 'sex', row 1", "site 'hungary'"]),
+    ("19", "`fedhier fit`: a column that is not a number or a boolean in one row",
+     lambda t: ["fit", "--config", str(_heart(t, csv_edit=lambda name, text: text.replace(",True,", ",maybe,", 1)
+                                              if name == "cleveland.csv" else text)), "--out", str(t / "o")],
+     2, ["site 'cleveland', view 'clinical': non-numeric value in column 'fbs', row 1"]),
+    ("21", "`fedhier fit`: an unknown key",
+     lambda t: ["fit", "--config", str(_heart(t, _sub("n_components", "n_component"))), "--out", str(t / "o")],
+     2, ["unknown key(s) ['n_component']", "did you mean 'n_components'"]),
+    ("11", "`fedhier fit`: a site's file does not exist",
+     lambda t: ["fit", "--config", str(_heart(t, _sub('"hungary.csv"', '"hungry.csv"'))), "--out", str(t / "o")],
+     2, ["site 'hungary': file", "hungry.csv does not exist"]),
+    ("11", "any command: a wrong site column",
+     lambda t: ["fit", "--config", str(_radon(t, _sub('site_column = "county.name"', 'site_column = "county_name"'))),
+                "--out", str(t / "o")],
+     2, ["no site column 'county_name'", "did you mean 'county.name'"]),
+    ("6", "any command: a misspelled id column",
+     lambda t: ["fit", "--config", str(_heart(t, _sub('id = "id"', 'id = "ID_"'))), "--out", str(t / "o")],
+     2, ["id column 'ID_' missing at site(s) ['cleveland', 'hungary', 'switzerland', 'va_long_beach']", "did you mean 'id'"]),
+    ("5", "any command: an unknown scaling",
+     lambda t: ["fit", "--config", str(_heart(t, _sub('scale = "standard"', 'scale = "zscore"'))), "--out", str(t / "o")],
+     2, ["scale must be one of ['standard', 'minmax', 'none']"]),
+    ("11", "any command: both a [sites] table and a site column",
+     lambda t: ["fit", "--config", str(_heart(t, lambda s: 'file = "cleveland.csv"\nsite_column = "dataset"\n' + s)), "--out", str(t / "o")],
+     2, ["either with a [sites] table", "or with file"]),
+    ("2", "`fedhier fit linear` on raw clinical units (the whole heart table, without scale)",
+     lambda t: ["fit", "linear", str(_heart_with_male(t)), "--site", "dataset", "--target", "thalch", "--features",
+                "age,trestbps,male", "--intercept", "--quiet", "--out", str(t / "o")],
+     2, ["tilted covariance is not positive definite", 'set scale = "standard" (flag --scale standard)']),
+    ("9", "`fedhier fit linear`: a text feature",
+     lambda t: ["fit", "linear", str(_heart_pooled(t)), "--site", "dataset", "--target", "thalch", "--features", "age,sex",
+                "--out", str(t / "o")],
+     2, ["site 'Cleveland': non-numeric value in column 'sex', row 1 and 39 more row(s)", "site 'Hungary'"]),
+    ("9", "`fedhier fit linear`: empty cells, with partial = \"refuse\"",
+     lambda t: ["fit", "linear", "--config", str(_heart(t, _sub('partial = "missing"', 'partial = "refuse"'))), "--out", str(t / "o")],
+     2, ["site 'switzerland': 1 row(s) with an empty cell, first in column 'trestbps', row 3"]),
+    ("9", "`fedhier fit linear`: empty cells (default partial = \"missing\": the rows are left out)",
+     lambda t: ["fit", "linear", "--config", str(_heart(t)), "--out", str(t / "o")],
+     0, ["site 'switzerland': 1 row(s) with an empty cell left out (first: column 'trestbps', row 3)"]),
+    ("21", "`fedhier fit linear`: a misspelled feature",
+     lambda t: ["fit", "linear", str(_heart_pooled(t)), "--site", "dataset", "--target", "thalch", "--features", "age,restbp",
+                "--out", str(t / "o")],
+     2, ["features: column 'restbp' not found in any site's file", "did you mean 'trestbps'"]),
+    ("8", "`fedhier fit linear`: a feature not measured at one site",
+     lambda t: ["fit", "linear", "--config", str(_heart(t, _sub('features = ["age", "trestbps", "exang"]', 'features = ["age", "ca"]'))),
+                "--out", str(t / "o")],
+     2, ["site 'hungary': column(s) ['ca'] not measured there", "site 'switzerland'"]),
+    ("10", "`fedhier collab fit`: a wrong site column",
+     lambda t: ["collab", "fit", "--csv", str(_pooled(t, "motes") / "motes.csv"), "--site-column", "mote", "--out", str(t / "o")],
+     2, ["no site column 'mote'", "did you mean 'mote_id'"]),
+    ("10", "`fedhier collab fit`: a misspelled variable",
+     lambda t: ["collab", "fit", "--csv", str(_pooled(t, "motes") / "motes.csv"), "--site-column", "mote_id",
+                "--columns", "humidty,temperature", "--out", str(t / "o")],
+     2, ["variables: column 'humidty' not found in any site's file", "did you mean 'humidity'"]),
+    ("10", "`fedhier collab fit`: every column by default, one of them text",
+     lambda t: ["collab", "fit", "--csv", str(_heart_pooled(t)), "--site-column", "dataset", "--out", str(t / "o")],
+     2, ["column(s) ['sex', 'cp', 'restecg', 'slope', 'thal'] hold text", "site 'Cleveland': non-numeric value in column 'sex', row 1", "['ca'] not measured at site 'Hungary'",
+         "list the variables"]),
+    ("11", "`fedhier collab score`: a site the model does not know",
+     lambda t: ["collab", "score", "--model", str(_fitted_collab(t)), "--csv", str(t / "motes" / "motes.csv"), "--site", "7",
+                "--out", str(t / "s.csv")],
+     2, ["--site '7' is not a site of the model", "its sites: ['1', '2', '3', '4']"]),
+    ("3", "`fedhier experiment fedlin-radon` without statsmodels",
+     lambda t: ["experiment", "fedlin-radon", "--quick", "--out", str(t / "o")],
+     2, ["`fedhier experiment fedlin-radon` needs the optional package statsmodels", 'pip install -e ".[stats]"']),
+]
+
+
+def run_case(case, tmp: Path) -> tuple[int, str]:
+    """Exit status and the one line the command printed (the error, or the first note of an accepted mistake)."""
+    _, _, argv, _, _ = case
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()):  # a case may fit a model first
+        args = argv(tmp)
+    blocked = ["statsmodels", "statsmodels.api"] if args[:2] == ["experiment", "fedlin-radon"] else []
+    saved = {name: sys.modules.pop(name) for name in blocked if name in sys.modules}
+    sys.modules.update(dict.fromkeys(blocked))  # as if not installed
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            status = main(args)
+    finally:
+        for name in blocked:
+            del sys.modules[name]
+        sys.modules.update(saved)
+    text = err.getvalue().strip()
+    if status == 0:  # accepted: the line of the summary's notes that says what was done
+        notes = json.loads((tmp / "o" / "summary.json").read_text())["notes"]
+        fragments = case[4]
+        text = next((n for n in notes if all(f in n for f in fragments)), "\n".join(notes))
+    return status, text.replace(str(tmp), "<folder>")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[1] for c in CASES])
+def test_each_mistake_gets_one_line_naming_site_and_column(case, tmp_path):
+    status, text = run_case(case, tmp_path)
+    assert status == case[3], text
+    assert "Traceback" not in text and len(text.splitlines()) == 1, text
+    if status:
+        assert text.startswith("fedhier: error: ")
+    for fragment in case[4]:
+        assert fragment in text, (fragment, text)
+    assert _escape(text) in DOCS.read_text(), "docs/cli.md is out of date: run python tests/test_cli_mistakes.py"
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def table(tmp: Path) -> str:
+    rows = ["| report point | mistake | what you get now |", "|---|---|---|"]
+    for i, case in enumerate(CASES):
+        folder = tmp / f"case{i}"
+        folder.mkdir()
+        status, text = run_case(case, folder)
+        shown = _escape(text) if status else f"runs (exit 0); the summary notes: {_escape(text)}"
+        rows.append(f"| {case[0]} | {case[1]} | {shown} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # print the table of docs/cli.md
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        print(table(Path(tmp)))
