@@ -55,7 +55,7 @@ def _torch():
         import torch
     except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
         raise ModuleNotFoundError(
-            "the VAE baselines need PyTorch: pip install torch==2.13.0 (or pip install -e ".[torch]")"
+            'the VAE baselines need PyTorch: pip install torch==2.13.0 (or pip install -e ".[torch]")'
         ) from exc
     return torch
 

@@ -320,7 +320,9 @@ def write_demo_sites(
         "# Fed-mv-PPCA over Flower on the bundled Alzheimer data, "
         f"{n_sites} hospitals (written by `fedhier flower demo-data`)\n"
         f"n_components = {n_components}\nn_rounds = {n_rounds}\nn_local_iter = {n_local_iter}\n"
-        f"n_first_iter = {n_first_iter}\nseed = {seed}\n\n[views]\n{views}\n\n[flower]\n"
+        f"n_first_iter = {n_first_iter}\nseed = {seed}\n\n[views]\n{views}\n\n"
+        "# the same fit in one process: fedhier fit --config fit.toml (each SuperNode reads only its own file)\n"
+        "[sites]\n" + "".join(f"{json.dumps(name)} = {json.dumps(name + '.csv')}\n" for name in names) + "\n[flower]\n"
         f"sites = {json.dumps(names)}\nmin_sites = {min_sites}\nround_timeout = {float(round_timeout)}\n"
         'out = "fedhier-flower-fit"\n'
     )
