@@ -338,7 +338,9 @@ class FedHM2Regressor(_SiteRegressor):
     tilted_method : {"auto", "exact", "quadrature", "importance", "mcmc"}
         See :mod:`fedhier.models.fedlin.tilted`.
     n_draws : int
-        Importance-sampling draws per site and round.
+        Importance-sampling draws per site and round: antithetic pairs of randomised quasi-Monte Carlo
+        points (powers of two are best; 1,024 match 2,000 independent draws' accuracy,
+        ``benchmarks/tilted_accuracy.py``).
     mcmc : dict, optional
         Lasso sampler settings (``n_chains``, ``n_warmup``, ``n_draws``; spec §9 #14 default 4 x (500 + 500)).
     n_posterior_draws : int
@@ -406,7 +408,7 @@ class FedHM2Regressor(_SiteRegressor):
         damping: float = 0.5,
         tol: float | None = 0.05,
         tilted_method: str = "auto",
-        n_draws: int = 2000,
+        n_draws: int = 1024,
         mcmc: dict | None = None,
         n_posterior_draws: int = 4000,
         level: float = 0.9,

@@ -16,7 +16,9 @@ only the :math:`\\phi` part of the moments. Estimators, chosen by ``method``:
     error (the ESS of the Gauss–Hermite weights is reported, not tested: it is small by design).
 ``"importance"``
     Self-normalised importance sampling from the Laplace approximation :math:`\\mathcal N(\\hat z,H^{-1})`
-    with antithetic pairs, and the Laplace moments as control variate (the same draws, unweighted,
+    with antithetic pairs of randomised quasi-Monte Carlo points (a randomly shifted Sobol'
+    sequence, :func:`normal_offsets`; independent draws with ``sampler="random"``), and the
+    Laplace moments as control variate (the same draws, unweighted,
     estimate the known Laplace mean and covariance; their error is subtracted). When the tilted law
     is nearly Gaussian -- the usual case once the cavity is informative -- the Monte-Carlo error, and
     with it the upward bias of an inverted noisy covariance that parallel EP would add up over all
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import warnings
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -45,10 +48,13 @@ from .lasso import sample_lasso_tilted
 from .natural import cholesky_lower, inv_pd, moments_from_draws, row_dot, symmetrise, to_moments, unbiased_precision
 from .stats import SiteStats
 
-__all__ = ["TiltedFailure", "TiltedResult", "tilted_moments", "DevicePosterior", "device_posterior", "METHODS"]
+__all__ = ["TiltedFailure", "TiltedResult", "tilted_moments", "DevicePosterior", "device_posterior", "normal_offsets", "METHODS", "SAMPLERS"]
 
 #: the ways of computing the tilted moments (``method`` of :func:`tilted_moments`)
 METHODS = ("auto", "exact", "quadrature", "importance", "mcmc")
+
+#: how the importance sampler's standard normal offsets are drawn (``sampler`` of :func:`tilted_moments`)
+SAMPLERS = ("qmc", "random")
 
 
 class TiltedFailure(ValueError):
@@ -217,6 +223,45 @@ def _laplace(logf, x0: np.ndarray, known=None, max_iter: int = 100):
     return x, cov, (x_e, f0, g, H)
 
 
+#: bits of the Sobol' points (scipy's default resolution)
+_SOBOL_BITS = 30
+
+
+@functools.lru_cache(maxsize=16)
+def _sobol_integers(n: int, D: int) -> np.ndarray:
+    """The first ``n`` unscrambled Sobol' points in ``D`` dimensions as integers ``(n, D)`` (units of 2^-30)."""
+    from scipy.stats import qmc  # only the importance sampler needs it
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy's note that a count other than a power of two loses balance
+        points = qmc.Sobol(D, scramble=False, bits=_SOBOL_BITS).random(n)
+    out = np.rint(points * 2.0**_SOBOL_BITS).astype(np.int64)
+    out.flags.writeable = False  # shared by every call (cached)
+    return out
+
+
+def normal_offsets(rng: np.random.Generator, n: int, D: int, sampler: str = "qmc") -> np.ndarray:
+    """``n`` standard normal points in ``D`` dimensions, shape (n, D), each marginally :math:`\\mathcal N(0,I)`.
+
+    ``"random"``: independent draws.  ``"qmc"``: randomised quasi-Monte Carlo, the first ``n``
+    Sobol' points :math:`x_i` (integers in units of :math:`2^{-30}`) with a random digital shift
+    :math:`s` (one 30-bit integer per dimension, XORed into every point) and a common random
+    remainder :math:`\\rho\\in(0,1)` below the last bit, :math:`u_i=(x_i\\oplus s+\\rho)\\,2^{-30}`,
+    mapped through the normal quantile :math:`\\Phi^{-1}`.  Each :math:`u_i` is uniform on the
+    unit cube (every estimate is unbiased, as with independent draws) while the set keeps the
+    Sobol' net's even spread (powers of two ``n`` are best).  The shift comes from ``rng``, the
+    site's own generator.
+    """
+    if sampler == "random":
+        return rng.standard_normal((n, D))
+    if sampler != "qmc":
+        raise ValueError(f"unknown sampler {sampler!r}; one of {SAMPLERS}")
+    bits = rng.integers(0, 2**_SOBOL_BITS, size=2 * D)
+    u = np.bitwise_xor(_sobol_integers(n, D), bits[:D]) + ((bits[D:] >> 10) + 0.5) * 2.0**-20
+    u *= 2.0**-_SOBOL_BITS
+    return special.ndtri(u)
+
+
 def _cavity_part(x: np.ndarray, cavity_mean: np.ndarray, cavity_Q: np.ndarray, p: int):
     """Value, gradient and Hessian at ``x (D,)`` of the cavity's term -(phi - m)^T Q (phi - m) / 2 of the log tilted density."""
     D = x.size
@@ -236,7 +281,8 @@ def tilted_moments(
     *,
     method: str = "auto",
     n_nodes: int = 12,
-    n_draws: int = 2000,
+    n_draws: int = 1024,
+    sampler: str = "qmc",
     min_ess: float = 100.0,
     mcmc: dict | None = None,
     init: dict | None = None,
@@ -255,7 +301,9 @@ def tilted_moments(
     n_nodes : int
         Gauss–Hermite nodes per dimension (quadrature).
     n_draws : int
-        Importance-sampling draws.
+        Importance-sampling draws (``n_draws // 2`` antithetic pairs).
+    sampler : {"qmc", "random"}
+        How the importance draws' normal offsets are drawn (:func:`normal_offsets`).
     min_ess : float
         Fewest effective draws/nodes accepted.
     mcmc : dict, optional
@@ -275,6 +323,8 @@ def tilted_moments(
     TiltedFailure
         When the estimate is unreliable (ESS too small, scatter matrix singular).
     """
+    if sampler not in SAMPLERS:
+        raise ValueError(f"unknown sampler {sampler!r}; one of {SAMPLERS}")
     cavity_mean, cavity_cov = to_moments(cavity_r, cavity_Q)
     if method == "auto":
         if not model.closed_form:
@@ -336,7 +386,7 @@ def tilted_moments(
         laplace = {"mode": mode, "point": x_e, "value": f_e - c, "grad": g_e - gc, "hess": H_e - Hc}
         if method == "quadrature":
             return _quadrature(model, logf, mode, lap_cov, n_nodes, laplace)
-        return _importance(model, logf, mode, lap_cov, rng, n_draws, min_ess, laplace)
+        return _importance(model, logf, mode, lap_cov, rng, n_draws, min_ess, laplace, sampler)
 
 
 def _quadrature(model, logf, mode, lap_cov, n_nodes: int, laplace: dict) -> TiltedResult:
@@ -353,7 +403,8 @@ def _quadrature(model, logf, mode, lap_cov, n_nodes: int, laplace: dict) -> Tilt
     return _result(model, mean, cov, phi, z, weights, "quadrature", {"ess": ess, "mode": mode, "laplace": laplace})
 
 
-def _importance(model, logf, mode, lap_cov, rng: np.random.Generator, n_draws: int, min_ess: float, laplace: dict) -> TiltedResult:
+def _importance(model, logf, mode, lap_cov, rng: np.random.Generator, n_draws: int, min_ess: float, laplace: dict,
+                sampler: str) -> TiltedResult:
     """Self-normalised importance sampling from the Laplace approximation, antithetic, with control variate.
 
     With draws z = mode +- e_i (i = 1..h, n = 2h), weights w_i^+ and w_i^-, and the
@@ -370,7 +421,7 @@ def _importance(model, logf, mode, lap_cov, rng: np.random.Generator, n_draws: i
     if L is None:
         raise TiltedFailure("the Laplace covariance is not positive definite")
     half = max(n_draws // 2, 1)
-    xi = rng.standard_normal((half, D))
+    xi = normal_offsets(rng, half, D, sampler)
     eps = xi @ L.T
     z = np.empty((2 * half, D))  # antithetic pairs mode +- eps: the plain sample mean is the mode
     np.add(mode, eps, out=z[:half])
