@@ -36,7 +36,7 @@ from ..models.fedlin.natural import to_moments
 from ..models.fedlin.stats import SiteStats, check_site, check_sites
 from ..models.fedlin.tilted import METHODS as TILTED_METHODS
 from ..models.fedlin.tilted import TiltedFailure, device_posterior, tilted_moments
-from ..protocol.fedlin import EPProtocol, HM1Protocol, sample_fraction, settle_site_factor
+from ..protocol.fedlin import EPProtocol, HM1Protocol, laplace_start, sample_fraction, settle_site_factor
 from ..runtime.simulate import simulate, site_rng
 from ..utils.io import atomic_write_bytes, json_text
 from ..utils.untrusted import check_finite, read_meta_json, read_npz
@@ -639,6 +639,8 @@ class FedHM2Regressor(_SiteRegressor):
         options = self._tilted_options()
         if not self.model_.closed_form and state is not None and "chain_phi" in state:
             options["init"] = {"phi": state["chain_phi"], "theta": state["chain_theta"]}
+        elif self.model_.closed_form and state is not None:
+            options["start"] = laplace_start(state)  # where the site's last search in the rounds ended
         try:
             tilted = tilted_moments(self.model_, stats, cav[0], cav[1], rng, **options)
         except TiltedFailure as exc:
