@@ -198,9 +198,9 @@ def _laplace(logf, x0: np.ndarray, known=None, max_iter: int = 100):
         slope = g @ step
         if abs(slope) < _FINAL_DECREMENT and lam == 0.0:
             # the step is shorter than 0.1 in the metric of -H: after it, x is within ~1e-2 of the
-            # mode in that metric (Newton converges quadratically); keep the Hessian of this point
-            x = x + step
-            break
+            # mode in that metric (Newton converges quadratically); keep the Hessian of this point,
+            # whose inverse comes from the factor at hand
+            return x + step, symmetrise(lapack.dpotrs(factor, eye, lower=1)[0]), (x_e, f0, g, H)
         # full step, with the derivatives there
         x_new = x + step
         h_new = 1e-3 * np.maximum(1.0, np.abs(x_new))
@@ -450,10 +450,13 @@ def _importance(model, logf, mode, lap_cov, rng: np.random.Generator, n_draws: i
 
 def _normalised(log_w: np.ndarray) -> tuple[np.ndarray, float]:
     """Self-normalised weights from log weights (non-finite ones count as zero) and their ESS."""
-    if not np.isfinite(log_w).any():
-        raise TiltedFailure("tilted density is not finite at any point")
-    log_w = np.where(np.isfinite(log_w), log_w, -np.inf)
-    weights = np.exp(log_w - log_w.max())
+    top = log_w.max()
+    if not np.isfinite(top):  # a nan or +inf among them (or no finite one): those count as zero
+        log_w = np.where(np.isfinite(log_w), log_w, -np.inf)
+        top = log_w.max()
+        if not np.isfinite(top):
+            raise TiltedFailure("tilted density is not finite at any point")
+    weights = np.exp(log_w - top)
     weights /= weights.sum()
     return weights, float(1.0 / (weights @ weights))
 
