@@ -36,7 +36,7 @@ from ..models.fedlin.natural import to_moments
 from ..models.fedlin.stats import SiteStats, check_site, check_sites
 from ..models.fedlin.tilted import METHODS as TILTED_METHODS
 from ..models.fedlin.tilted import TiltedFailure, device_posterior, tilted_moments
-from ..protocol.fedlin import EPProtocol, HM1Protocol, sample_fraction, settle_site_factor
+from ..protocol.fedlin import EPProtocol, HM1Protocol, laplace_start, sample_fraction, settle_site_factor
 from ..runtime.simulate import simulate, site_rng
 from ..utils.io import atomic_write_bytes, json_text
 from ..utils.untrusted import check_finite, read_meta_json, read_npz
@@ -338,7 +338,9 @@ class FedHM2Regressor(_SiteRegressor):
     tilted_method : {"auto", "exact", "quadrature", "importance", "mcmc"}
         See :mod:`fedhier.models.fedlin.tilted`.
     n_draws : int
-        Importance-sampling draws per site and round.
+        Importance-sampling draws per site and round: antithetic pairs of randomised quasi-Monte Carlo
+        points (powers of two are best; 1,024 match 2,000 independent draws' accuracy,
+        ``benchmarks/tilted_accuracy.py``).
     mcmc : dict, optional
         Lasso sampler settings (``n_chains``, ``n_warmup``, ``n_draws``; spec §9 #14 default 4 x (500 + 500)).
     n_posterior_draws : int
@@ -406,7 +408,7 @@ class FedHM2Regressor(_SiteRegressor):
         damping: float = 0.5,
         tol: float | None = 0.05,
         tilted_method: str = "auto",
-        n_draws: int = 2000,
+        n_draws: int = 1024,
         mcmc: dict | None = None,
         n_posterior_draws: int = 4000,
         level: float = 0.9,
@@ -637,6 +639,8 @@ class FedHM2Regressor(_SiteRegressor):
         options = self._tilted_options()
         if not self.model_.closed_form and state is not None and "chain_phi" in state:
             options["init"] = {"phi": state["chain_phi"], "theta": state["chain_theta"]}
+        elif self.model_.closed_form and state is not None:
+            options["start"] = laplace_start(state)  # where the site's last search in the rounds ended
         try:
             tilted = tilted_moments(self.model_, stats, cav[0], cav[1], rng, **options)
         except TiltedFailure as exc:

@@ -23,7 +23,7 @@ from ..models.fedlin.stats import SiteStats, check_site
 from .base import RoundProtocol, SiteContext
 from .messages import Field, Message, MessageSpec
 
-__all__ = ["HM1Protocol", "EPProtocol", "FedAvgProtocol", "sample_fraction", "settle_site_factor"]
+__all__ = ["HM1Protocol", "EPProtocol", "FedAvgProtocol", "sample_fraction", "settle_site_factor", "laplace_start"]
 
 #: what a site keeps of its last Laplace search (``TiltedResult.diagnostics["laplace"]``) as ``laplace_<key>``
 _LAPLACE_KEYS = ("point", "value", "grad", "hess")
@@ -216,6 +216,14 @@ class FedAvgProtocol(RoundProtocol):
         return {"theta": combined["theta_sum"] / combined["count"]}
 
 
+def laplace_start(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    """Where a site's last Laplace search ended, with its log likelihood's derivatives there (the
+    ``start`` of :func:`~fedhier.models.fedlin.tilted.tilted_moments`), or None before its first."""
+    if "laplace_point" not in state:
+        return None
+    return {k: state[f"laplace_{k}"] for k in _LAPLACE_KEYS}
+
+
 def settle_site_factor(state: Mapping[str, np.ndarray], broadcast: Message) -> tuple[np.ndarray, np.ndarray]:
     """The site's factor :math:`(r_k,Q_k)` after applying its pending delta with the damping the
     server recorded for that round (``broadcast["damping_log"]``). Runs on the site."""
@@ -306,8 +314,8 @@ class EPProtocol(RoundProtocol):
         options = dict(self.tilted_options)
         if not self.model.closed_form:
             options["init"] = init
-        elif "laplace_point" in state:  # the Laplace search starts where the site's previous one ended
-            options["start"] = {k: state[f"laplace_{k}"] for k in _LAPLACE_KEYS}
+        else:  # the Laplace search starts where the site's previous one ended
+            options["start"] = laplace_start(state)
         upd = site_update(self.model, ctx.data, broadcast["r"], broadcast["Q"], r_k, Q_k, ctx.rng, **options)
         ok = upd.tilted is not None
         state.update(r_k=r_k, Q_k=Q_k, pending_dr=upd.dr, pending_dQ=upd.dQ, pending_round=np.array(ctx.round if ok else 0, dtype=np.int64))

@@ -254,7 +254,18 @@ def test_importance_control_variate_is_the_weighted_minus_the_plain_moments_of_i
 
 
 def test_laplace_search_from_another_start_gives_the_same_tilted_moments():
-    """The site's previous mode as the start (what EP rounds pass) changes the moments by far less than their sd."""
+    """The site's previous mode as the start (what EP rounds pass) changes the moments by far less than their sd.
+
+    The search stops within about 1e-2 of the mode (in the metric of the Hessian), so the two
+    proposals differ slightly and so do the estimates from the same points: by a few thousandths
+    of an sd here (covariances by under 1 % in the reference's own scale), about a tenth of
+    the estimator's own Monte-Carlo error on this site.
+    """
+
+    def whitened_gap(cov, ref):
+        L = np.linalg.cholesky(ref)
+        return np.abs(np.linalg.solve(L, np.linalg.solve(L, cov - ref).T)).max()
+
     model, stats = _random_intercept_site(4)
     cav_Q = np.eye(model.p)
     cav_r = cav_Q @ np.array([0.5, 0.0, -1.0, -0.5])
@@ -262,8 +273,8 @@ def test_laplace_search_from_another_start_gives_the_same_tilted_moments():
     warm = tilted_moments(model, stats, cav_r, cav_Q, np.random.default_rng(7), method="importance",
                           start=cold.diagnostics["mode"] + 0.3)
     sd = np.sqrt(np.diag(cold.cov))
-    assert np.max(np.abs(warm.mean - cold.mean) / sd) < 1e-3
-    np.testing.assert_allclose(warm.cov, cold.cov, rtol=1e-2)
+    assert np.max(np.abs(warm.mean - cold.mean) / sd) < 1e-2
+    assert whitened_gap(warm.cov, cold.cov) < 1e-2
     # the next round: another cavity, the search starting from the site's derivatives of this one
     cav_Q2 = 1.5 * cav_Q
     cav_r2 = cav_Q2 @ np.array([0.4, 0.1, -1.2, -0.4])
@@ -271,6 +282,40 @@ def test_laplace_search_from_another_start_gives_the_same_tilted_moments():
     reused = tilted_moments(model, stats, cav_r2, cav_Q2, np.random.default_rng(8), method="importance",
                             start=cold.diagnostics["laplace"])
     sd = np.sqrt(np.diag(fresh.cov))
-    assert np.max(np.abs(reused.mean - fresh.mean) / sd) < 1e-3
-    np.testing.assert_allclose(reused.cov, fresh.cov, rtol=1e-2)
-    np.testing.assert_allclose(reused.diagnostics["mode"], fresh.diagnostics["mode"], atol=1e-4)
+    assert np.max(np.abs(reused.mean - fresh.mean) / sd) < 1e-2
+    assert whitened_gap(reused.cov, fresh.cov) < 1e-2
+    np.testing.assert_allclose(reused.diagnostics["mode"], fresh.diagnostics["mode"], atol=1e-2)
+
+
+def test_qmc_offsets_are_a_balanced_net_with_standard_normal_points():
+    """The 256 shifted Sobol' points fill every 1/256 slice of each coordinate once (the net's
+    balance, which independent draws lack), and one point over many shifts is N(0, I) (so the
+    importance estimates stay unbiased)."""
+    from fedhier.models.fedlin.tilted import normal_offsets
+
+    rng = np.random.default_rng(3)
+    cells = np.floor(sps.norm.cdf(normal_offsets(rng, 256, 5)) * 256).astype(int)
+    for j in range(5):
+        assert sorted(cells[:, j]) == list(range(256))
+    point = np.array([normal_offsets(rng, 256, 5)[7] for _ in range(2000)])
+    for j in range(5):
+        assert sps.kstest(point[:, j], "norm").pvalue > 1e-3
+    assert np.abs(np.corrcoef(point.T) - np.eye(5)).max() < 0.1
+    with pytest.raises(ValueError, match="sampler"):
+        tilted_moments(*_random_intercept_site(0), np.zeros(4), np.eye(4), rng, method="importance", sampler="sobol")
+
+
+@pytest.mark.parametrize("random", [[True, False], [True, True]])
+def test_device_posterior_draws_have_its_moments(random):
+    """Draws of theta_k (one or two varying coordinates) match the Rao-Blackwellised mean and covariance."""
+    rng = np.random.default_rng(5)
+    X = np.column_stack([np.ones(12), rng.standard_normal(12)])
+    y = X @ np.array([1.0, -0.5]) + 0.5 * rng.standard_normal(12)
+    model = GaussianHierarchy(2, random=random, noise="shared", mu_scale=10.0)
+    stats = SiteStats.from_data(X, y)
+    cav_Q = 4.0 * np.eye(model.p)
+    tilted = tilted_moments(model, stats, cav_Q @ np.r_[1.0, -0.5, np.full(model.p - 2, -1.5)], cav_Q, rng, method="importance")
+    post = device_posterior(model, stats, tilted, rng, n_draws=40000)
+    se = np.sqrt(np.diag(post.cov) / 40000)
+    assert np.all(np.abs(post.draws.mean(0) - post.mean) < 4 * se)
+    np.testing.assert_allclose(np.cov(post.draws.T), post.cov, atol=0.03 * np.diag(post.cov).max())
