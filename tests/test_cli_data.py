@@ -130,7 +130,7 @@ def test_collab_score_by_site_name_with_the_models_columns_and_scaling(tmp_path,
     assert main(["collab", "score", "--model", str(tmp_path / "c" / "model.npz"), "--csv", str(tmp_path / "motes" / "motes.csv"),
                  "--site", "3", "--out", str(tmp_path / "s3.csv")]) == 0
     got = np.array([float(r["score"]) for r in _rows(tmp_path / "s3.csv")])
-    np.testing.assert_allclose(got, model.score_samples(scaling.transform(["humidity", "temperature"], X), site=2))
+    np.testing.assert_allclose(got, model.anomaly_score(scaling.transform(["humidity", "temperature"], X), site=2))
     # each row with its own site's weights (the site column), the id carried
     assert main(["collab", "score", "--model", str(tmp_path / "c" / "model.npz"), "--csv", str(tmp_path / "motes" / "motes.csv"),
                  "--out", str(tmp_path / "all.csv")]) == 0

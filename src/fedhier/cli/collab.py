@@ -173,7 +173,7 @@ def _fit(args: argparse.Namespace, command: str) -> int:
         for k, (table, X, rows) in enumerate(zip(data.tables, sites, kept)):
             key = data.id or "row"
             write_csv(folder / f"scores_{table.site}.csv",
-                      [{key: i, "score": float(v)} for i, v in zip(data.ids(table, rows), model.score_samples(X, site=k))])
+                      [{key: i, "score": float(v)} for i, v in zip(data.ids(table, rows), model.anomaly_score(X, site=k))])
         from ..report.collab import write_collab_report
 
         units = "" if data.scale == "none" else f" Every variable was scaled ({data.scale}) across the sites before the fit."
@@ -268,7 +268,7 @@ def _score(args: argparse.Namespace) -> int:
     for s in np.unique(which):
         rows = np.flatnonzero((which == s) & complete)
         if rows.size:
-            scores[rows] = model.score_samples(X[rows], site=int(s))
+            scores[rows] = model.anomaly_score(X[rows], site=int(s))
             if args.variable:
                 variable[rows] = model.variable_scores(X[rows], site=int(s))
     id_column = saved.get("id")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -167,7 +168,9 @@ def _fit_linear(config: dict[str, Any], command: str | None) -> int:
                 for k, n in enumerate(names) for j, f in enumerate(names_out)
             ]
             phi_ci = est.phi_interval(opt["level"])
-            write_csv(out / "phi.csv", [{"component": nm, "mean": float(est.phi_mean_[i]), "lower": float(phi_ci[i, 0]), "upper": float(phi_ci[i, 1])} for i, nm in enumerate(est.phi_names_)])
+            components = [re.sub(r"\[(\d+)\]", lambda m: f"[{names_out[int(m.group(1))]}]", name)  # mu[0] -> mu[age]
+                          for name in est.model_.phi_names]
+            write_csv(out / "phi.csv", [{"component": nm, "mean": float(est.phi_mean_[i]), "lower": float(phi_ci[i, 0]), "upper": float(phi_ci[i, 1])} for i, nm in enumerate(components)])
     if data.scale != "none":
         _add_original_units(rows, est, scaling, features, target, names)
     write_csv(out / "coefficients.csv", rows)

@@ -482,7 +482,8 @@ class FedHM2Regressor(_SiteRegressor):
         The default priors (``mu ~ N(0, mu_scale^2)``, ``log tau ~ N(0, 1)``, ``log sigma_k ~ N(0, 1.5^2)``
         or ``log sigma^2 ~ N(0, 1)``) assume a response on a unit scale.  When a site's standard deviation
         of ``y`` exceeds the noise prior's upper 3-sd point (90 with local noise), EP can stall at the prior
-        and shrink every coefficient towards 0 (``python examples/fedlin_scale.py``).  Each site checks
+        and shrink every coefficient towards 0 (``python examples/fedlin_scale.py``); a site whose mean of ``y`` is
+        beyond 3 ``mu_scale`` puts the population intercept out of the prior's reach.  Each site checks
         its own ``y``; nothing but the warning leaves it.
         """
         model = self.model_
@@ -503,6 +504,19 @@ class FedHM2Regressor(_SiteRegressor):
                     "coefficient towards 0. Divide y by a constant (the coefficients scale with it) or set the priors.",
                     FedLinWarning, stacklevel=3,
                 )
+        # the population coefficients' prior N(0, mu_scale^2): a response centred far from 0 puts the population
+        # intercept out of the prior's reach; it is shrunk towards 0 and the between-site spread absorbs the rest
+        far = [(k, float(np.mean(y))) for k, (_, y) in enumerate(sites) if abs(np.mean(y)) > 3.0 * float(self.mu_scale)]
+        if far:
+            k, centre = far[0]
+            more = f" (and {len(far) - 1} more site(s))" if len(far) > 1 else ""
+            warnings.warn(
+                f"site {k}{more}: y has mean {centre:.3g}, beyond 3 mu_scale = {3.0 * float(self.mu_scale):.3g} of the "
+                "prior of the population coefficients; the population intercept is then shrunk towards 0 and the "
+                "between-site spread inflated. Centre and scale y (on the command line: scale = \"standard\") or "
+                "raise mu_scale.",
+                FedLinWarning, stacklevel=3,
+            )
 
     # ------------------------------------------------------------------ fit
     def fit(self, X, y=None, groups=None) -> "FedHM2Regressor":

@@ -85,7 +85,7 @@ def _population(est: Any, features: Sequence[str], level: float):
     """(mean, lower, upper, between-site sd) per feature of the Gaussian hierarchy on the data's scale, or None."""
     if est.prior != "gaussian" or est._standardizes():
         return None
-    names = list(est.phi_names_)
+    names = list(est.model_.phi_names)  # by design index (phi_names_ may carry the column names)
     ci = est.phi_interval(level)
     out = {}
     for j, _ in enumerate(features):
