@@ -186,7 +186,7 @@ def fit_from_config(
     model = FedMVPPCA(
         n_components=config.get("n_components", 5),
         n_rounds=n_rounds,
-        n_local_iter=config.get("n_local_iter", 15),
+        **({"n_local_iter": config["n_local_iter"]} if "n_local_iter" in config else {}),  # else FedMVPPCA's default
         n_first_iter=config.get("n_first_iter", 30),
         random_state=config.get("seed", 0),
         n_init=config.get("n_init", 1),

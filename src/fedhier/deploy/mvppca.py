@@ -244,9 +244,9 @@ class FlowerFitConfig(TomlFit, Deployment):
 
     def hooks(self, previous=None) -> FitHooks:
         """The metrics :meth:`FedMVPPCA.fit` records (global sds, relative change of theta~) and its ``tol`` rule."""
-        from ..protocol.mvppca import BroadcastMetrics, theta_settled
+        from ..protocol.mvppca import BroadcastMetrics, model_settled
 
-        return FitHooks(callbacks=[BroadcastMetrics(self.schema(), previous)], stop=None if self.tol is None else theta_settled(self.tol))
+        return FitHooks(callbacks=[BroadcastMetrics(self.schema(), previous)], stop=None if self.tol is None else model_settled(self.tol))
 
     def write_model(self, out: Path, result: FlowerFitResult, hooks: FitHooks) -> dict[str, Any]:
         """``model.npz``: a :class:`fedhier.mvppca.FedMVPPCA` file of the final broadcast; the privacy spent per site."""
