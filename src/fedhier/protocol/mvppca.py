@@ -115,8 +115,9 @@ class BroadcastMetrics:
     change of theta~ since the previous broadcast (:func:`master.relative_change`, the
     quantity of the optional stopping rule of §6 [R]) and ``model_change``: the change of
     the predictive distribution of a subject (:func:`predictive.model_change`, the quantity
-    the default stopping rule uses), from the first round that follows a prior.  ``previous`` is the broadcast the run starts from (a checkpoint's when
-    resuming), so a resumed fit records what an uninterrupted one does.  Every runtime
+    the default stopping rule uses), from the first round that follows a prior.
+    ``previous`` is the broadcast the run starts from (a checkpoint's when resuming), so a
+    resumed fit records what an uninterrupted one does.  Every runtime
     runs it first, so that the history and checkpoints hold these metrics.
     """
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from ._data import MultiViewData, check_views
 from ._latent import LatentPosterior, check_model, marginal_loglik_rows, posterior
+from .mstep import effective_columns
 from .params import GlobalParams, ViewParams
 
 __all__ = [
@@ -215,12 +216,9 @@ def sample_hierarchical(
     return views, site_params
 
 
-
 def _stacked(model: GlobalParams, views: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(m, W, D) of a subject at a new site, all views stacked: t ~ N(m, W W^T + diag(D)) with
     D = s-bar_k + sigma2_mu~k + q_k sigma2_W~k on the coordinates of view k (q_k effective columns)."""
-    from .mstep import effective_columns
-
     m = np.concatenate([np.asarray(model[v].mu, dtype=float) for v in views])
     W = np.vstack([np.asarray(model[v].W, dtype=float) for v in views])
     D = np.concatenate([
@@ -247,8 +245,12 @@ def _kl(m0, W0, D0, m1, W1, D1) -> float:
     delta = m1 - m0
     u = V1.T @ delta
     quad = delta @ (delta / D1) - u @ inv @ u
-    logdet = lambda W, D: np.sum(np.log(D)) + np.linalg.slogdet(np.eye(W.shape[1]) + W.T @ (W / D[:, None]))[1]
-    return 0.5 * float(trace - m0.size + quad + logdet(W1, D1) - logdet(W0, D0))
+    return 0.5 * float(trace - m0.size + quad + _logdet(W1, D1) - _logdet(W0, D0))
+
+
+def _logdet(W: np.ndarray, D: np.ndarray) -> float:
+    """ln det(W W^T + diag(D)) = sum ln D + ln det(I + W^T D^{-1} W)."""
+    return float(np.sum(np.log(D)) + np.linalg.slogdet(np.eye(W.shape[1]) + W.T @ (W / D[:, None]))[1])
 
 
 def model_change(previous: GlobalParams, current: GlobalParams) -> float:
