@@ -1,7 +1,7 @@
 """Does Fed-mv-PPCA recover the between-site variability it models?  EM prior update vs the paper's.
 
-Run:  python benchmarks/mvppca_hierarchy.py            (about 20 minutes on one core)
-      python benchmarks/mvppca_hierarchy.py --quick    (3 seeds, about 4 minutes)
+Run:  python benchmarks/mvppca_hierarchy.py            (about 30 minutes on one core of a shared machine)
+      python benchmarks/mvppca_hierarchy.py --quick    (3 seeds, about 10 minutes)
 
 Data drawn from the hierarchical model itself (``make_federated_ppca``, spec §2-§3): 3 views of
 15, 8 and 10 features, true q = 5, 150 subjects per site, sites' means and loadings drawn around

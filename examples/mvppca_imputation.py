@@ -83,9 +83,9 @@ def main(seeds: range = range(10)) -> None:
     for update, model in runs[0][1].items():
         history = model.history_
         print(f"seed {seeds.start}, demo's fit, prior_update={update!r}: {model.n_rounds_} rounds")
-        for r in (1, 5, 10, 20, len(history)):
-            sds = {k.split("/")[0]: v for k, v in history[min(r, len(history)) - 1]["metrics"].items() if k.endswith("/sd_W")}
-            print(f"  after round {min(r, len(history))}: sd of W~ " + ", ".join(f"{v} {sd:.1e}" for v, sd in sds.items()))
+        for r in sorted({min(r, len(history)) for r in (1, 5, 10, 20, len(history))}):
+            sds = {k.split("/")[0]: v for k, v in history[r - 1]["metrics"].items() if k.endswith("/sd_W")}
+            print(f"  after round {r}: sd of W~ " + ", ".join(f"{v} {sd:.1e}" for v, sd in sds.items()))
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def user_files(tmp_path):
 
 
 def test_fit_on_user_csv_files(tmp_path, user_files, capsys):
-    # tol above any finite change: every start stops after round 2, the first with a change of theta~
+    # tol above any finite change: every start stops after round 2, the first with a change of the model
     user_files.write_text("n_init = 2\ntol = 1e300\n" + user_files.read_text())
     out = tmp_path / "fit"
     assert main(["fit", "--config", str(user_files), "--out", str(out), "--quiet"]) == 0

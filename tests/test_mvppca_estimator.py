@@ -145,16 +145,38 @@ def _theta_change(old, new):
     return max(np.linalg.norm(new[k] - old[k]) / np.linalg.norm(old[k]) for k in keys)
 
 
-def test_tol_stops_after_the_first_round_whose_change_of_theta_is_below_it(tmp_path):
+def _model_change(old, new, views, q):
+    """sqrt of the symmetrised KL between the new-site predictive N(m, W W^T + D) of two broadcasts, d x d matrices formed;
+    D = s-bar + sigma2_mu~ + q sigma2_W~ per view (every view here has d_k > q)."""
+    def moments(b):
+        W = np.vstack([b[f"{v}/W"] for v in views])
+        diag = np.concatenate([
+            np.full(b[f"{v}/mu"].size, float(b[f"{v}/noise_var"] + b[f"{v}/sigma2_mu"] + q * b[f"{v}/sigma2_W"])) for v in views
+        ])
+        return np.concatenate([b[f"{v}/mu"] for v in views]), W @ W.T + np.diag(diag)
+
+    def kl(a, b):
+        (m0, C0), (m1, C1) = a, b
+        inv = np.linalg.inv(C1)
+        return 0.5 * (np.trace(inv @ C0) - m0.size + (m1 - m0) @ inv @ (m1 - m0) + np.linalg.slogdet(C1)[1] - np.linalg.slogdet(C0)[1])
+
+    a, b = moments(old), moments(new)
+    return np.sqrt(kl(a, b) + kl(b, a))
+
+
+def test_tol_stops_after_the_first_round_whose_change_of_the_model_is_below_it(tmp_path):
     rng = np.random.default_rng(3)
     model = draw_model((6, 5), 2, rng)
     sites = [draw_views(model, 80, rng)]  # one site: the spreads are fixed, theta~ settles
     kw = dict(n_components=2, n_local_iter=2, n_first_iter=3, random_state=5)
     broadcasts = []
     full = FedMVPPCA(n_rounds=12, tol=None, **kw).fit(sites, callbacks=[lambda rec, b: broadcasts.append(dict(b))])
-    change = [_theta_change(a, b) for a, b in zip(broadcasts, broadcasts[1:])]  # rounds 2..12
-    np.testing.assert_allclose([h["metrics"]["rel_change"] for h in full.history_[1:]], change, rtol=1e-12)
-    assert "rel_change" not in full.history_[0]["metrics"] and full.n_rounds_ == 12
+    theta = [_theta_change(a, b) for a, b in zip(broadcasts, broadcasts[1:])]  # rounds 2..12
+    np.testing.assert_allclose([h["metrics"]["rel_change"] for h in full.history_[1:]], theta, rtol=1e-12)
+    change = [_model_change(a, b, ("v0", "v1"), 2) for a, b in zip(broadcasts, broadcasts[1:])]
+    np.testing.assert_allclose([h["metrics"]["model_change"] for h in full.history_[1:]], change, rtol=1e-5)
+    assert "model_change" not in full.history_[0]["metrics"] and full.n_rounds_ == 12
+    change = [h["metrics"]["model_change"] for h in full.history_[1:]]
     tol = float(np.median(change))
     stop = 2 + int(np.flatnonzero(np.array(change) < tol)[0])
     assert 2 < stop < 12

@@ -206,7 +206,7 @@ def _write_report(out: Path, summary: dict[str, Any], model: FedMVPPCA, prepared
         f"(sizes {', '.join(map(str, summary['site_sizes']))}; {absent or 'every site has every view'}), and "
         f"{len(prepared.y_test)} held-out test subjects, of whom a random third lack one view each. Federated "
         f"Fed-mv-PPCA with {summary['n_components']} latent factors, {summary['rounds_run']} rounds (at most "
-        f"{summary['n_rounds']}: the fit stops once the global model changes by less than {summary['tol']:g} per round). All data are "
+        f"{summary['n_rounds']}: the fit stops once a round changes the model's predictions by less than {summary['tol']:g}). All data are "
         "min–max scaled to [0, 1] with the training sites' ranges; errors are on that scale."
     )
     from .report.mvppca import HeldOut, write_mvppca_report

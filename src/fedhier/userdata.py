@@ -41,7 +41,7 @@ from .utils.untrusted import check_outputs_spare_inputs
 
 __all__ = ["read_views", "read_site_table", "fit_from_config", "SiteDataError"]
 
-_OPTIONS = {"n_components": 5, "n_rounds": 100, "n_local_iter": 15, "n_first_iter": 30, "n_init": 1, "init": "pca",
+_OPTIONS = {"n_components": 5, "n_rounds": 100, "n_first_iter": 30, "n_init": 1, "init": "pca",
             "ig_solver": "newton", "aggregation": "plain"}
 
 
@@ -111,6 +111,7 @@ def fit_from_config(
         privacy = DPConfig.total(*total_budget, n_rounds=options["n_rounds"], n_views=max(len(s) for s in sites), spread=True)
     model = FedMVPPCA(
         **options,
+        **({"n_local_iter": config["n_local_iter"]} if "n_local_iter" in config else {}),  # else FedMVPPCA's default
         random_state=config.get("seed", 0),
         **({"tol": config["tol"]} if "tol" in config else {}),  # else FedMVPPCA's default
         local_tol=None if config.get("local_tol") == "none" else config.get("local_tol", 1e-8),

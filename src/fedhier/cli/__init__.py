@@ -54,10 +54,10 @@ def _cmd_demo(args) -> int:
     if summary["rounds_run"] < summary["n_rounds"]:
         console.print(
             f"converged: stopped after {summary['rounds_run']} of at most {summary['n_rounds']} rounds "
-            f"(relative change of the global model below {summary['tol']:g})"
+            f"(the model's predictions changed by less than {summary['tol']:g} in the last round)"
         )
     else:
-        console.print(f"ran all {summary['rounds_run']} rounds (the relative change of the global model stayed above the stopping tolerance)")
+        console.print(f"ran all {summary['rounds_run']} rounds (the model's predictions still changed by more than the stopping tolerance)")
     console.print(f"test MAE            {summary['test_mae']:.4f}")
     console.print(f"train MAE           {summary['train_mae_mean']:.4f} ± {summary['train_mae_std']:.4f} over sites")
     console.print(f"latent LDA accuracy {summary['latent_lda_accuracy']:.3f}")

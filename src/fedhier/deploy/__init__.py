@@ -5,13 +5,13 @@ failures; this package tells it what a fit of each family is -- its ``fit.toml``
 protocol, how a site reads its own file, and how the final broadcast becomes the family's
 fitted model.  ``model = "..."`` in ``fit.toml`` names the family:
 
-========================  ==========================================  =====================================
-``model``                 estimator                                   deployment
-========================  ==========================================  =====================================
-``"fed-mv-ppca"``         :class:`fedhier.mvppca.FedMVPPCA`            :class:`fedhier.deploy.mvppca.FlowerFitConfig`
-``"fedlin-hm1"``          :class:`fedhier.fedlin.FedHM1Regressor`      :class:`fedhier.deploy.fedlin.FedLinFitConfig`
-``"fedlin-hm2"``          :class:`fedhier.fedlin.FedHM2Regressor`      :class:`fedhier.deploy.fedlin.FedLinFitConfig`
-========================  ==========================================  =====================================
+========================  =====================================================  =====================================
+``model``                 estimator                                              deployment
+========================  =====================================================  =====================================
+``"fed-mv-ppca"``         :class:`fedhier.estimators.mvppca.FedMVPPCA`            :class:`fedhier.deploy.mvppca.FlowerFitConfig`
+``"fedlin-hm1"``          :class:`fedhier.estimators.fedlin.FedHM1Regressor`      :class:`fedhier.deploy.fedlin.FedLinFitConfig`
+``"fedlin-hm2"``          :class:`fedhier.estimators.fedlin.FedHM2Regressor`      :class:`fedhier.deploy.fedlin.FedLinFitConfig`
+========================  =====================================================  =====================================
 
 A ``fit.toml`` without ``model`` is a Fed-mv-PPCA fit.  Only the module of the family in
 use is imported.  The Flower apps themselves are in :mod:`fedhier.deploy.apps`.

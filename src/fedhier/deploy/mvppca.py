@@ -25,7 +25,7 @@ __all__ = ["FlowerFitConfig"]
 
 _ALLOWED_KEYS = {
     "n_components", "n_rounds", "n_local_iter", "n_first_iter", "tol", "init", "local_tol", "seed", "ig_solver",
-    "sigma2_prior", "views",
+    "sigma2_prior", "prior_update", "views",
     "epsilon", "delta", "aggregation",
 }
 
@@ -41,11 +41,12 @@ class FlowerFitConfig(TomlFit, Deployment):
     sites : tuple of str
         Site names in site-index order; each SuperNode declares its name in its
         ``node_config`` (``site="..."``).
-    n_components, n_rounds, n_local_iter, n_first_iter, tol, init, local_tol, ig_solver, sigma2_prior
+    n_components, n_rounds, n_local_iter, n_first_iter, tol, init, local_tol, ig_solver, sigma2_prior, prior_update
         As :class:`fedhier.estimators.mvppca.FedMVPPCA` (``tol``: stop after the first round in
-        which theta~ changed by less).  A Flower fit uses the paper's update of the global
-        prior (``prior_update="paper"``): the sites' posterior spreads, which the default
-        update needs, are not yet part of a deployment's replies.
+        which the model's predictions changed by less; None, the deployment's default, runs
+        every round).  ``prior_update="em"`` (default) adds each site's posterior spread to
+        its reply (two summed scalars per view, released under DP like the rest);
+        ``"paper"`` keeps the paper's update.
     seed : int or None
         The coordinator's public seed (recorded in the result); None draws one.  It never
         reaches a site's secrets (see the module docstring).
@@ -83,7 +84,7 @@ class FlowerFitConfig(TomlFit, Deployment):
     sites: tuple[str, ...]
     n_components: int = 5
     n_rounds: int = 100
-    n_local_iter: int = 15
+    n_local_iter: int = 100
     n_first_iter: int = 30
     tol: float | None = None
     init: str = "pca"
@@ -91,6 +92,7 @@ class FlowerFitConfig(TomlFit, Deployment):
     seed: int | None = None
     ig_solver: str = "newton"
     sigma2_prior: str | None = "weak"
+    prior_update: str = "em"
     min_sites: int = 1
     round_timeout: float = 600.0
     connect_timeout: float = 300.0
@@ -144,6 +146,8 @@ class FlowerFitConfig(TomlFit, Deployment):
             raise ValueError(f"fit configuration: init must be 'pca' or 'random', got {self.init!r}")
         if self.ig_solver not in ("newton", "fixed_point"):
             raise ValueError(f"fit configuration: ig_solver must be 'newton' or 'fixed_point', got {self.ig_solver!r}")
+        if self.prior_update not in ("em", "paper"):
+            raise ValueError(f"fit configuration: prior_update must be 'em' or 'paper', got {self.prior_update!r}")
         if self.sigma2_prior not in ("weak", None):
             raise ValueError(f"fit configuration: sigma2_prior must be 'weak' or 'none', got {self.sigma2_prior!r}")
         if self.epsilon is not None and (isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float)) or not self.epsilon > 0):
@@ -195,14 +199,14 @@ class FlowerFitConfig(TomlFit, Deployment):
             ig_solver=self.ig_solver,
             sigma2_prior=self.sigma2_prior,
             privacy=self.privacy(),
-            prior_update="paper",
+            prior_update=self.prior_update,
         )
 
     def reply_spec(self) -> MessageSpec:
         """A site's declared reply, ``protocol().reply_spec``, without calibrating the DP noise (it does not depend on it)."""
         from ..protocol.mvppca import MVPPCAProtocol
 
-        return MVPPCAProtocol(self.schema(), self.n_components, prior_update="paper").reply_spec
+        return MVPPCAProtocol(self.schema(), self.n_components, prior_update=self.prior_update).reply_spec
 
     def aggregator(self):
         """The :class:`~fedhier.privacy.secure_round.SecureAggregator` of a secure fit, else None.
@@ -226,7 +230,8 @@ class FlowerFitConfig(TomlFit, Deployment):
             return None
         from ..models.mvppca.dp import DPConfig
 
-        return DPConfig.total(float(self.epsilon), float(self.delta), n_rounds=self.n_rounds, n_views=len(self.views))
+        return DPConfig.total(float(self.epsilon), float(self.delta), n_rounds=self.n_rounds, n_views=len(self.views),
+                              spread=self.prior_update == "em")
 
 
     # ------------------------------------------------------------------ the site's file, the result
@@ -253,10 +258,10 @@ class FlowerFitConfig(TomlFit, Deployment):
         return checked[0]
 
     def hooks(self, previous=None) -> FitHooks:
-        """The metrics :meth:`FedMVPPCA.fit` records (global sds, relative change of theta~) and its ``tol`` rule."""
-        from ..protocol.mvppca import BroadcastMetrics, theta_settled
+        """The metrics :meth:`FedMVPPCA.fit` records (global sds, changes of theta~ and of the predictions) and its ``tol`` rule."""
+        from ..protocol.mvppca import BroadcastMetrics, model_settled
 
-        return FitHooks(callbacks=[BroadcastMetrics(self.schema(), previous)], stop=None if self.tol is None else theta_settled(self.tol))
+        return FitHooks(callbacks=[BroadcastMetrics(self.schema(), previous)], stop=None if self.tol is None else model_settled(self.tol))
 
     def write_model(self, out: Path, result: FlowerFitResult, hooks: FitHooks) -> dict[str, Any]:
         """``model.npz``: a :class:`fedhier.estimators.mvppca.FedMVPPCA` file of the final broadcast; the privacy spent per site."""
@@ -266,7 +271,7 @@ class FlowerFitConfig(TomlFit, Deployment):
             result.broadcast, self.schema(), result.history, seed=result.seed, n_sites=len(self.sites),
             n_components=self.n_components, n_rounds=self.n_rounds, n_local_iter=self.n_local_iter,
             n_first_iter=self.n_first_iter, tol=self.tol, init=self.init, local_tol=self.local_tol,
-            prior_update="paper", random_state=result.seed, ig_solver=self.ig_solver,
+            prior_update=self.prior_update, random_state=result.seed, ig_solver=self.ig_solver,
             sigma2_prior=self.sigma2_prior, min_sites=self.min_sites, aggregation=self.aggregation,
         )
         model.save(Path(out) / "model.npz")
@@ -278,5 +283,6 @@ class FlowerFitConfig(TomlFit, Deployment):
             return {}
         from ..models.mvppca.dp import ledger_from_history
 
-        ledger = ledger_from_history(self.privacy(), [list(self.views)] * len(self.sites), result.history)
+        ledger = ledger_from_history(self.privacy(), [list(self.views)] * len(self.sites), result.history,
+                                     spread=self.prior_update == "em")
         return {"privacy_spent": {self.sites[s]: v for s, v in ledger.spent(self.delta).items()}}

@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..data.schema import ViewSchema
-from ..models.mvppca import local, master, spread
+from ..models.mvppca import local, master, predictive, spread
 from ..models.mvppca._data import row_blocks
 from ..models.mvppca.mstep import weak_ig_prior
 from ..models.mvppca.params import GlobalParams, GlobalView
@@ -42,7 +42,7 @@ from ..utils.logs import OnceLog
 
 __all__ = [
     "MVPPCAProtocol", "DataScaleWarning", "GLOBAL_FIELDS", "global_from_message", "global_to_message", "BroadcastMetrics",
-    "theta_settled",
+    "model_settled",
 ]
 
 log = logging.getLogger(__name__)
@@ -114,9 +114,11 @@ class BroadcastMetrics:
     ``<view>/sd_mu``, ``<view>/sd_W``, ``<view>/sd_sigma2``: the global standard deviations
     (their evolution under DP is spec §8.5, paper Fig. 7); ``rel_change``: the relative
     change of theta~ since the previous broadcast (:func:`master.relative_change`, the
-    quantity of the optional stopping rule of §6 [R]), from the first round that follows
-    a prior.  ``previous`` is the broadcast the run starts from (a checkpoint's when
-    resuming), so a resumed fit records what an uninterrupted one does.  Every runtime
+    quantity of the optional stopping rule of §6 [R]) and ``model_change``: the change of
+    the predictive distribution of a subject (:func:`predictive.model_change`, the quantity
+    the default stopping rule uses), from the first round that follows a prior.
+    ``previous`` is the broadcast the run starts from (a checkpoint's when resuming), so a
+    resumed fit records what an uninterrupted one does.  Every runtime
     runs it first, so that the history and checkpoints hold these metrics.
     """
 
@@ -135,13 +137,15 @@ class BroadcastMetrics:
                 record.metrics[f"{view}/sd_sigma2"] = float(np.sqrt(g.var_sigma))
         if self.previous is not None:
             record.metrics["rel_change"] = master.relative_change(self.previous, current)
+            record.metrics["model_change"] = predictive.model_change(self.previous, current)
         self.previous = current
 
 
-def theta_settled(tol: float) -> Callable[[Any, Any], bool]:
-    """The optional stopping rule of §6 [R] as a runtime's ``stop(record, broadcast)``: True when
-    the round's ``rel_change`` (added by :class:`BroadcastMetrics`) is below ``tol``."""
-    return lambda record, broadcast=None: record.metrics.get("rel_change", np.inf) < tol
+def model_settled(tol: float) -> Callable[[Any, Any], bool]:
+    """The stopping rule [R] as a runtime's ``stop(record, broadcast)``: True when the round's
+    ``model_change`` (added by :class:`BroadcastMetrics`), the change of the predictive
+    distribution of a subject, is below ``tol`` (docs/mvppca.md, "Stopping early")."""
+    return lambda record, broadcast=None: record.metrics.get("model_change", np.inf) < tol
 
 
 class MVPPCAProtocol(RoundProtocol):

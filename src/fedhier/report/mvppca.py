@@ -392,7 +392,7 @@ def _convergence_section(report: Report, model: Any) -> None:
     history = model.history_
     rounds = np.array([h["round"] for h in history])
     ell = np.array([h["expected_ll"] for h in history], dtype=float)
-    change = np.array([h["metrics"].get("rel_change", np.nan) for h in history], dtype=float)
+    change = np.array([h["metrics"].get("model_change", np.nan) for h in history], dtype=float)
     private = not np.isfinite(ell).any()  # with privacy the sites do not send their log-likelihood
     plt = pyplot()
     if private:
@@ -414,18 +414,19 @@ def _convergence_section(report: Report, model: Any) -> None:
         last.semilogy(rounds, change, marker=".", lw=1)
         if model.tol is not None and model.tol <= 1e3 * np.nanmax(change):  # a threshold far above every change is not drawn
             last.axhline(model.tol, color="C3", lw=1, label=f"stopping threshold {model.tol:g}")
-    last.set_title("change of the global model")
+    last.set_title("change of the model's predictions")
     last.set_xlabel("round")
-    last.set_ylabel("relative change (log axis)")
+    last.set_ylabel("change (log axis)")
     mark_stop(last, int(rounds[-1]), model.n_rounds)
     for ax in axes:
         ax.legend(loc="best", fontsize=9)
     fig.tight_layout()
     change_text = (
-        "the largest relative change of any global parameter (means, loadings, the prior's spreads and noise "
-        "parameters) from one round to the next, on a log axis: the quantity an optional stopping threshold (tol) is "
-        "compared with. Spreads close to zero turn tiny moves into large relative changes, and the sites re-draw their "
-        "start from the prior every round, so it need not fall towards 0. The dashed line marks the last round run."
+        "how much the model's predictive distribution of a subject (at a new site) changed from one round to the next, "
+        "on a log axis: the square root of the symmetrised Kullback-Leibler divergence, i.e. a move of the predicted "
+        "mean by that many standard deviations. It is the quantity the stopping threshold (tol) is compared with. The "
+        "sites re-draw their start from the prior every round, so it need not fall towards 0. The dashed line marks "
+        "the last round run."
     )
     if private:
         report.figure(

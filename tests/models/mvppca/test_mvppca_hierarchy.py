@@ -87,11 +87,11 @@ def test_posterior_spread_shrinks_with_a_tighter_prior():
     assert tight[0] <= 4 * 1e-4 and tight[1] <= 8 * 1e-4  # never above the prior's own variance
 
 
-def _fitted_sds(sd_mu, sd_W, prior_update, seed=0, n_rounds=40):
+def _fitted_sds(sd_mu, sd_W, prior_update, seed=0, n_rounds=40, **options):
     data = make_federated_ppca(
         6, 150, (15, 8, 10), 5, sd_mu=sd_mu, sd_W=sd_W, sigma2_alpha=3.0, sigma2_beta=2.0, random_state=seed
     )
-    model = FedMVPPCA(n_components=5, n_rounds=n_rounds, random_state=seed, prior_update=prior_update).fit(data.sites)
+    model = FedMVPPCA(n_components=5, n_rounds=n_rounds, random_state=seed, prior_update=prior_update, **options).fit(data.sites)
     g = model.global_params_
     return np.array([np.sqrt(g[v]["sigma2_mu"]) for v in g]), np.array([np.sqrt(g[v]["sigma2_W"]) for v in g])
 
@@ -100,13 +100,15 @@ def test_em_update_recovers_the_between_site_sds_where_the_paper_update_shrinks_
     sd_mu, sd_W = _fitted_sds(0.5, 0.2, "em")
     np.testing.assert_allclose(sd_mu, 0.5, rtol=0.25)
     np.testing.assert_allclose(sd_W, 0.2, rtol=0.25)
-    paper_mu, paper_W = _fitted_sds(0.5, 0.2, "paper", n_rounds=25)
+    paper_mu, paper_W = _fitted_sds(0.5, 0.2, "paper", n_rounds=25, tol=None)  # the paper's fixed rounds
     assert np.all(paper_mu < 0.8 * 0.5) and np.min(paper_W) < 0.5 * 0.2
 
 
 def test_em_update_gives_small_sds_for_identical_sites():
+    # the EM approaches 0 slowly (a variance at its boundary); the default stopping rule, which watches the
+    # predictions, ends it well below the 0.2 of the heterogeneous sites above
     sd_mu, sd_W = _fitted_sds(0.0, 0.0, "em")
-    assert np.all(sd_mu < 0.15) and np.all(sd_W < 0.05)
+    assert np.all(sd_mu < 0.15) and np.all(sd_W < 0.1)
 
 
 def test_protocol_declares_and_sends_the_spread_only_with_the_em_update():

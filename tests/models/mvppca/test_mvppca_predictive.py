@@ -13,6 +13,7 @@ from fedhier.models.mvppca import (
     impute_variance,
     latent_posterior,
     marginal_loglik,
+    model_change,
     point_model,
     reconstruct,
     sample,
@@ -176,3 +177,43 @@ def test_views_must_belong_to_the_model(rng, make_model):
         impute(model, {"v1": np.zeros((2, 3))})
     with pytest.raises(ValueError, match="'v9' is not in the model"):
         impute_variance(model, {"v1": np.zeros((2, 2))}, "v9")
+
+
+def _global(rng, dims, q):
+    return {
+        f"v{k}": GlobalView(mu=rng.normal(size=d), W=rng.normal(size=(d, q)), sigma2_mu=rng.uniform(0.01, 0.1),
+                            sigma2_W=rng.uniform(0.01, 0.1), alpha=5.0, beta=2.0, noise_var=rng.uniform(0.2, 1.0),
+                            var_sigma=0.1)
+        for k, d in enumerate(dims)
+    }
+
+
+def test_model_change_is_the_square_root_of_the_symmetrised_kl_of_the_new_site_predictive(rng):
+    q = 2
+    old, new = _global(rng, (4, 3), q), _global(rng, (4, 3), q)
+
+    def moments(g):
+        # a subject at a new site: W_c = W~ + E (entries of variance sigma2_W), mu_c ~ N(mu~, sigma2_mu), noise s-bar
+        W = np.vstack([v.W for v in g.values()])
+        diag = np.concatenate([np.full(v.mu.size, v.noise_var + v.sigma2_mu + q * v.sigma2_W) for v in g.values()])
+        return np.concatenate([v.mu for v in g.values()]), W @ W.T + np.diag(diag)
+
+    def kl(a, b):  # closed form with the d x d matrices formed
+        (m0, C0), (m1, C1) = a, b
+        inv = np.linalg.inv(C1)
+        return 0.5 * (np.trace(inv @ C0) - m0.size + (m1 - m0) @ inv @ (m1 - m0) + np.linalg.slogdet(C1)[1] - np.linalg.slogdet(C0)[1])
+
+    a, b = moments(old), moments(new)
+    assert model_change(old, new) == pytest.approx(np.sqrt(kl(a, b) + kl(b, a)), rel=1e-9)
+    assert model_change(old, old) == pytest.approx(0.0, abs=1e-7)
+    # a turn of the latent space changes no prediction; a shift of the mean by one sd along a direction counts 1
+    R = np.linalg.qr(rng.normal(size=(q, q)))[0]
+    turned = {k: GlobalView(**{**v.to_dict(), "W": v.W @ R}) for k, v in old.items()}
+    assert model_change(old, turned) == pytest.approx(0.0, abs=1e-7)
+    m, C = moments(old)
+    u = rng.normal(size=m.size)
+    step = u / np.sqrt(u @ np.linalg.solve(C, u))  # Mahalanobis length 1
+    moved = {k: GlobalView(**{**v.to_dict(), "mu": v.mu + step[i:i + v.mu.size]})
+             for (k, v), i in zip(old.items(), (0, 4))}
+    assert model_change(old, moved) == pytest.approx(1.0, rel=1e-9)
+    assert model_change({"v0": old["v0"]}, old) == np.inf

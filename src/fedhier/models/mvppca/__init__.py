@@ -30,6 +30,7 @@ from .predictive import (
     impute_variance,
     latent_posterior,
     marginal_loglik,
+    model_change,
     reconstruct,
     sample,
     sample_hierarchical,
@@ -43,6 +44,6 @@ __all__ = [
     "relative_change",
     "invgamma_mle", "invgamma_mle_from_statistics",
     "latent_posterior", "reconstruct", "impute", "impute_variance", "impute_covariance",
-    "hierarchical_predictive_variance", "marginal_loglik", "sample", "sample_hierarchical",
+    "hierarchical_predictive_variance", "marginal_loglik", "model_change", "sample", "sample_hierarchical",
     "waic", "waic_site_terms",
 ]

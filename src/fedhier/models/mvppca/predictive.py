@@ -21,6 +21,7 @@ import numpy as np
 
 from ._data import MultiViewData, check_views
 from ._latent import LatentPosterior, check_model, marginal_loglik_rows, posterior
+from .mstep import effective_columns
 from .params import GlobalParams, ViewParams
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "sample",
     "sample_hierarchical",
     "draw_site_params",
+    "model_change",
 ]
 
 
@@ -212,3 +214,74 @@ def sample_hierarchical(
     site_params = draw_site_params(global_params, rng)
     views, _ = sample(site_params, n, rng)
     return views, site_params
+
+
+def _stacked(model: GlobalParams, views: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(m, W, D) of a subject at a new site, all views stacked: t ~ N(m, W W^T + diag(D)) with
+    D = s-bar_k + sigma2_mu~k + q_k sigma2_W~k on the coordinates of view k (q_k effective columns)."""
+    m = np.concatenate([np.asarray(model[v].mu, dtype=float) for v in views])
+    W = np.vstack([np.asarray(model[v].W, dtype=float) for v in views])
+    D = np.concatenate([
+        np.full(np.shape(model[v].W)[0],
+                model[v].noise_var + model[v].sigma2_mu + effective_columns(*np.shape(model[v].W)) * model[v].sigma2_W)
+        for v in views
+    ])
+    return m, W, D
+
+
+def _kl(m0, W0, D0, m1, W1, D1) -> float:
+    """KL(N(m0, C0) || N(m1, C1)), C = W W^T + diag(D), by the Woodbury identity (q x q systems only):
+
+    C1^{-1} A = A / D1 - (W1 / D1) M1^{-1} W1^T (A / D1),  M1 = I + W1^T (W1 / D1),  ln det C = sum ln D + ln det M.
+    """
+    V1 = W1 / D1[:, None]
+    M1 = np.eye(W1.shape[1]) + W1.T @ V1
+    inv = np.linalg.inv(M1)
+    cross = V1.T @ W0  # W1^T D1^{-1} W0
+    trace = (
+        np.sum(D0 / D1) - np.sum(inv * (V1.T @ (V1 * D0[:, None])))  # tr(C1^{-1} diag(D0))
+        + np.sum(W0 * (W0 / D1[:, None])) - np.sum(inv * (cross @ cross.T))  # tr(C1^{-1} W0 W0^T)
+    )
+    delta = m1 - m0
+    u = V1.T @ delta
+    quad = delta @ (delta / D1) - u @ inv @ u
+    return 0.5 * float(trace - m0.size + quad + _logdet(W1, D1) - _logdet(W0, D0))
+
+
+def _logdet(W: np.ndarray, D: np.ndarray) -> float:
+    """ln det(W W^T + diag(D)) = sum ln D + ln det(I + W^T D^{-1} W)."""
+    return float(np.sum(np.log(D)) + np.linalg.slogdet(np.eye(W.shape[1]) + W.T @ (W / D[:, None]))[1])
+
+
+def model_change(previous: GlobalParams, current: GlobalParams) -> float:
+    """How much the predictive distribution of a subject changed between two global models.
+
+    The distribution is that of a subject at a new site, every view stacked (spec §9 [R]):
+    t ~ N(mu~, W~ W~^T + diag(D)), D = s-bar_k + sigma2_mu~k + q_k sigma2_W~k on the
+    coordinates of view k (the site's own mu_c and W_c integrated out).  The change is the
+    square root of the symmetrised Kullback-Leibler divergence,
+
+        sqrt(KL(N_0 || N_1) + KL(N_1 || N_0)),
+
+    which is the shift of the mean in standard deviations for a move of the mean alone, and
+    about |r| / sqrt(2) for a relative change r of the variance along one direction.  It
+    measures every change by what it does to the predictions: a turn of the latent space
+    (W~ -> W~ R) gives 0, and a between-site variance that creeps toward 0 (or an
+    inverse-gamma shape toward its cap) counts by its share of the predictive variance.
+    Only q x q systems are solved.
+
+    Parameters
+    ----------
+    previous, current : GlobalParams
+        The same views and shapes.
+
+    Returns
+    -------
+    float
+        inf when ``current`` has a view that ``previous`` lacks.
+    """
+    views = list(current)
+    if any(v not in previous for v in views):
+        return float("inf")
+    old, new = _stacked(previous, views), _stacked(current, views)
+    return float(np.sqrt(max(_kl(*old, *new) + _kl(*new, *old), 0.0)))
