@@ -13,9 +13,11 @@ may state follows from it alone: "A lower than B" only when the whole interval i
 pairs where A is lower is reported beside it.
 
 Rows that share a pair key and a group are averaged first (e.g. the three folds of one
-repetition of 3-fold CV, whose training sets overlap, become one pair), so the pairs entering
-the interval are the independent units of the design.  Pairs with a non-finite value on either
-side (a diverged fit) are left out and counted.
+repetition of 3-fold CV, whose training sets overlap, become one pair; or the sites of one
+split), so the pairs entering the interval are the independent units of the design.  Undefined
+values (NaN, e.g. an AUC at a site without anomalies) are left out of these averages; a pair
+with a non-finite value on either side (an infinite error of a diverged fit) is left out and
+counted.
 
 A page states a comparison through :func:`paired_block`: an HTML comment holding the
 specification (CSV file, metric, pair key, groups, methods) followed by the table and the
@@ -29,6 +31,7 @@ import csv
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -45,6 +48,7 @@ __all__ = [
     "read_csv",
     "find_blocks",
     "render_block",
+    "BLOCK",
 ]
 
 #: default level of the intervals on the pages
@@ -70,8 +74,8 @@ class PairedComparison:
         Means over the used pairs; ``mean_diff = mean(a - b)``.
     ci_low, ci_high : float
         Student-t interval of the mean difference at ``level`` (NaN with fewer than 2 pairs).
-    a_lower : int
-        Pairs where ``a < b``.
+    a_lower, a_higher : int
+        Pairs where ``a < b``, ``a > b``.
     level : float
     """
 
@@ -87,6 +91,7 @@ class PairedComparison:
     ci_low: float
     ci_high: float
     a_lower: int
+    a_higher: int
     level: float = LEVEL
 
     @property
@@ -175,14 +180,17 @@ def compare(
             continue
         values[method].setdefault(_key(row, pair_on), []).append(_number(row.get(metric)))
     keys = [k for k in values[a] if k in values[b]]
-    xa = np.array([np.mean(values[a][k]) for k in keys])
-    xb = np.array([np.mean(values[b][k]) for k in keys])
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a pair whose values are all undefined stays NaN
+        xa = np.array([np.nanmean(values[a][k]) for k in keys])
+        xb = np.array([np.nanmean(values[b][k]) for k in keys])
     ok = np.isfinite(xa) & np.isfinite(xb)
     mean, low, high = paired(xa, xb, level=level)
     return PairedComparison(
         a=a, b=b, metric=metric, group=group, n=int(ok.sum()), dropped=int((~ok).sum()),
         mean_a=float(xa[ok].mean()) if ok.any() else math.nan, mean_b=float(xb[ok].mean()) if ok.any() else math.nan,
-        mean_diff=mean, ci_low=low, ci_high=high, a_lower=int((xa[ok] < xb[ok]).sum()), level=level,
+        mean_diff=mean, ci_low=low, ci_high=high, a_lower=int((xa[ok] < xb[ok]).sum()), a_higher=int((xa[ok] > xb[ok]).sum()),
+        level=level,
     )
 
 
@@ -194,26 +202,28 @@ def _signed(x: float) -> str:
     return "n/a" if not np.isfinite(x) else f"{x:+.3g}"
 
 
-def paired_table(comparisons: Sequence[PairedComparison]) -> str:
-    """Markdown table: group columns, A, B, pairs, means, A − B with its interval, A lower in, reading."""
+def paired_table(comparisons: Sequence[PairedComparison], *, lower_is_better: bool = True) -> str:
+    """Markdown table: group columns, A, B, pairs, means, A − B with its interval, A better in, reading."""
     if not comparisons:
         return ""
     group_cols = list(dict.fromkeys(k for c in comparisons for k in c.group))
     level = comparisons[0].level
-    head = group_cols + ["A", "B", "pairs", "mean A", "mean B", "mean A − B", f"{level:.0%} t-interval of A − B", "A lower in", "reading"]
+    wins = "A lower (better) in" if lower_is_better else "A higher (better) in"
+    head = group_cols + ["A", "B", "pairs", "mean A", "mean B", "mean A − B", f"{level:.0%} t-interval of A − B", wins, "reading"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in comparisons:
         pairs = f"{c.n}" + (f" ({c.dropped} not finite, left out)" if c.dropped else "")
         cells = [str(c.group.get(k, "")) for k in group_cols] + [
             c.a, c.b, pairs, _g(c.mean_a), _g(c.mean_b), _signed(c.mean_diff),
-            f"[{_signed(c.ci_low)}, {_signed(c.ci_high)}]", f"{c.a_lower} of {c.n}", c.sentence(),
+            f"[{_signed(c.ci_low)}, {_signed(c.ci_high)}]", f"{c.a_lower if lower_is_better else c.a_higher} of {c.n}", c.sentence(),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------- blocks on pages
-_BLOCK = re.compile(r"<!-- paired (\{.*?\}) -->\n(.*?)<!-- /paired -->", re.S)
+#: a paired block on a page: the specification (JSON) and the body
+BLOCK = re.compile(r"<!-- paired (\{.*?\}) -->\n(.*?)<!-- /paired -->", re.S)
 
 
 def read_csv(path: str | Path) -> list[dict[str, str]]:
@@ -243,7 +253,7 @@ def render_block(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> 
         f"{level:.0%} Student-t interval over the paired differences; a difference is stated only where the "
         f"interval excludes 0. Data: [`{spec['csv']}`]({spec['csv']}).\n\n"
     )
-    return intro + paired_table(comps)
+    return intro + paired_table(comps, lower_is_better=spec.get("lower_is_better", True))
 
 
 def paired_block(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
@@ -261,4 +271,4 @@ def paired_block(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> 
 
 def find_blocks(text: str) -> list[tuple[dict[str, Any], str]]:
     """Every ``(spec, body)`` of the paired blocks in a page's text."""
-    return [(json.loads(m.group(1)), m.group(2)) for m in _BLOCK.finditer(text)]
+    return [(json.loads(m.group(1)), m.group(2)) for m in BLOCK.finditer(text)]
