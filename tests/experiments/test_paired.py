@@ -47,13 +47,14 @@ def test_verdicts_follow_the_interval():
     assert (ci.low < 0 < ci.high) == (ac.sentence() == "no difference detected between A and C")
 
 
-def test_rows_of_one_pair_are_averaged_and_non_finite_pairs_left_out():
+def test_rows_of_one_pair_are_averaged_diverged_pairs_counted_undefined_ones_absent():
     rows = [
         {"repeat": 0, "fold": 0, "method": "A", "m": 1.0}, {"repeat": 0, "fold": 1, "method": "A", "m": 3.0},
         {"repeat": 0, "fold": 0, "method": "B", "m": 1.0}, {"repeat": 0, "fold": 1, "method": "B", "m": 1.0},
         {"repeat": 1, "fold": 0, "method": "A", "m": 1.0}, {"repeat": 1, "fold": 0, "method": "B", "m": 0.5},
-        {"repeat": 2, "fold": 0, "method": "A", "m": "nan"}, {"repeat": 2, "fold": 0, "method": "B", "m": 1.0},
+        {"repeat": 2, "fold": 0, "method": "A", "m": "inf"}, {"repeat": 2, "fold": 0, "method": "B", "m": 1.0},  # diverged
         {"repeat": 3, "fold": 0, "method": "A", "m": 2.0},  # no partner: not a pair
+        {"repeat": 4, "fold": 0, "method": "A", "m": ""}, {"repeat": 4, "fold": 0, "method": "B", "m": 1.0},  # n/a: not a pair
     ]
     c = compare(rows, "A", "B", "m", pair_on=["repeat"])
     assert c.n == 2 and c.dropped == 1

@@ -77,7 +77,11 @@ def test_quick_run(tmp_path, name):
         assert fedprox == (name == "mvppca-alzheimer" and torch_available())  # the mfeat extension has no FedProx sweep
     if name == "mvppca-dp":
         sweeps = {r["sweep"] for r in rows}
-        assert sweeps == {"none", "epsilon per release", "kappa", "epsilon total"}
+        assert sweeps == {"none", "epsilon per release", "kappa", "epsilon total", "UNSAFE round 1 in the clear"}
+        unsafe = [r for r in rows if r["sweep"] == "UNSAFE round 1 in the clear"]
+        assert unsafe and all(float(r["epsilon_spent"]) == float("inf") for r in unsafe)  # the ledger voids the guarantee
+        assert all(float(r["epsilon_spent"]) < float("inf") for r in rows if r["sweep"] == "epsilon per release")
+        assert "Training mean (each feature)" in report and "no guarantee" in report and "## Paired comparisons" in report
         spent = [float(r["epsilon_spent"]) for r in rows if r["sweep"] == "epsilon total"]
         assert all(e <= 10.0 + 1e-6 for e in spent)  # the total budget holds
 

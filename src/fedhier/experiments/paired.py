@@ -15,9 +15,10 @@ pairs where A is lower is reported beside it.
 Rows that share a pair key and a group are averaged first (e.g. the three folds of one
 repetition of 3-fold CV, whose training sets overlap, become one pair; or the sites of one
 split), so the pairs entering the interval are the independent units of the design.  Undefined
-values (NaN, e.g. an AUC at a site without anomalies) are left out of these averages; a pair
-with a non-finite value on either side (an infinite error of a diverged fit) is left out and
-counted.
+values (NaN: an AUC at a site without anomalies, a method that does not apply) are left out of
+these averages, and a key with no defined value on either side is no pair; a pair with an
+infinite value (a diverged fit) is left out and counted.  A table lists only comparisons with at
+least one pair.
 
 A page states a comparison through :func:`paired_block`: an HTML comment holding the
 specification (CSV file, metric, pair key, groups, methods) followed by the table and the
@@ -181,9 +182,11 @@ def compare(
         values[method].setdefault(_key(row, pair_on), []).append(_number(row.get(metric)))
     keys = [k for k in values[a] if k in values[b]]
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a pair whose values are all undefined stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)  # a key whose values are all undefined stays NaN
         xa = np.array([np.nanmean(values[a][k]) for k in keys])
         xb = np.array([np.nanmean(values[b][k]) for k in keys])
+    defined = ~np.isnan(xa) & ~np.isnan(xb)
+    xa, xb = xa[defined], xb[defined]
     ok = np.isfinite(xa) & np.isfinite(xb)
     mean, low, high = paired(xa, xb, level=level)
     return PairedComparison(
@@ -233,12 +236,14 @@ def read_csv(path: str | Path) -> list[dict[str, str]]:
 
 
 def _comparisons(rows: Sequence[Mapping[str, Any]], spec: Mapping[str, Any]) -> list[PairedComparison]:
+    """The comparisons of ``spec`` that have at least one pair (used or left out)."""
     groups = spec.get("groups") or [{}]
-    return [
+    comps = (
         compare(rows, a, b, spec["metric"], pair_on=spec["pair_on"], group=g, method_column=spec.get("method_column", "method"),
                 level=spec.get("level", LEVEL))
         for g in groups for a, b in spec["pairs"]
-    ]
+    )
+    return [c for c in comps if c.n + c.dropped > 0]
 
 
 def render_block(spec: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
