@@ -44,6 +44,16 @@ def test_sd_quick_through_the_cli_then_resume_and_docs(tmp_path, capsys):
         vae_gk = [r for r in rows if r["method"].startswith(("VAE", "mc-VAE")) and r["scenario"] == "GK"]
         assert vae_gk and all(r["status"].startswith("n/a") for r in vae_gk)
         assert re.search(r"\| G/K \| 3 \| VAE \(linear\) FedAvg \| n/a \| n/a \| n/a \|", report)
+        # the baselines' mini-batch size and learning rate: the grid point with the lowest mean validation MAE
+        tuning = _rows(out / "tuning")
+        for method in {r["method"] for r in tuning}:
+            scores = {}
+            for r in tuning:
+                if r["method"] == method:
+                    scores.setdefault(r["setting"], []).append(float(r["mae_validation"]))
+            best = min(scores, key=lambda k: sum(scores[k]) / len(scores[k]))
+            assert re.search(rf"\| {re.escape(method)} \| {re.escape(best)} \| [0-9.]+ \| yes \|", report)
+    assert "Training mean (each feature)" in report and "## Paired comparisons" in report
     # resuming a finished run runs no cell and keeps the numbers
     before = (out / "results.csv").read_text()
     assert main(["experiment", "mvppca-sd", "--quick", "--out", str(out), "--seed", "3"]) == 0
