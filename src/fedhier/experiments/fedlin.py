@@ -161,8 +161,8 @@ def run_sim_hm1(out_dir: Path, *, quick: bool, seed: int) -> None:
     gradients, :math:`\\eta=10^{-3}`
     (the paper's 0.01 diverges with full-batch sums), :math:`T=20`, :math:`C=30`, :math:`\\alpha=0.1`,
     learned :math:`\\Omega`, :math:`\\Theta^{(0)}=0`; Separate takes :math:`C\\cdot T` steps with the same
-    :math:`\\eta`; Ditto: closed form with :math:`\\lambda=1` after FedAvg. Full run: 30 runs per case
-    (about 10 minutes); quick: Cases I and III, 2 runs, 200 test points.
+    :math:`\\eta`; Ditto: closed form with :math:`\\lambda=1` after FedAvg. Full run: 30 runs per case;
+    quick: Cases I and III, 2 runs, 200 test points.
     """
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
@@ -235,7 +235,7 @@ def run_sim_hm2(out_dir: Path, *, quick: bool, seed: int) -> None:
     moments by the Gibbs/Metropolis sampler with 4 chains x (500 + 500); noise sd 0.05 and noise-free
     test targets. Baseline: Separate least squares per site with the same 90% rule (t intervals).
     ``coverage_90`` is the share of true coefficients inside their 90% credible intervals.
-    Full run: 30 runs per case (67 minutes on one of 2 busy cores); quick: Cases I-II, 1 run, 2 chains x (150 + 150),
+    Full run: 30 runs per case; quick: Cases I-II, 1 run, 2 chains x (150 + 150),
     4 rounds.
     """
     t0 = time.perf_counter()
@@ -288,7 +288,7 @@ def run_uq(out_dir: Path, *, quick: bool, seed: int) -> None:
     Right panel: :math:`K=100`, :math:`d=4`, :math:`\\theta_k\\sim\\mathcal N(\\mu^*,\\Sigma^*)`, 100
     observations per site, noise sd 0.1 with :math:`\\log\\sigma_k\\sim\\mathcal N(0,1.5^2)` local,
     :math:`\\mu\\sim\\mathcal N(0,I)`, :math:`\\log\\tau_i\\sim\\mathcal N(0,1)`; EP with damping 0.5, at most
-    20 rounds, tilted moments by importance sampling (2000 draws). Full run about 2 minutes;
+    20 rounds, tilted moments by importance sampling (2000 draws). 
     quick: :math:`K=30`, 50 observations, 6 rounds, small lasso sampler.
     """
     t0 = time.perf_counter()
@@ -351,7 +351,7 @@ def run_student(out_dir: Path, *, quick: bool, seed: int) -> None:
     school's training mean and sd (pooled statistics for the centralised fits).
     Centralised = the same Bayesian model on the pooled data (one site), RMSE on the pooled test
     set, so HM2 and centralised RMSEs are on different scales and are not compared pairwise.
-    90% intervals decide inclusion. The training-mean baseline predicts 0 in each school's standardised units. Full run: 30 splits per course (about 30 minutes); quick:
+    90% intervals decide inclusion. The training-mean baseline predicts 0 in each school's standardised units. Full run: 30 splits per course; quick:
     one split, Portuguese course, lasso sampler 2 chains x (100 + 100), 2 EP rounds.
     """
     t0 = time.perf_counter()
@@ -446,7 +446,7 @@ def run_cmapss(out_dir: Path, *, quick: bool, seed: int) -> None:
     :math:`\\{10^{-4},2\\cdot10^{-4},5\\cdot10^{-4},10^{-3},2\\cdot10^{-3}\\}` and :math:`\\lambda_{\\rm Ditto}\\in\\{0.01,0.1,1,10\\}`
     are chosen on a random 20% validation subsample of the training cycles in the first run, then
     refitted on the full training data; the runs differ by the mini-batches and the validation draw.
-    Full run: sensors 2, 3, 7, 8, 30 runs (53 minutes on one of 2 busy cores); quick: sensor 2, one run, 20 rounds,
+    Full run: sensors 2, 3, 7, 8, 30 runs; quick: sensor 2, one run, 20 rounds,
     fixed step size :math:`2\\cdot10^{-4}`, no grid.
     """
     t0 = time.perf_counter()
@@ -533,7 +533,7 @@ def run_heart(out_dir: Path, *, quick: bool, seed: int) -> None:
     local :math:`\\log\\sigma_k`, :math:`\\mu\\sim\\mathcal N(0,3^2I)`, EP with damping 0.5), HM1 (mean
     gradients, :math:`\\eta=0.05`, :math:`T=20`, :math:`C=50`), Separate and Centralised least squares,
     MixedLM on the pooled data (random intercept and slopes would be unidentifiable with 4 groups,
-    so a random intercept) predicting with its BLUPs. Full run: 30 splits (about 3 minutes);
+    so a random intercept) predicting with its BLUPs. Full run: 30 splits;
     quick: 2 splits and 8 EP rounds.
     """
     t0 = time.perf_counter()
@@ -595,7 +595,7 @@ def run_radon(out_dir: Path, *, quick: bool, seed: int) -> None:
     :math:`\\mu\\sim\\mathcal N(0,10^2I)`, :math:`\\log\\tau\\sim\\mathcal N(0,1)`, :math:`\\log\\sigma^2\\sim\\mathcal N(0,1)`;
     EP with damping 0.7 and importance-sampled tilted moments. The anchor is statsmodels MixedLM
     (REML) on the pooled data (reference: 1.466, -0.668, 0.72). A second HM2 fit adds a random
-    basement slope. Full run about 1 minute (20 EP rounds); quick: 6 rounds.
+    basement slope. Full run: 20 EP rounds; quick: 6 rounds.
     """
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
