@@ -288,7 +288,7 @@ def run_uq(out_dir: Path, *, quick: bool, seed: int) -> None:
     Right panel: :math:`K=100`, :math:`d=4`, :math:`\\theta_k\\sim\\mathcal N(\\mu^*,\\Sigma^*)`, 100
     observations per site, noise sd 0.1 with :math:`\\log\\sigma_k\\sim\\mathcal N(0,1.5^2)` local,
     :math:`\\mu\\sim\\mathcal N(0,I)`, :math:`\\log\\tau_i\\sim\\mathcal N(0,1)`; EP with damping 0.5, at most
-    20 rounds, tilted moments by importance sampling (2000 draws). 
+    20 rounds, tilted moments by importance sampling (2000 draws);
     quick: :math:`K=30`, 50 observations, 6 rounds, small lasso sampler.
     """
     t0 = time.perf_counter()
