@@ -1198,7 +1198,10 @@ def run_dp(out_dir: Path, *, quick: bool, seed: int, run_cells: bool = True) -> 
     sch = design.schedule
     dp_names = [m.name for sweep, _, m in _dp_sweep_methods(design) if sweep != "none"]
     keep = ("sweep", "value", "repeat", "fold", "method", "mae_test", "accuracy")
-    write_csv(out_dir / "claims.csv", [{k: r.get(k, "") for k in keep} for r in rows], keep)
+    # ε = 1, κ = 1 is in both the ε and the κ sweep: its κ-sweep fits are left out so that a pair is one fit per method
+    first_sweep = {m.name: sweep for sweep, _, m in reversed(_dp_sweep_methods(design))}
+    write_csv(out_dir / "claims.csv", [{k: r.get(k, "") for k in keep} for r in rows if first_sweep.get(r["method"]) == r["sweep"]], keep)
+    dp_names = list(dict.fromkeys(dp_names))
     from .paired import paired_block, read_csv
 
     stored = read_csv(out_dir / "claims.csv")
