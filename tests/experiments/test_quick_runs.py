@@ -44,6 +44,16 @@ def test_sd_quick_through_the_cli_then_resume_and_docs(tmp_path, capsys):
         vae_gk = [r for r in rows if r["method"].startswith(("VAE", "mc-VAE")) and r["scenario"] == "GK"]
         assert vae_gk and all(r["status"].startswith("n/a") for r in vae_gk)
         assert re.search(r"\| G/K \| 3 \| VAE \(linear\) FedAvg \| n/a \| n/a \| n/a \|", report)
+        # the baselines' mini-batch size and learning rate: the grid point with the lowest mean validation MAE
+        tuning = _rows(out / "tuning")
+        for method in {r["method"] for r in tuning}:
+            scores = {}
+            for r in tuning:
+                if r["method"] == method:
+                    scores.setdefault(r["setting"], []).append(float(r["mae_validation"]))
+            best = min(scores, key=lambda k: sum(scores[k]) / len(scores[k]))
+            assert re.search(rf"\| {re.escape(method)} \| {re.escape(best)} \| [0-9.]+ \| yes \|", report)
+    assert "Training mean (each feature)" in report and "## Paired comparisons" in report
     # resuming a finished run runs no cell and keeps the numbers
     before = (out / "results.csv").read_text()
     assert main(["experiment", "mvppca-sd", "--quick", "--out", str(out), "--seed", "3"]) == 0
@@ -77,7 +87,11 @@ def test_quick_run(tmp_path, name):
         assert fedprox == (name == "mvppca-alzheimer" and torch_available())  # the mfeat extension has no FedProx sweep
     if name == "mvppca-dp":
         sweeps = {r["sweep"] for r in rows}
-        assert sweeps == {"none", "epsilon per release", "kappa", "epsilon total"}
+        assert sweeps == {"none", "epsilon per release", "kappa", "epsilon total", "UNSAFE round 1 in the clear"}
+        unsafe = [r for r in rows if r["sweep"] == "UNSAFE round 1 in the clear"]
+        assert unsafe and all(float(r["epsilon_spent"]) == float("inf") for r in unsafe)  # the ledger voids the guarantee
+        assert all(float(r["epsilon_spent"]) < float("inf") for r in rows if r["sweep"] == "epsilon per release")
+        assert "Training mean (each feature)" in report and "no guarantee" in report and "## Paired comparisons" in report
         spent = [float(r["epsilon_spent"]) for r in rows if r["sweep"] == "epsilon total"]
         assert all(e <= 10.0 + 1e-6 for e in spent)  # the total budget holds
 

@@ -6,12 +6,15 @@
 * ``collab-scaling``: consensus steps and bytes against the number of peers (8 ... 1000) for
   the inverse-chord and random 4-regular graph families.
 
-Each anomaly experiment splits every site 50/50 into training and test samples (seeded) and
-reports per-site ROC-AUC and PR-AUC on the test half for CollabDict (serverless, private
-weights), the same GGM mixture fitted on the site alone (local-only), the same model fitted
-on the pooled training data (centralised upper reference), and scikit-learn's
-GaussianMixture and IsolationForest fitted on the pooled data.  Labels are used only for
-evaluation.
+Each anomaly experiment splits every site 50/50 into training and test samples and reports
+per-site ROC-AUC and PR-AUC on the test half for CollabDict (serverless, private weights), the
+same GGM mixture fitted on the site alone (local-only), the same model fitted on the pooled
+training data (centralised reference of a shared model), and scikit-learn's GaussianMixture
+and IsolationForest fitted on the pooled data.  Labels are used only for evaluation.  The
+whole evaluation is repeated over ``N_SPLITS`` random splits (2 with ``--quick``), each with
+its own split and model seeds; the tables give the mean and a 95% Student-t interval over the
+splits, and every stated difference rests on a paired comparison over the same splits
+(:mod:`.paired`).
 """
 
 from __future__ import annotations
@@ -29,10 +32,15 @@ from ..runtime.graphs import (consensus_steps, contraction_factor, diameter, inv
                                         is_prime, laplacian_spectrum, random_regular_graph, step_size)
 from ..protocol.messages import Field, MessageSpec, encode
 from ..utils.io import atomic_write_bytes, atomic_write_text, markdown_table, write_csv
+from .paired import paired_block, read_csv
+from .runner import cell_seed
 
 __all__ = ["EXPERIMENTS", "run_sensors", "run_ctg", "run_heart", "run_scaling"]
 
 METHODS = ("collabdict", "local-only", "pooled-ggm", "pooled-gmm", "pooled-iforest")
+#: random train/test splits of a full run (each with its own split and model seeds)
+N_SPLITS = 10
+N_SPLITS_QUICK = 2
 
 
 def _train_test(site: AnomalySite, rng: np.random.Generator, max_train: int | None, normal_only: bool):
@@ -95,28 +103,88 @@ def _evaluate(dataset: str, sites: list[AnomalySite], *, seed: int, quick: bool,
     return rows
 
 
-def _wide(rows: list[dict], metric: str) -> list[dict]:
-    sites = list(dict.fromkeys(r["site"] for r in rows))
+def _evaluate_splits(dataset: str, sites: list[AnomalySite], *, seed: int, quick: bool, **options) -> list[dict]:
+    """:func:`_evaluate` over the random splits of the run; rows carry their ``split``."""
+    rows = []
+    for split in range(N_SPLITS_QUICK if quick else N_SPLITS):
+        split_seed = cell_seed(seed, dataset, "split", split) % (2**32)
+        rows += [{"split": split, **r} for r in _evaluate(dataset, sites, seed=split_seed, quick=quick, **options)]
+    return rows
+
+
+def _interval(values: list[float]) -> str:
+    """``"0.791 ± 0.052"``: mean and half-width of the 95% Student-t interval over splits."""
+    from scipy import stats
+
+    v = np.asarray([x for x in values if np.isfinite(x)], float)
+    if v.size == 0:
+        return "n/a"
+    if v.size < 2:
+        return f"{v.mean():.3f}"
+    return f"{v.mean():.3f} ± {stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size):.3f}"
+
+
+MEAN_OVER_SITES = "mean over sites with anomalies"
+
+
+def _site_means(rows: list[dict]) -> list[dict]:
+    """Per split and method, the mean of each metric over the sites where it is defined."""
     out = []
-    for site in sites:
-        sub = {r["method"]: r[metric] for r in rows if r["site"] == site}
-        first = next(r for r in rows if r["site"] == site)
-        out.append({"site": site, "anomalies_test": first["anomalies_test"], **{m: sub[m] for m in METHODS}})
-    means = {m: float(np.nanmean([r[m] for r in out])) if any(np.isfinite(r[m]) for r in out) else float("nan")
-             for m in METHODS}
-    out.append({"site": "mean over sites with anomalies", "anomalies_test": "", **means})
+    for split in dict.fromkeys(r["split"] for r in rows):
+        for method in METHODS:
+            part = [r for r in rows if r["split"] == split and r["method"] == method]
+            row = {"split": split, "site": MEAN_OVER_SITES, "method": method}
+            for metric in ("roc_auc", "pr_auc"):
+                v = np.array([r[metric] for r in part], float)
+                row[metric] = float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
+            out.append(row)
     return out
 
 
-def _report(out_dir: Path, name: str, rows: list[dict], title: str, command: str, notes: str) -> None:
+def _wide(rows: list[dict], metric: str) -> list[dict]:
+    """One line per site (and the mean over sites): mean ± 95% interval over splits per method."""
+    sites = list(dict.fromkeys(r["site"] for r in rows))
+    out = []
+    for site in sites:
+        part = [r for r in rows if r["site"] == site]
+        line = {"site": site}
+        if site != MEAN_OVER_SITES:
+            line["normal / anomalous test samples (mean over splits)"] = (
+                f"{np.mean([r['n_test'] - r['anomalies_test'] for r in part if r['method'] == METHODS[0]]):.1f} / "
+                f"{np.mean([r['anomalies_test'] for r in part if r['method'] == METHODS[0]]):.1f}")
+        else:
+            line["normal / anomalous test samples (mean over splits)"] = ""
+        for m in METHODS:
+            line[m] = _interval([r[metric] for r in part if r["method"] == m])
+        out.append(line)
+    return out
+
+
+def _report(out_dir: Path, name: str, rows: list[dict], title: str, command: str, notes: str, seconds: float,
+            claim_sites: tuple[str, ...] = ()) -> None:
+    """``<name>.md``: per-site tables over the splits and the paired comparisons of CollabDict."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    rows = rows + _site_means(rows)
     write_csv(out_dir / f"{name}.csv", rows)
-    first = rows[0]
-    text = [f"# {title}", "", f"Produced by `{command}`.", "", notes, "",
-            f"CollabDict: {first['collab_rounds']} rounds, {first['collab_patterns']} patterns retained, "
-            f"fit in {first['collab_fit_seconds']} s (serverless in-process simulator).", "",
+    stored = read_csv(out_dir / f"{name}.csv")
+    fits = [r for r in rows if r["method"] == METHODS[0] and "collab_rounds" in r]
+    n_splits = len({r["split"] for r in rows})
+    groups = [{"site": MEAN_OVER_SITES}] + [{"site": s} for s in claim_sites]
+    others = [m for m in METHODS if m != "collabdict"]
+    claims = [
+        paired_block({"csv": f"{name}.csv", "metric": metric, "what": what, "lower_is_better": False, "unit": "split",
+                      "pair_on": ["split"], "groups": groups, "pairs": [["collabdict", m] for m in others]}, stored)
+        for metric, what in (("roc_auc", "ROC-AUC"), ("pr_auc", "PR-AUC"))
+    ]
+    text = [f"# {title}", "", f"Produced by `{command}` in {seconds:.0f} s (wall time, `OPENBLAS_NUM_THREADS=1`).", "", notes, "",
+            f"{n_splits} random 50/50 splits of every site, each with its own split and model seeds. CollabDict: "
+            f"{np.mean([r['collab_rounds'] for r in fits]):.0f} rounds and {np.mean([r['collab_patterns'] for r in fits]):.1f} "
+            f"patterns retained on average, {np.mean([r['collab_fit_seconds'] for r in fits]):.1f} s per fit (serverless "
+            "in-process simulator). Cells: mean ± half-width of the 95% Student-t interval over the splits (n/a: no "
+            "anomalies in a site's test half, so no AUC).", "",
             "## ROC-AUC (test half of each site)", "", markdown_table(_wide(rows, "roc_auc"), digits=3),
-            "## PR-AUC (average precision)", "", markdown_table(_wide(rows, "pr_auc"), digits=3)]
+            "## PR-AUC (average precision)", "", markdown_table(_wide(rows, "pr_auc"), digits=3),
+            "## Paired comparisons", "", *claims]
     atomic_write_text(out_dir / f"{name}.md", "\n".join(text))
 
 
@@ -126,22 +194,25 @@ def _command(name: str, quick: bool, seed: int) -> str:
 
 def run_sensors(out_dir: Path, *, quick: bool, seed: int) -> None:
     """Suthaharan multi-hop and single-hop networks, 8 motes as 8 sites (M = 2)."""
-    rows = _evaluate("sensors", load_sensor_networks("both"), seed=seed, quick=quick, n_components=5, rho=0.1)
+    t0 = time.perf_counter()
+    rows = _evaluate_splits("sensors", load_sensor_networks("both"), seed=seed, quick=quick, n_components=5, rho=0.1)
     _report(Path(out_dir), "collab-sensors", rows, "CollabDict on the Suthaharan wireless-sensor networks",
-            _command("collab-sensors", quick, seed),
+            _command("collab-sensors", quick, seed), seconds=time.perf_counter() - t0, notes=
             "Sites: 4 motes of the multi-hop and 4 of the single-hop network (variables humidity, temperature). "
-            "Motes without injected events have no anomalies in their test half (AUC not defined: NaN).")
+            "Motes without injected events have no anomalies in their test half (AUC not defined).")
 
 
 def run_ctg(out_dir: Path, *, quick: bool, seed: int) -> None:
     """UCI cardiotocography (ODDS cardio, 1831 x 21) over 7 heterogeneous sites."""
+    t0 = time.perf_counter()
     X, y, names = load_ctg()
     sites = split_sites(X, y, 7, seed=seed, concentration=0.5, names=names)
-    rows = _evaluate("ctg", sites, seed=seed, quick=quick, n_components=5, rho=0.8)
+    rows = _evaluate_splits("ctg", sites, seed=seed, quick=quick, n_components=5, rho=0.8)
     _report(Path(out_dir), "collab-ctg", rows, "CollabDict on UCI cardiotocography",
-            _command("collab-ctg", quick, seed),
+            _command("collab-ctg", quick, seed), seconds=time.perf_counter() - t0, notes=
             "Anomalies are pathological recordings (NSP = 3). The 7 sites get different mixes of normal patterns "
-            "(bins of the first principal component spread with Dirichlet(0.5) proportions).")
+            "(bins of the first principal component spread with Dirichlet(0.5) proportions); the 7 sites are drawn "
+            "once from the run's seed and kept over the splits.")
 
 
 HEART_FEATURES = ("age", "sex", "trestbps", "thalch", "exang", "oldpeak")
@@ -151,6 +222,7 @@ def run_heart(out_dir: Path, *, quick: bool, seed: int) -> None:
     """UCI heart disease, 4 hospitals; trained on patients without disease, anomalies = disease."""
     from ..data.datasets import load_heart_disease
 
+    t0 = time.perf_counter()
     heart = load_heart_disease()
     cols = [heart.feature_names.index(c) for c in HEART_FEATURES]
     sites = []
@@ -158,12 +230,13 @@ def run_heart(out_dir: Path, *, quick: bool, seed: int) -> None:
         X = heart.features[np.ix_(idx, cols)]
         keep = np.all(np.isfinite(X), axis=1)
         sites.append(AnomalySite(name, X[keep], (heart.target[idx][keep] > 0).astype(np.int64), HEART_FEATURES))
-    rows = _evaluate("heart", sites, seed=seed, quick=quick, n_components=3, rho=0.8, normal_only=True)
+    rows = _evaluate_splits("heart", sites, seed=seed, quick=quick, n_components=3, rho=0.8, normal_only=True)
     _report(Path(out_dir), "collab-heart", rows, "CollabDict on UCI heart disease (4 hospitals)",
-            _command("collab-heart", quick, seed),
+            _command("collab-heart", quick, seed), seconds=time.perf_counter() - t0, claim_sites=("Switzerland",), notes=
             f"Variables {', '.join(HEART_FEATURES)} (rows with a missing value dropped). Training uses the "
-            "disease-free patients of each site's training half (Switzerland has very few); the test half is "
-            "scored and disease (num > 0) counts as the anomaly.")
+            "disease-free patients of each site's training half; the test half is scored and disease (num > 0) counts "
+            "as the anomaly. Switzerland has very few disease-free patients (about 4 in each half), so its ROC-AUC "
+            "rests on a handful of normal test patients and varies widely from split to split.")
 
 
 # ---------------------------------------------------------------------------- scaling
@@ -194,7 +267,7 @@ def _prime_at_least(n: int) -> int:
 
 
 def run_scaling(out_dir: Path, *, quick: bool, seed: int) -> None:
-    """Consensus steps and bytes per site against S for the two graph families (spec §3.3, O1-O3)."""
+    """Consensus steps and bytes per site against S for the two graph families and three step rules."""
     sizes = [8, 32, 100] if quick else [8, 32, 100, 200, 400, 1000]
     rel_err, paper_cap = 1e-6, 20_000 if quick else 200_000
     K, M = 7, 5  # bytes of one GGM-statistics aggregation (spec §3.5: K(1 + M + M(M+1)/2) scalars)
@@ -229,9 +302,9 @@ def run_scaling(out_dir: Path, *, quick: bool, seed: int) -> None:
     text = [
         "# Consensus scaling with the number of peers", "", f"Produced by `{command}`.", "",
         f"Steps to a max-norm relative error of {rel_err:g} (measured from a Gaussian start, and the fixed "
-        "T of the stopping rule, spec §3.4) and bytes each site sends for one aggregation of the GGM "
+        "number of steps T computed in advance from the graph's spectrum) and bytes each site sends for one aggregation of the GGM "
         f"statistics (K = {K}, M = {M}, {msg} bytes per message, T + diameter exchanges). `steps_measured = -1`: "
-        "not reached within the cap. The paper's step 1/S needs a number of steps that grows with S (slip S1); "
+        "not reached within the cap. The paper's step 1/S needs a number of steps that grows with S (a slip in the paper); "
         "a constant step keeps it near-logarithmic.", "",
         "![consensus scaling](collab-scaling.png)", "",
         markdown_table(rows, ["family", "S", "lambda_2", "lambda_S", "diameter", "step_rule", "epsilon", "T_rule",

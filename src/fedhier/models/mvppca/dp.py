@@ -27,8 +27,9 @@ to [0, B] again (post-processing).  Two more Gaussian events per view and round.
 Round 1 (§8.2, §14 row 13): with ``first_round="public_prior"`` [R] the anchor is a
 public data-independent theta~[0] (``master.data_independent_prior`` when none is
 given), and round 1 is privatised and counted like any other.  With
-``"non_private"`` round 1 is released as is and recorded as a
-``NonPrivateDpEvent``: the ledger then reports epsilon = inf and says why.
+``"non_private"`` -- switched on by ``unsafe_public_first_round=True``, the paper's apparent
+setting, kept for reproduction only -- round 1 is released as is (with a ``UserWarning``) and
+recorded as a ``NonPrivateDpEvent``: the ledger then reports epsilon = inf and says why.
 
 Guard on the sigma2 bound [R]: the IG variance v_sigma is infinite for alpha <= 2 and
 huge just above the master's floor alpha = 2 + 1e-5, which would make g (and the
@@ -41,6 +42,7 @@ variation is capped at c.  The cap depends only on public quantities, so DP is k
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -89,6 +91,10 @@ class DPConfig:
         s-bar[r-1] [R, default] or the IG mean beta / (alpha - 1).
     first_round : {"public_prior", "non_private"}
         See the module docstring.  A total budget refuses "non_private".
+    unsafe_public_first_round : bool, default False
+        True sends round 1 without noise (``first_round="non_private"``) to reproduce the
+        paper's numbers: the differential-privacy guarantee does NOT hold for such a fit (a
+        ``UserWarning`` says so and the privacy ledger marks every site's guarantee void).
     sigma2_floor : float
         Post-processing floor of released sigma2 (§8.2 step 5 [R]).
     dimension_aware : bool
@@ -117,6 +123,7 @@ class DPConfig:
     sigma2_mechanism: Mechanism | None = None
     sigma2_anchor: Literal["mean", "ig_mean"] = "mean"
     first_round: Literal["public_prior", "non_private"] = "public_prior"
+    unsafe_public_first_round: bool = False
     sigma2_floor: float = 1e-6
     dimension_aware: bool = False
     sigma2_sd_cap: float | None = 10.0
@@ -153,6 +160,17 @@ class DPConfig:
             raise ValueError(f"sigma2_anchor must be 'mean' or 'ig_mean', got {self.sigma2_anchor!r}")
         if self.first_round not in ("public_prior", "non_private"):
             raise ValueError(f"first_round must be 'public_prior' or 'non_private', got {self.first_round!r}")
+        if not isinstance(self.unsafe_public_first_round, bool):
+            raise ValueError(f"unsafe_public_first_round must be True or False, got {self.unsafe_public_first_round!r}")
+        if self.unsafe_public_first_round or self.first_round == "non_private":
+            object.__setattr__(self, "first_round", "non_private")
+            object.__setattr__(self, "unsafe_public_first_round", True)
+            warnings.warn(
+                "round 1 is sent without noise (unsafe_public_first_round=True): the differential-privacy "
+                "guarantee does not hold for this fit; use it only to reproduce the paper's numbers",
+                UserWarning,
+                stacklevel=3,
+            )
         if total and self.first_round == "non_private":
             raise ValueError(
                 "first_round='non_private' voids the guarantee, so no total budget can be met; "
