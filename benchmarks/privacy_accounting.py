@@ -1,4 +1,4 @@
-"""Privacy numbers quoted in docs/privacy.md (spec fed-mv-ppca §8.1, §8.4).
+"""Privacy numbers quoted in docs/privacy.md: noise multipliers, the paper's budget, total-budget noise, collapse of the variances.
 
 Run:  python benchmarks/privacy_accounting.py [--out docs/privacy_numbers.md]
 
@@ -12,7 +12,7 @@ Google's dp-accounting); nothing is typed in by hand:
    and K = 4 (ADNI) views;
 3. total-budget calibration: the Gaussian noise multiplier every release needs so that
    a whole fit of R rounds x 3K releases meets (epsilon, delta);
-4. the §8.5 bound on the per-round contraction of the global standard deviations.
+4. the bound on the per-round contraction of the global standard deviations.
 """
 
 from __future__ import annotations
@@ -132,13 +132,13 @@ def dynamics_rows(dims=(3, 7, 41, 124), n_sites=3, epsilon=10.0, delta=0.01, kap
 
 def report(n_rounds: int = 100) -> str:
     parts = [
-        "### Noise multipliers of one Gaussian release (spec §8.1)\n",
+        "#### Noise multipliers of one Gaussian release\n",
         markdown_table(noise_multiplier_rows()),
-        f"\n### Paper semantics: (10, 0.01) per block per round, Zhao + Laplace, {n_rounds} rounds (spec §8.4)\n",
+        f"\n#### Paper semantics: (10, 0.01) per block per round, Zhao + Laplace, {n_rounds} rounds\n",
         markdown_table(paper_semantics_rows(n_rounds=n_rounds)),
-        f"\n### Total budget: calibrated Gaussian noise multiplier for {n_rounds} rounds (spec §8.4 [R])\n",
+        f"\n#### Total budget: calibrated Gaussian noise multiplier for {n_rounds} rounds\n",
         markdown_table(total_budget_rows(n_rounds=n_rounds)),
-        "\n### Expected dynamics of a global standard deviation, (10, 0.01) Zhao, C = 3 sites (spec §8.5)\n",
+        "\n#### Expected dynamics of a global standard deviation, (10, 0.01) Zhao, C = 3 sites\n",
         markdown_table(dynamics_rows()),
     ]
     return "\n".join(parts) + "\n"

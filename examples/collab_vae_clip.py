@@ -1,4 +1,4 @@
-"""Why ``CollabVAE`` clips its gradients by default (docs/collabdict.md, "Gradient clip [R]").
+"""Why ``CollabVAE`` clips its gradients by default (docs/collabdict.md, "Gradient clip (ours)").
 
 Run:  python examples/collab_vae_clip.py   (about 30 seconds on one core)
 

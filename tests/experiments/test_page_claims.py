@@ -99,8 +99,7 @@ def test_write_section_copies_the_data_and_rederives_the_claims(tmp_path):
         write_section(run, tmp_path / "docs" / "other.md") if (tmp_path / "docs" / "other.md").write_text("x") else None
 
 
-# docs/mvppca.md is being rewritten on another branch (the prior update); it joins this list once merged
-PLAIN_PAGES = [p for p in PAGES if p.exists() and p.name != "mvppca.md"]
+PLAIN_PAGES = [p for p in PAGES if p.exists()]
 
 
 @pytest.mark.parametrize("page", PLAIN_PAGES, ids=lambda p: p.name)

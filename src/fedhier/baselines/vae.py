@@ -64,7 +64,7 @@ def _check_complete(where: str, site: Mapping[str, np.ndarray], schema: ViewSche
     """Refuse a site (or input) lacking a view or with a subject lacking a view."""
     for view in schema.names:
         if view not in site:
-            raise ValueError(f"{where} lacks view {view!r}: the VAE baselines cannot handle missing views (spec §12.5)")
+            raise ValueError(f"{where} lacks view {view!r}: the VAE baselines cannot handle missing views")
         if np.isnan(site[view]).any():
             raise ValueError(f"{where}, view {view!r}: a subject lacks the view; the VAE baselines need complete data")
 

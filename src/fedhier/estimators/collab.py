@@ -376,7 +376,7 @@ class CollabDict(_SiteOutlierDetector):
         self._check_params()
         sites = self._fit_sites(X, groups)
         if self.runtime == "peer" and len(sites) == 2:
-            raise ValueError("the serverless runtime needs more than 2 sites (spec §1), got 2; "
+            raise ValueError("the serverless runtime needs more than 2 sites (the method's setting), got 2; "
                              "runtime='star' fits two sites")
         first = check_site_matrix(0, sites[0])
         sites = [check_site_matrix(s, x, first.shape[1]) for s, x in enumerate(sites)]
@@ -513,7 +513,7 @@ class CollabDict(_SiteOutlierDetector):
         eps = epsilon_dp(self.epsilon_rdp_tight_, self.delta)
         self.privacy_spent_ = {
             int(s): {"epsilon": float(eps), "delta": float(self.delta),
-                     "accountant": "rdp (spec §10.5, Mironov Prop. 3)",
+                     "accountant": "rdp (Mironov Prop. 3)",
                      "alpha": float(optimal_order(self.epsilon_rdp_tight_, self.delta)),
                      "epsilon_rdp_tight": float(self.epsilon_rdp_tight_),
                      "epsilon_rdp_paper": float(self.epsilon_rdp_paper_),
@@ -644,7 +644,7 @@ class CollabVAE(_SiteOutlierDetector):
         n_features = check_site_matrix(0, sites[0]).shape[1]
         sites = [check_site_matrix(s, x, n_features) for s, x in enumerate(sites)]
         if self.runtime == "peer" and len(sites) == 2:
-            raise ValueError("the serverless runtime needs more than 2 sites (spec §1), got 2; runtime='star' fits two sites")
+            raise ValueError("the serverless runtime needs more than 2 sites (the method's setting), got 2; runtime='star' fits two sites")
         moments, _, _ = helper._run(MomentsProtocol(n_features), sites, 1, None)
         protocol = VAEProtocol(n_features, moments["center"], moments["scale"], n_latent=self.n_latent,
                                width=self.width, learning_rate=self.learning_rate, local_steps=self.local_steps,

@@ -160,8 +160,8 @@ class TotalBudget:
             return self.gaussian_multiplier
         if mechanism == "laplace":
             raise ValueError(
-                "a total budget is calibrated for Gaussian releases only (one accountant family, "
-                "spec §8.4 [R]); use the Gaussian mechanism for every block"
+                "a total budget is calibrated for Gaussian releases only (one accountant family); "
+                "use the Gaussian mechanism for every block"
             )
         raise ValueError(f"unknown mechanism {mechanism!r}; expected 'gaussian' or 'laplace'")
 

@@ -381,8 +381,8 @@ class MVPPCAProtocol(RoundProtocol):
         size = X.shape[1] * (X.shape[0] if rows is None else rows.size)
         if variance > LARGE_VARIANCE:
             warnings.warn(DataScaleWarning(
-                f"site {site}, view {view!r}: its entries have variance {variance:.3g}, far above unit scale. The [RC] "
-                "cap sigma2_W~ <= ||W~||_F / 5 compares a variance with a norm, so on this scale it holds the sites' "
+                f"site {site}, view {view!r}: its entries have variance {variance:.3g}, far above unit scale. The reference "
+                "code's cap sigma2_W~ <= ||W~||_F / 5 compares a variance with a norm, so on this scale it holds the sites' "
                 "loadings far tighter than on scaled data, and the fit can degrade. Scale the data first (e.g. "
                 "fedhier.data.MinMaxScaling, as the experiments do)."), stacklevel=3)
         if self.initial_prior is not None and view in self.initial_prior:

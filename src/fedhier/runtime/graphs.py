@@ -240,7 +240,7 @@ def step_size(spectrum: GraphSpectrum, rule: StepRule | float = "max-degree") ->
         raise ValueError(f"step rule must be 'max-degree', 'optimal', 'paper' or a number, got {rule!r}")
     if not (eps > 0.0 and eps * spectrum.lambda_max < 2.0 - 1e-9):  # margin for eigenvalue round-off
         raise ValueError(
-            f"consensus step {eps:g} violates 0 < epsilon < 2/lambda_S = {2.0 / spectrum.lambda_max:g} (spec §3.2)"
+            f"consensus step {eps:g} violates 0 < epsilon < 2/lambda_S = {2.0 / spectrum.lambda_max:g}, so the consensus would not converge"
         )
     return eps
 
