@@ -181,3 +181,12 @@ def test_collab_runs_without_pandas(monkeypatch, capsys, tmp_path):
     assert main(["collab", "fit", "--csv", str(tmp_path / "x.csv"), "--site-column", "s", "--components", "2",
                  "--max-iter", "3", "--out", str(out)]) == 0
     assert (out / "model.npz").is_file() and (out / "scores_p.csv").is_file() and (out / "report.html").is_file()
+
+
+def test_python_m_fedhier_cli_is_the_fedhier_command():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "fedhier.cli", "experiment", "list"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "mvppca-sd" in proc.stdout.split()

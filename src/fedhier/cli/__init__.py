@@ -193,6 +193,3 @@ def _dispatch(argv: list[str]) -> int:
     args = _build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

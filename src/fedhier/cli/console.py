@@ -122,7 +122,7 @@ def run(command: Callable[[], int | None], name: str = "fedhier", *, also: tuple
     ``name`` is the command as typed (``"fedhier collab"``), used in the message of a missing
     optional package; ``also``: further exception classes that are user errors for this command.
     A user's mistake prints ``fedhier: error: ...`` and gives 2; Ctrl-C gives 130 without a
-    traceback; any other exception propagates (a traceback).  A stop by SIGTERM passed on to a
+    traceback; a closed output pipe ends quietly with 141; any other exception propagates (a traceback).  A stop by SIGTERM passed on to a
     Flower process gives 143.  ``FEDHIER_DEBUG=1``: every
     exception propagates.
     """
@@ -134,6 +134,9 @@ def run(command: Callable[[], int | None], name: str = "fedhier", *, also: tuple
                 raise
             print("fedhier: interrupted", file=sys.stderr, flush=True)
             return 128 + getattr(exc, "signum", signal.SIGINT)
+        except BrokenPipeError:  # the reader of the output went away (``fedhier experiment list | head``)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+            return 128 + signal.SIGPIPE
         except Exception as exc:
             message = user_error(exc, name, also)
             if message is None or debugging():
