@@ -120,8 +120,11 @@ def test_convergence_warning_when_the_rounds_run_out():
     with pytest.warns(ConvergenceWarning, match="n_rounds=1"):
         FedHM2Regressor(n_rounds=1, n_posterior_draws=100, random_state=0).fit(X, y, groups=groups)
     views = {"a": np.column_stack([X, y]), "b": X + 0.1 * y[:, None]}
-    with pytest.warns(ConvergenceWarning, match="n_rounds=2"):
+    with pytest.warns(ConvergenceWarning, match="n_rounds=2 rounds and its predictions still changed by"):
         FedMVPPCA(n_components=1, n_rounds=2, init="random", random_state=0).fit(views, groups=groups)
+    with warnings.catch_warnings():  # one round, the centralised fit: nothing to settle, no warning
+        warnings.simplefilter("error", ConvergenceWarning)
+        FedMVPPCA(n_components=1, n_rounds=1, random_state=0).fit(views["a"])
 
 
 def test_wrong_forms_get_plain_errors():
