@@ -419,6 +419,10 @@ def _signal(pids, sig: int) -> None:
             pass
 
 
+#: seconds a Flower process has to exit after a forwarded SIGINT/SIGTERM before it is sent SIGTERM, then SIGKILL
+STOP_GRACE = 10.0
+
+
 class _Forwarding:
     """SIGTERM and SIGINT sent to this command go to the Flower process it runs (:meth:`start`).
 
@@ -451,6 +455,24 @@ class _Forwarding:
         if self.proc is not None and self.proc.poll() is None:
             self._helpers.update(_descendants(self.proc.pid))
             self.proc.send_signal(signum)
+
+    def wait(self) -> int:
+        """Wait for the process; its exit status.  After a forwarded signal the process has ``STOP_GRACE``
+        seconds to exit, then gets SIGTERM and, another ``STOP_GRACE`` later, SIGKILL (as systemd escalates a
+        stop): a Flower process interrupted during its start-up can otherwise hang in a server thread."""
+        escalation, deadline = [signal.SIGTERM, signal.SIGKILL], None
+        while True:
+            try:
+                return self.proc.wait(timeout=0.5)  # a short wait, so that a signal's arrival is seen
+            except subprocess.TimeoutExpired:
+                if self.received is None:
+                    continue
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + STOP_GRACE
+                elif now >= deadline and escalation:
+                    self.proc.send_signal(escalation.pop(0))
+                    deadline = now + STOP_GRACE
 
     def exit_code(self, code: int) -> int:
         """The command's exit code: 128 + the signal it was stopped by (the shell's convention)."""
@@ -927,7 +949,8 @@ def _run(cmd: list[str], print_only: bool) -> int:
     _require_flower()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     with _Forwarding() as forwarding:
-        code = forwarding.start(cmd, env=env).wait()
+        forwarding.start(cmd, env=env)
+        code = forwarding.wait()
     return forwarding.exit_code(code)
 
 
