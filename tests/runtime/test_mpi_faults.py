@@ -2,6 +2,7 @@
 ends the job (MPICH's process manager stops every rank) with every site's last completed
 round saved.  Deadlines below bound a broken test, they are not speed requirements."""
 
+import json
 import os
 import signal
 import subprocess
@@ -107,3 +108,39 @@ def test_a_killed_peer_ends_the_job_with_every_sites_last_round_saved(tmp_path):
     for s in range(N_SITES):
         saved = read_checkpoint(tmp_path / f"model_{s}.state.npz")
         assert saved.round >= 1 and saved.site_states[0]  # the site's model and private state after a round
+
+
+@pytest.mark.parametrize("method, call, stop, rounds_with_it, lost_rounds", [
+    ("all_true", 1, "never", 1, [2]),   # stop check of round 1: peer 5 begins round 2, the others wait for rank 3's flag
+    ("commit", 2, "never", 2, [2]),     # commit of round 2: peer 5 applies round 2, the others wait for rank 3's commit
+    ("all_true", 1, "always", 1, []),   # the last stop check: peer 5 finishes and gathers, the others wait
+])
+def test_a_peer_frozen_half_way_through_a_barrier_leaves_the_survivors_in_step(tmp_path, method, call, stop,
+                                                                                rounds_with_it, lost_rounds):
+    """Rank 3 sends its part of a barrier to peer 5 only and freezes: peer 5 passes the barrier,
+    the others time out at it.  All survivors must agree that rank 3 is lost and where they
+    stand, and end with the closed-form totals: round r's total is r times the sum of the data
+    of the sites that took part."""
+    from test_peer import _data
+
+    script = Path(__file__).parent / "mpi_half_sent.py"
+    proc = subprocess.Popen([_mpiexec(), "-n", str(N_SITES), "-disable-auto-cleanup", sys.executable, str(script),
+                             "out_{site}.json", method, str(call), "5", stop, "20"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    survivors = [s for s in range(N_SITES) if s != 3]
+    try:
+        done = _wait(lambda: all((tmp_path / f"out_{s}.json").exists() for s in survivors), proc)
+    finally:
+        out, err = _stop(proc)
+    assert done, f"the survivors did not finish\nstdout:\n{out}\nstderr:\n{err}"
+    data = _data(N_SITES)
+    n_rounds = 1 if stop == "always" else 3
+    expected = [r * sum(data[s] for s in (range(N_SITES) if r <= rounds_with_it else survivors))
+                for r in range(1, n_rounds + 1)]
+    results = [json.loads((tmp_path / f"out_{s}.json").read_text()) for s in survivors]
+    for got in results:
+        np.testing.assert_allclose(got["totals"], expected, rtol=1e-8, atol=1e-8)
+        assert got["gathered"] == survivors and got["alive"] == survivors
+        assert got["lost"] == results[0]["lost"] and got["sites"] == results[0]["sites"]  # one history
+    assert [r for r, lost in enumerate(results[0]["lost"], 1) if lost] == lost_rounds

@@ -46,3 +46,14 @@ def test_too_few_peers_for_the_shamir_threshold_stop_the_fit():
     with pytest.raises(PeerGraphSplit, match="fewer than the Shamir threshold 6"):
         simulate_peers(SumProtocol(2), _data(10, size=2), n_rounds=2, random_state=2,
                        aggregation=PeerAggregation(method="shamir"), lose={1: [0, 1, 2, 3, 4]})
+
+
+def test_a_site_passes_a_barrier_only_one_behind_the_survivors():
+    from fedhier.runtime.peer import Agreement, InProcessTransport, PeerLost
+
+    transport = InProcessTransport(4)
+    assert not transport.pass_barrier(Agreement(frozenset({3}), 0))  # where it stands: redo what it was doing
+    assert transport.pass_barrier(Agreement(frozenset({3}), 1, True))  # a survivor passed it: so does this site
+    assert (transport.barriers_passed, transport.last_outcome) == (1, True)
+    with pytest.raises(PeerLost, match="passed 3 barriers, this site 1"):  # no correct peer is two ahead
+        transport.pass_barrier(Agreement(frozenset({3}), 3))

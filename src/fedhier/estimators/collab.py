@@ -444,7 +444,7 @@ class CollabDict(_SiteOutlierDetector):
                 norms = transport.all_gather(norm_spec, {rank: {"x": local_norm}}, transport.alive)
                 break
             except PeerLost as exc:
-                transport.set_alive(set(transport.alive) - transport.agree_lost(exc.sites))
+                transport.set_alive(set(transport.alive) - transport.agree_lost(exc.sites).lost)
         self.lost_sites_ = transport.lost
         self._transport = transport
         self._finish(protocol, moments, res.broadcast, res.site_states, res.history, {rank: protocol.transform(X)},

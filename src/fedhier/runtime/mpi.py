@@ -17,9 +17,9 @@ supplies the transport:
   ``uint8`` buffer behind an (epoch, sequence) stamp (upper-case mpi4py methods): nothing is
   pickled;
 * a peer silent past the deadline (``timeout``, :data:`DEFAULT_TIMEOUT`) is reported lost;
-  the survivors agree on it and go on without it, or stop (``docs/architecture.md``,
-  "Failures").  MPICH itself ends the whole job when a rank is killed; a frozen rank is
-  left out.
+  the survivors agree on it, and on the last barrier any of them passed, and go on without
+  it, or stop (``docs/architecture.md``, "Failures").  MPICH itself ends the whole job
+  when a rank is killed; a frozen rank is left out.
 
 Each rank's secrets (its step's generator, its chunk masks) come from its own entropy;
 ``site_seed`` replaces it for tests and reproductions.  With ``random_state`` and
@@ -40,7 +40,7 @@ import numpy as np
 from .graphs import check_adjacency, default_graph
 from ..protocol.base import RoundProtocol
 from ..protocol.messages import Message, MessageSpec, decode, encode
-from .peer import PeerAggregation, PeerLost, PeerResult, Transport, run_peer_rounds
+from .peer import Agreement, PeerAggregation, PeerLost, PeerResult, Transport, run_peer_rounds
 
 __all__ = ["MPITransport", "run_mpi", "world", "DEFAULT_TIMEOUT"]
 
@@ -58,6 +58,7 @@ def world():
 DEFAULT_TIMEOUT = 300.0
 _DATA, _CONTROL = 7101, 7102   # message tags: payloads, and the agreement on lost peers
 _HEADER = struct.Struct("<qq")  # (epoch, sequence number) in front of every payload
+_STAND = struct.Struct("<qb")   # barriers passed, and the last one's outcome (-1: none, 0: false, 1: true)
 
 
 class MPITransport(Transport):
@@ -80,6 +81,8 @@ class MPITransport(Transport):
         self.alive = list(range(self.n_sites))
         self.bytes_sent = {}
         self.timeout = timeout
+        self.barriers_passed = 0
+        self.last_outcome = None
         self._epoch = 0
         self._seq = 0
         self._sends: list = []   # (request, buffer): a buffer lives until its send completes
@@ -194,61 +197,84 @@ class MPITransport(Transport):
         others = self._others()
         mine = bool(flags[self.rank])
         got = self._round_trip({j: bytes([mine]) for j in others}, others)
-        return mine and all(v == b"\x01" for v in got.values())
+        self.barriers_passed += 1
+        self.last_outcome = mine and all(v == b"\x01" for v in got.values())
+        return self.last_outcome
 
     def commit(self) -> None:
         others = self._others()
         self._round_trip({j: b"" for j in others}, others)
+        self.barriers_passed += 1
+        self.last_outcome = None
 
-    def agree_lost(self, suspects) -> set[int]:
-        """Two all-to-all exchanges of suspect sets among the peers not suspected.  A peer
-        that another peer already suspects is not waited for; a peer silent past the
-        deadline of an exchange (``2 + i`` timeouts for the i-th: peers enter and leave
-        the exchanges up to a timeout apart) is added.  The sets must agree after the
-        second exchange, else PeerLost."""
+    def agree_lost(self, suspects) -> Agreement:
+        """Two all-to-all exchanges among the peers still alive.
+
+        First every peer tells every other where it stands (barriers passed, the last
+        one's outcome) and whom it suspects.  A peer heard is alive, whoever suspected it
+        (a peer that is only behind, waiting for a message the lost peer never sent it,
+        answers); one not heard within two timeouts is lost, and one that some peer
+        suspects is waited for one timeout once all the others were heard.  Then every
+        peer sends the set of peers it heard and the furthest stand among them; all must
+        be equal, else PeerLost.
+        """
+        others = self._others()
         suspects = {int(s) for s in suspects}
-        rounds = []
-        for it in range(2):
-            targets = [s for s in self.alive if s != self.rank and s not in suspects]
-            bitmap = bytes(int(s in suspects) for s in range(self.n_sites))
-            for dest in targets:
-                self._send(dest, bitmap, tag=_CONTROL, stamp=(self._epoch, it))
-            heard = self._receive_control(targets, it, suspects)
-            suspects |= set(targets) - set(heard)
-            rounds.append((set(suspects), heard))
-        if self.rank in suspects:
-            raise PeerLost(suspects, "the other peers reported this site lost")
-        (first, _), (second, heard) = rounds
-        if first != second or any(v != second for v in heard.values()):
-            raise PeerLost(second, "the surviving peers did not agree on which peers were lost")
+        outcome = {None: -1, False: 0, True: 1}[self.last_outcome]
+        stand = _STAND.pack(self.barriers_passed, outcome)
+        for dest in others:
+            self._send(dest, stand + _bitmap(suspects, self.n_sites), tag=_CONTROL, stamp=(self._epoch, 0))
+        first = {self.rank: stand}
+        for src, payload in self._receive_control(others, 0, suspects).items():
+            if len(payload) == _STAND.size + self.n_sites:
+                first[src] = payload[:_STAND.size]
+        survivors = sorted(first)
+        furthest = max(_STAND.unpack(v) for v in first.values())
+        summary = _bitmap(survivors, self.n_sites) + _STAND.pack(*furthest)
+        for dest in others:
+            self._send(dest, summary, tag=_CONTROL, stamp=(self._epoch, 1))
+        second = self._receive_control([s for s in survivors if s != self.rank], 1)
+        if any(len(v) == len(summary) and not v[self.rank] for v in second.values()):
+            raise PeerLost(set(), "the other peers reported this site lost")
+        if len(second) < len(survivors) - 1 or any(v != summary for v in second.values()) or \
+                len({v for v in first.values() if _STAND.unpack(v)[0] == furthest[0]}) > 1:
+            raise PeerLost(set(self.alive) - set(second) - {self.rank},
+                           "the surviving peers did not agree on which peers were lost")
         self._epoch += 1
         self._seq = 0
-        return second
+        return Agreement(frozenset(set(self.alive) - set(survivors)), furthest[0],
+                         None if furthest[1] < 0 else bool(furthest[1]))
 
-    def _receive_control(self, sources, it: int, suspects: set[int]) -> dict[int, set[int]]:
-        """The suspect sets of exchange ``it`` from ``sources``; ``suspects`` grows with every
-        set received, and a source someone suspects is no longer waited for."""
+    def _receive_control(self, sources, it: int, suspects=frozenset()) -> dict[int, bytes]:
+        """The payloads of exchange ``it`` of this epoch from ``sources``, each waited for
+        ``2 + it`` timeouts; ``suspects`` grows with the suspects each sender lists, and
+        once only suspects are missing they are waited for one timeout."""
         from mpi4py import MPI
 
-        deadline = None if self.timeout is None else time.monotonic() + (2 + it) * self.timeout
-        heard: dict[int, set[int]] = {}
+        start = time.monotonic()
+        heard: dict[int, bytes] = {}
         pause = 1e-4
-        while any(src not in heard and src not in suspects for src in sources):
+        while True:
             while self._take(MPI.ANY_SOURCE, _CONTROL) is not None:
                 pass
             for src in sources:
                 msgs = [m for m in self._control.get(src, []) if m[0] >= self._epoch]
                 match = [m for m in msgs if m[:2] == (self._epoch, it)]
                 if match and src not in heard:
-                    heard[src] = {i for i, flag in enumerate(match[0][2]) if flag}
-                    suspects |= heard[src]
+                    heard[src] = match[0][2]
+                    if it == 0 and len(heard[src]) == _STAND.size + self.n_sites:
+                        suspects |= {i for i, flag in enumerate(heard[src][_STAND.size:]) if flag}
                     msgs.remove(match[0])
                 self._control[src] = msgs
-            if deadline is not None and time.monotonic() > deadline:
-                break
+            missing = [src for src in sources if src not in heard]
+            if not missing:
+                return heard
+            if self.timeout is not None:
+                waited = time.monotonic() - start
+                if waited > (2 + it) * self.timeout or (waited > self.timeout and set(missing) <= suspects):
+                    return heard
             time.sleep(pause)
             pause = min(2 * pause, 0.01)
-        return heard
 
     def common_seed(self, random_state: int | None) -> int:
         """The run's seed: ``random_state``, or when not given rank 0's draw (so every rank agrees)."""
@@ -258,6 +284,10 @@ class MPITransport(Transport):
                           else int(random_state)], dtype=np.int64)
         self.comm.Bcast(value, root=0)
         return int(value[0])
+
+
+def _bitmap(sites, n_sites: int) -> bytes:
+    return bytes(int(s in sites) for s in range(n_sites))
 
 
 def run_mpi(protocol: RoundProtocol, data: Any, *, n_rounds: int, graph: np.ndarray | None = None,

@@ -37,7 +37,7 @@ from .observers import round_done
 from .simulate import RoundRecord, site_rng
 
 __all__ = ["PeerAggregation", "ConsensusPlan", "PeerResult", "simulate_peers", "run_peer_rounds", "Transport",
-           "InProcessTransport", "aggregate_sums", "PeerLost", "PeerGraphSplit"]
+           "InProcessTransport", "aggregate_sums", "Agreement", "PeerLost", "PeerGraphSplit"]
 
 
 class PeerLost(RuntimeError):
@@ -52,6 +52,32 @@ class PeerLost(RuntimeError):
     def __init__(self, sites=(), detail: str = "") -> None:
         self.sites = frozenset(int(s) for s in sites)
         super().__init__(f"peer(s) {sorted(self.sites)} stopped answering" + (f" ({detail})" if detail else ""))
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What the surviving peers agreed on after a loss (:meth:`Transport.agree_lost`).
+
+    A message lost half-way leaves peers at different places: a peer that received the
+    lost peer's last message passed the barrier (:meth:`Transport.commit` or
+    :meth:`Transport.all_true`) the others are still waiting at.  It could only pass it
+    because every other peer had already sent it its part, so the others pass it too,
+    with the same outcome.
+
+    Attributes
+    ----------
+    lost : frozenset of int
+        Sites that did not take part in the agreement.
+    barrier : int
+        The most barriers any survivor had passed (this site has passed ``barrier`` or
+        ``barrier - 1``).
+    outcome : bool or None
+        The result of that barrier when it was an :meth:`Transport.all_true`.
+    """
+
+    lost: frozenset
+    barrier: int
+    outcome: bool | None = None
 
 
 class PeerGraphSplit(RuntimeError):
@@ -153,11 +179,14 @@ class Transport(ABC):
     local_sites: list[int]
     bytes_sent: dict[int, int]
     alive: list[int]
+    barriers_passed: int = 0          # commits and all_true calls completed so far
+    last_outcome: bool | None = None  # the result of the last one, when an all_true
 
-    def agree_lost(self, suspects) -> set[int]:
-        """The set of lost sites every surviving peer agrees on, starting from this
-        process's ``suspects`` (all-knowing in-process: the suspects themselves)."""
-        return set(suspects)
+    def agree_lost(self, suspects) -> Agreement:
+        """The lost sites every surviving peer agrees on, starting from this process's
+        ``suspects``, and where the survivors stand (all-knowing in-process: the suspects
+        themselves, and every site stands at the same place)."""
+        return Agreement(frozenset(int(s) for s in suspects), self.barriers_passed, self.last_outcome)
 
     def set_alive(self, alive) -> None:
         """From now on only ``alive`` take part."""
@@ -171,6 +200,17 @@ class Transport(ABC):
         """Return once every surviving peer has finished this round's aggregation (a
         transport whose peers can fail mid-round makes sure no peer applies a round that
         another is redoing).  In-process: nothing to wait for."""
+
+    def pass_barrier(self, agreement: Agreement) -> bool:
+        """True when a survivor passed the barrier this site is waiting at: this site then
+        passes it too, with the agreed outcome.  Raises PeerLost if the agreement puts
+        this site further behind, which a correct peer cannot do."""
+        if agreement.barrier == self.barriers_passed:
+            return False
+        if agreement.barrier != self.barriers_passed + 1:
+            raise PeerLost(set(), f"the survivors passed {agreement.barrier} barriers, this site {self.barriers_passed}")
+        self.barriers_passed, self.last_outcome = agreement.barrier, agreement.outcome
+        return True
 
     @abstractmethod
     def open_topology(self, adjacency: np.ndarray) -> Any:
@@ -513,23 +553,24 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
     states: dict[int, dict[str, np.ndarray]] = {s: {} for s in transport.local_sites}
     history: list[dict[str, Any]] = []
     lost_so_far: set[int] = set()
+    carried: set[int] = set()  # lost while finishing the last round, after a survivor had started this one
     for rnd in range(1, int(n_rounds) + 1):
         before = dict(transport.bytes_sent)
         completed = PeerResult(dict(broadcasts), list(history), dict(states), plan, seed)
-        lost_now: set[int] = set()
+        lost_now, carried = carried, set()
+        barriers = transport.barriers_passed
 
-        def recover(exc: PeerLost) -> None:
+        def recover(exc: PeerLost) -> Agreement:
             nonlocal alive, plan
             try:
-                lost = transport.agree_lost(exc.sites) - lost_so_far
+                agreement = transport.agree_lost(exc.sites)
             except PeerLost as disagreement:
                 raise PeerGraphSplit(rnd, lost_so_far | exc.sites, str(disagreement), completed) from None
+            lost = agreement.lost - lost_so_far
             lost_now.update(lost)
             lost_so_far.update(lost)
             alive = [s for s in alive if s not in lost]
             transport.set_alive(alive)
-            if history and history[-1]["round"] == rnd:  # lost after this round's aggregation
-                history[-1].update(sites=list(alive), lost=sorted(lost_now), absent=sorted(lost_so_far))
             for s in list(broadcasts):
                 if s not in transport.local_sites:
                     del broadcasts[s], states[s]
@@ -540,6 +581,13 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
                     {s: b for s, b in completed.broadcasts.items() if s in keep}, completed.history,
                     {s: st for s, st in completed.site_states.items() if s in keep}, completed.plan, seed))
             plan = _plan(adjacency, alive, aggregation)
+            return agreement
+
+        def passed_elsewhere(agreement: Agreement) -> bool:
+            try:
+                return transport.pass_barrier(agreement)
+            except PeerLost as exc:
+                raise PeerGraphSplit(rnd, lost_so_far, str(exc), completed) from None
 
         transport.start_round(rnd)
         vectors = {}
@@ -551,13 +599,18 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
             states[s] = ctx.state
             vectors[s] = protocol.reply_spec.flatten(reply)
         while True:
+            sums = None
             try:
                 sums, exchanges = aggregate_sums(transport, {s: vectors[s] for s in transport.local_sites}, round=rnd,
                                                  seed=seed, plan=plan, aggregation=aggregation, site_seed=site_seed)
                 transport.commit()
                 break
             except PeerLost as exc:
-                recover(exc)
+                # a survivor passed the commit: every site had its sum, this one too
+                if passed_elsewhere(recover(exc)) and sums is not None:
+                    break
+                if transport.barriers_passed != barriers:  # passed elsewhere while this site was still summing
+                    raise PeerGraphSplit(rnd, lost_so_far, "the surviving peers are out of step", completed) from None
         cache: dict[bytes, Message] = {}
         for s in transport.local_sites:
             key = sums[s].tobytes() + b"|" + encode(protocol.broadcast_spec, broadcasts[s])
@@ -590,8 +643,12 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
                 done = transport.all_true({s: stop(broadcasts[s]) for s in transport.local_sites})
                 break
             except PeerLost as exc:
-                completed = result
-                recover(exc)
+                completed, known = result, set(lost_now)
+                if passed_elsewhere(recover(exc)):  # a survivor has its outcome: it finished, or began the next round
+                    done, carried = bool(transport.last_outcome), lost_now - known
+                    break
+                # lost after this round's aggregation
+                history[-1].update(sites=list(alive), lost=sorted(lost_now), absent=sorted(lost_so_far))
         if done:
             break
     return PeerResult(broadcasts, history, states, plan, seed)
