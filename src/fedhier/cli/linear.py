@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -112,7 +111,7 @@ def fit_linear_config(config_path: str | Path, *, out_dir: str | Path) -> int:
 
 
 def _fit_linear(config: dict[str, Any], command: str | None) -> int:
-    from ..estimators.fedlin import FedHM1Regressor, FedHM2Regressor
+    from ..estimators.fedlin import FedHM1Regressor, FedHM2Regressor, name_components
 
     source = config["_source"]
     opt = {k: config.get(k, d) for k, d in _DEFAULTS.items()}
@@ -168,8 +167,7 @@ def _fit_linear(config: dict[str, Any], command: str | None) -> int:
                 for k, n in enumerate(names) for j, f in enumerate(names_out)
             ]
             phi_ci = est.phi_interval(opt["level"])
-            components = [re.sub(r"\[(\d+)\]", lambda m: f"[{names_out[int(m.group(1))]}]", name)  # mu[0] -> mu[age]
-                          for name in est.model_.phi_names]
+            components = name_components(est.model_.phi_names, names_out)
             write_csv(out / "phi.csv", [{"component": nm, "mean": float(est.phi_mean_[i]), "lower": float(phi_ci[i, 0]), "upper": float(phi_ci[i, 1])} for i, nm in enumerate(components)])
     if data.scale != "none":
         _add_original_units(rows, est, scaling, features, target, names)

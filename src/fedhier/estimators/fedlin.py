@@ -54,6 +54,11 @@ def _check_fitted(model: Any) -> None:
     check_is_fitted(model, "coef_", msg=NOT_FITTED)
 
 
+def name_components(phi_names: Sequence[str], labels: Sequence[str]) -> list[str]:
+    """``mu[0]`` -> ``mu[(intercept)]``, ``mu[1]`` -> ``mu[age]``: design indices replaced by ``labels``."""
+    return [re.sub(r"\[(\d+)\]", lambda m: f"[{labels[int(m.group(1))]}]", name) for name in phi_names]
+
+
 def _is_site_list(X: Any) -> bool:
     """True for a list of ``(X_k, y_k)`` pairs (the federated form), False for a design matrix."""
     return isinstance(X, (list, tuple)) and len(X) > 0 and all(
@@ -624,9 +629,7 @@ class FedHM2Regressor(_SiteRegressor):
         self.phi_names_ = self._named(self.model_.phi_names)
 
     def _named(self, phi_names: Sequence[str]) -> list[str]:
-        """``mu[0]`` -> ``mu[(intercept)]``, ``mu[1]`` -> ``mu[age]``: design indices replaced by column names."""
-        labels = self._feature_labels(self.n_features_)
-        return [re.sub(r"\[(\d+)\]", lambda m: f"[{labels[int(m.group(1))]}]", name) for name in phi_names]
+        return name_components(phi_names, self._feature_labels(self.n_features_))
 
     @classmethod
     def from_broadcast(cls, broadcast, history: list, *, seed: int, n_sites: int, n_features: int, **params: Any) -> "FedHM2Regressor":
