@@ -125,7 +125,7 @@ def test_a_peer_frozen_half_way_through_a_barrier_leaves_the_survivors_in_step(t
 
     script = Path(__file__).parent / "mpi_half_sent.py"
     proc = subprocess.Popen([_mpiexec(), "-n", str(N_SITES), "-disable-auto-cleanup", sys.executable, str(script),
-                             "out_{site}.json", method, str(call), "5", stop, "20"],
+                             "out_{site}.json", method, str(call), "5", stop, "60"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     survivors = [s for s in range(N_SITES) if s != 3]
