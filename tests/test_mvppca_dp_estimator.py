@@ -107,19 +107,17 @@ def _prior(d, q, sd):
     )
 
 
-def test_denoising_shrinks_the_means_and_keeps_the_spreads():
-    """Monte Carlo against the release model: a + clipped difference + N(0, tau^2)."""
-    rng = np.random.default_rng(1)
-    d, q, C, sd = 20, 2, 5, 0.3
-    config = DPConfig.total(2.0, 1e-5, n_rounds=20, n_views=1)
+def _denoise_draws(config, rng, d=20, q=2, C=5, sd=0.3, draws=400):
+    """Monte Carlo against the release model a + clipped difference + N(0, tau^2): squared errors of the
+    raw and denoised global mean, and the (raw, denoised) spread of every draw."""
     prior = _prior(d, q, sd)
     g = config.kappa * sd
     tau = config.budget.gaussian_multiplier * 2 * g
     true_diffs = rng.normal(size=(C, d))
     true_diffs *= 0.5 * g / np.linalg.norm(true_diffs, axis=1, keepdims=True)  # inside the clipping ball
     true_mean = prior.mu + true_diffs.mean(0)
-    err_raw, err_denoised = [], []
-    for _ in range(400):
+    err_raw, err_denoised, spreads = [], [], []
+    for _ in range(draws):
         released = prior.mu + true_diffs + tau * rng.normal(size=(C, d))
         mean = released.mean(0)
         raw_spread = np.sum((released - mean) ** 2) / (C * d)
@@ -128,9 +126,27 @@ def test_denoising_shrinks_the_means_and_keeps_the_spreads():
         out = denoise_global(new, {"v": prior}, {"v": C}, config)["v"]
         err_raw.append(np.sum((mean - true_mean) ** 2))
         err_denoised.append(np.sum((out.mu - true_mean) ** 2))
-        # the spreads set the next clipping bound: kept as released, noise included (denoise_global)
-        assert (out.sigma2_mu, out.sigma2_W) == (raw_spread, sd**2)
-    assert np.mean(err_denoised) < 0.05 * np.mean(err_raw)
+        spreads.append((raw_spread, out.sigma2_mu))
+    true_spread = np.sum((true_diffs - true_diffs.mean(0)) ** 2) / (C * d)
+    return np.array(err_raw), np.array(err_denoised), np.array(spreads), true_spread, tau, g
+
+
+def test_denoising_under_noise_above_the_bound_shrinks_the_means_and_removes_the_noise_from_the_spreads():
+    config = DPConfig.total(2.0, 1e-5, n_rounds=20, n_views=1)
+    err_raw, err_denoised, spreads, true_spread, tau, g = _denoise_draws(config, np.random.default_rng(1))
+    assert tau >= g
+    assert err_denoised.mean() < 0.05 * err_raw.mean()
+    # debiased spread: mean over draws within 4 standard errors of the truth (floor aside)
+    out = spreads[:, 1]
+    assert abs(out.mean() - true_spread) < 4 * out.std() / np.sqrt(len(out)) + 1e-12 or out.mean() < tau**2 * 0.1
+
+
+def test_denoising_under_noise_below_the_bound_keeps_the_spreads_so_the_bound_can_anneal():
+    config = DPConfig.total(3000.0, 1e-5, n_rounds=2, n_views=1)
+    err_raw, err_denoised, spreads, _, tau, g = _denoise_draws(config, np.random.default_rng(1))
+    assert tau < g
+    assert err_denoised.mean() <= err_raw.mean()
+    assert np.array_equal(spreads[:, 0], spreads[:, 1])
 
 
 def test_total_budget_fit_degrades_towards_the_prior_instead_of_diverging(sites):
