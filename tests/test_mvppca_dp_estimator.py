@@ -134,7 +134,7 @@ def _denoise_draws(config, rng, d=20, q=2, C=5, sd=0.3, draws=400):
 def test_denoising_under_noise_above_the_bound_shrinks_the_means_and_removes_the_noise_from_the_spreads():
     config = DPConfig.total(2.0, 1e-5, n_rounds=20, n_views=1)
     err_raw, err_denoised, spreads, true_spread, tau, g = _denoise_draws(config, np.random.default_rng(1))
-    assert tau >= g
+    assert tau >= g  # kappa = 1 and no cap: the noise variance is at least the prior's spread
     assert err_denoised.mean() < 0.05 * err_raw.mean()
     # debiased spread: mean over draws within 4 standard errors of the truth (floor aside)
     out = spreads[:, 1]

@@ -113,7 +113,7 @@ class DPConfig:
     denoise : bool or "auto"
         Post-process the master's ML step on the releases with :func:`denoise_global`
         [R]: shrink the global means towards their anchors and, where the noise is at least
-        the clipping bound, remove the known noise variance from the spreads, so that large
+        the prior's spread, remove the known noise variance from the spreads, so that large
         noise degrades the model towards the public prior instead of a random walk, and a
         smaller noise still lets the clipping bound anneal (:func:`denoise_global`).  "auto": on for a total budget, off for a
         per-release budget (paper fidelity).
@@ -481,20 +481,22 @@ def denoise_global(new: GlobalParams, anchor: GlobalParams, counts: dict[str, in
       (D = number of coordinates: the linear estimator of the clipped mean difference
       that minimises the worst-case mean squared error when its norm is at most g);
     * shrinks the noise variance s-bar towards its anchor in the same way;
-    * where the noise is at least the clipping bound (tau >= g, i.e. 2 z kappa >= 1 for the
-      Gaussian multiplier z), removes the noise's expected contribution tau^2 (C_k - 1) / C_k
-      from the spreads sigma2_mu, sigma2_W (floored at 1e-20, the [RC] zero-spread value).
+    * where the noise variance is at least the anchor's spread (tau^2 >= v, v = sigma2_mu~ or
+      sigma2_W~ of theta~[r-1]; with g = kappa sqrt(v) and Gaussian multiplier z, tau = 2 z g,
+      so this is 2 z kappa >= 1), removes the noise's expected contribution
+      tau^2 (C_k - 1) / C_k from the spreads sigma2_mu, sigma2_W (floored at 1e-20, the [RC]
+      zero-spread value).
 
-    Why only there: the spreads set the next round's bound g = kappa * sd, and the noise
-    scales with g.  Kept, the noise makes the spread recursion v' ~ v / C_k + (1 - 1/C_k)
-    (2 z kappa)^2 v (EM update; the paper's update lacks the first term), which shrinks from
-    round to round exactly when 2 z kappa < 1: the bound then anneals with the releases, as in
-    the paper's per-release mode, and the model learns.  Removed at such a noise level, the
+    Why only there: the spreads set the next round's bound, and the noise scales with it.
+    Kept, the noise makes the spread recursion v' ~ v / C_k + (1 - 1/C_k) tau^2 (EM update;
+    the paper's update lacks the first term), which shrinks from round to round exactly when
+    tau^2 < v: the bound then anneals with the releases, as in the paper's per-release mode,
+    and the model learns.  Removed at such a noise level, the
     spreads of similar sites fell to the 1e-20 floor within one to three rounds while the
     shrunk means were still far from the data; every later update was clipped to ~1e-10 and
     the model froze (on the experiments' SD data at a total epsilon of 7000, about what the
     paper's 10 per release spends, its test error was twice that of the model with the noise
-    kept).  With 2 z kappa >= 1 the kept spreads would instead grow to the ``max_prior_sd`` cap
+    kept).  With tau^2 >= v the kept spreads would instead grow to the ``max_prior_sd`` cap
     and the means take a random walk of step g; removing the noise freezes the model near
     where the first rounds left it (close to the public prior), which predicts better there.
     """
@@ -514,7 +516,7 @@ def denoise_global(new: GlobalParams, anchor: GlobalParams, counts: dict[str, in
             tau2 = _noise_sd(config, block, bound) ** 2
             lam = bound**2 / (bound**2 + n_coord * tau2 / count)
             updates[block] = centre + lam * (np.asarray(value) - centre)
-            if tau2 >= bound**2 and count > 1:
+            if tau2 >= getattr(prior, f"sigma2_{block}") and count > 1:  # kept, the spread could not shrink
                 updates[f"sigma2_{block}"] = max(spread - tau2 * (count - 1) / count, 1e-20)
         tau2 = _noise_sd(config, "sigma2", g_sigma2) ** 2
         lam = g_sigma2**2 / (g_sigma2**2 + tau2 / count)
