@@ -494,9 +494,9 @@ def denoise_global(new: GlobalParams, anchor: GlobalParams, counts: dict[str, in
     and the model learns.  Removed at such a noise level, the
     spreads of similar sites fell to the 1e-20 floor within one to three rounds while the
     shrunk means were still far from the data; every later update was clipped to ~1e-10 and
-    the model froze (on the experiments' SD data at a total epsilon of 7000, about what the
-    paper's 10 per release spends, its test error was twice that of the model with the noise
-    kept).  With tau^2 >= v the kept spreads would instead grow to the ``max_prior_sd`` cap
+    the model froze (with the early stop it caused, 1.5-1.7 times the test error on the
+    experiments' SD data at a total epsilon of 7000, about what the paper's 10 per release
+    spends: ``examples/mvppca_dp_total_budget.py``).  With tau^2 >= v the kept spreads would instead grow to the ``max_prior_sd`` cap
     and the means take a random walk of step g; removing the noise freezes the model near
     where the first rounds left it (close to the public prior), which predicts better there.
     """
