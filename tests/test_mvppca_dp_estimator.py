@@ -9,6 +9,7 @@ from fedhier import FedMVPPCA
 from fedhier.models.mvppca.dp import DPConfig, denoise_global
 from fedhier.models.mvppca.params import GlobalView
 from fedhier.privacy import gaussian_noise_multiplier
+from fedhier.protocol.mvppca import stopping_rule
 
 R = 4
 # the paper's prior update (no posterior-spread releases) and all R rounds
@@ -168,6 +169,12 @@ def test_a_total_budget_fit_runs_every_calibrated_round_and_spends_its_target(si
     assert abs(direct - target) <= 1e-3 * target  # what the calibration promises, computed again here
     assert_pld_close(m.privacy_spent_[0]["epsilon"], direct)
     assert m.privacy_spent_[0]["epsilon"] <= target
+
+
+def test_only_a_total_budget_switches_the_stopping_rule_off():
+    assert stopping_rule(0.02) is not None and stopping_rule(0.02, DPConfig.per_release(10.0, 0.01)) is not None
+    assert stopping_rule(None) is None
+    assert stopping_rule(0.02, DPConfig.total(1.0, 1e-5, n_rounds=R, n_views=2)) is None
 
 
 def _ppca_sites(rng, n_sites, n, W, noise_sd):
