@@ -491,14 +491,15 @@ def denoise_global(new: GlobalParams, anchor: GlobalParams, counts: dict[str, in
     Kept, the noise makes the spread recursion v' ~ v / C_k + (1 - 1/C_k) tau^2 (EM update;
     the paper's update lacks the first term), which shrinks from round to round exactly when
     tau^2 < v: the bound then anneals with the releases, as in the paper's per-release mode,
-    and the model learns.  Removed at such a noise level, the
-    spreads of similar sites fell to the 1e-20 floor within one to three rounds while the
-    shrunk means were still far from the data; every later update was clipped to ~1e-10 and
-    the model froze (with the early stop it caused, 1.5-1.7 times the test error on the
-    experiments' SD data at a total epsilon of 7000, about what the paper's 10 per release
-    spends: ``examples/mvppca_dp_total_budget.py``).  With tau^2 >= v the kept spreads would instead grow to the ``max_prior_sd`` cap
-    and the means take a random walk of step g; removing the noise freezes the model near
-    where the first rounds left it (close to the public prior), which predicts better there.
+    and the model learns.  Removed at such a noise level, the spreads of similar sites fell
+    to the 1e-20 floor within one to three rounds while the shrunk means were still far from
+    the data; every later update was clipped to ~1e-10 and the model froze (with the early
+    stop it caused, 1.5-1.7 times the test error on the experiments' SD data at a total
+    epsilon of 7000, about what the paper's 10 per release spends:
+    ``examples/mvppca_dp_total_budget.py``).  With tau^2 >= v the kept spreads would instead
+    grow to the ``max_prior_sd`` cap and the means take a random walk of step g; removing the
+    noise freezes the model near where the first rounds left it (close to the public prior),
+    which predicts better there.
     """
     out: GlobalParams = dict(new)
     for view, g in new.items():
@@ -509,14 +510,14 @@ def denoise_global(new: GlobalParams, anchor: GlobalParams, counts: dict[str, in
         d, q = g.W.shape
         g_mu, g_W, a_sigma2, g_sigma2 = _bounds(view, prior, config)
         updates = {}
-        for block, value, centre, spread, bound, n_coord in (
-            ("mu", g.mu, prior.mu, g.sigma2_mu, g_mu, d),
-            ("W", g.W, prior.W, g.sigma2_W, g_W, d * q),
+        for block, value, centre, spread, prior_spread, bound, n_coord in (
+            ("mu", g.mu, prior.mu, g.sigma2_mu, prior.sigma2_mu, g_mu, d),
+            ("W", g.W, prior.W, g.sigma2_W, prior.sigma2_W, g_W, d * q),
         ):
             tau2 = _noise_sd(config, block, bound) ** 2
             lam = bound**2 / (bound**2 + n_coord * tau2 / count)
             updates[block] = centre + lam * (np.asarray(value) - centre)
-            if tau2 >= getattr(prior, f"sigma2_{block}") and count > 1:  # kept, the spread could not shrink
+            if tau2 >= prior_spread and count > 1:  # kept, the noise would not let the spread shrink
                 updates[f"sigma2_{block}"] = max(spread - tau2 * (count - 1) / count, 1e-20)
         tau2 = _noise_sd(config, "sigma2", g_sigma2) ** 2
         lam = g_sigma2**2 / (g_sigma2**2 + tau2 / count)
