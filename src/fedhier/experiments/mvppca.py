@@ -1253,8 +1253,8 @@ def run_dp(out_dir: Path, *, quick: bool, seed: int, run_cells: bool = True) -> 
         "inflates the master's estimate of the spread, which widens the next round's bound and so the next round's noise: "
         "at small ε this feedback grows geometrically over the 100 rounds (at large ε the opposite happens: the spreads "
         "collapse, see the figure). The total-budget mode caps the prior sd used in the bound at a public constant, which "
-        "stops the feedback, and shrinks the master's means towards their anchors. Where the noise is at least the clipping "
-        "bound (noise multiplier z ≥ 1/(2κ): every total ε of this sweep), it also removes the noise from the spreads, so the "
+        "stops the feedback, and shrinks the master's means towards their anchors. Where the noise is at least the prior's "
+        "spread (noise multiplier z ≥ 1/(2κ): every total ε of this sweep), it also removes the noise from the spreads, so the "
         "bound collapses and the model stays near the public prior instead of taking a random walk: at these budgets the "
         "3 sites' releases are mostly noise. Below that noise level the spreads keep the noise and the bound anneals as in "
         "the per-release mode. Diverged runs stay in the table as they are.\n",
