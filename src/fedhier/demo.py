@@ -28,6 +28,7 @@ from .data import (
     MinMaxScaling, MultiViewDataset, Partition, combine_ranges, load_alzheimer, mask_test_views, partition, site_ranges,
 )
 from .models.mvppca.dp import DPConfig
+from .protocol.mvppca import spends_total_budget
 from .metrics import imputation_mae, latent_accuracy, observed_rows, reconstruction_mae
 from .estimators.mvppca import FedMVPPCA
 from .report.mvppca import privacy_by_round
@@ -145,7 +146,7 @@ def run_demo(
         "n_components": n_components,
         "n_rounds": n_rounds,
         "rounds_run": model.n_rounds_,
-        "tol": model.tol,
+        "tol": None if spends_total_budget(privacy) else model.tol,  # None: every round runs
         "seed": seed,
         "test_mae": test_mae,
         "train_mae_mean": float(np.mean(train_mae)),
@@ -205,8 +206,10 @@ def _write_report(out: Path, summary: dict[str, Any], model: FedMVPPCA, prepared
         f"{summary['data']}: {sum(summary['site_sizes'])} training subjects split over {summary['n_sites']} sites "
         f"(sizes {', '.join(map(str, summary['site_sizes']))}; {absent or 'every site has every view'}), and "
         f"{len(prepared.y_test)} held-out test subjects, of whom a random third lack one view each. Federated "
-        f"Fed-mv-PPCA with {summary['n_components']} latent factors, {summary['rounds_run']} rounds (at most "
-        f"{summary['n_rounds']}: the fit stops once a round changes the model's predictions by less than {summary['tol']:g}). All data are "
+        f"Fed-mv-PPCA with {summary['n_components']} latent factors, {summary['rounds_run']} rounds ("
+        + (f"at most {summary['n_rounds']}: the fit stops once a round changes the model's predictions by less than {summary['tol']:g}"
+           if summary["tol"] is not None else "all of them: the noise of the total privacy budget is calibrated for every round")
+        + "). All data are "
         "min–max scaled to [0, 1] with the training sites' ranges; errors are on that scale."
     )
     from .report.mvppca import HeldOut, write_mvppca_report

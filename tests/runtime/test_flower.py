@@ -175,7 +175,9 @@ def test_round_loop_equals_simulate(demo):
 
 def test_round_loop_with_client_level_dp_equals_simulate(demo, tmp_path):
     folder, config, sites = demo
+    assert config.replace(tol=0.02).hooks().stop is not None
     config = config.replace(epsilon=2.0, delta=1e-5, out=str(tmp_path / "out"))
+    assert config.replace(tol=0.02).hooks().stop is None  # a total budget runs every round it was calibrated for
     grid, _ = _grid(folder, config)
     result = _run(grid, config)
     reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed)

@@ -56,6 +56,8 @@ def _cmd_demo(args) -> int:
             f"converged: stopped after {summary['rounds_run']} of at most {summary['n_rounds']} rounds "
             f"(the model's predictions changed by less than {summary['tol']:g} in the last round)"
         )
+    elif summary["tol"] is None:
+        console.print(f"ran all {summary['rounds_run']} rounds (the noise of the total privacy budget is calibrated for every round)")
     else:
         console.print(f"ran all {summary['rounds_run']} rounds (the model's predictions still changed by more than the stopping tolerance)")
     console.print(f"test MAE            {summary['test_mae']:.4f}")

@@ -259,9 +259,9 @@ class FlowerFitConfig(TomlFit, Deployment):
 
     def hooks(self, previous=None) -> FitHooks:
         """The metrics :meth:`FedMVPPCA.fit` records (global sds, changes of theta~ and of the predictions) and its ``tol`` rule."""
-        from ..protocol.mvppca import BroadcastMetrics, model_settled
+        from ..protocol.mvppca import BroadcastMetrics, stopping_rule
 
-        return FitHooks(callbacks=[BroadcastMetrics(self.schema(), previous)], stop=None if self.tol is None else model_settled(self.tol))
+        return FitHooks(callbacks=[BroadcastMetrics(self.schema(), previous)], stop=stopping_rule(self.tol, self.privacy()))
 
     def write_model(self, out: Path, result: FlowerFitResult, hooks: FitHooks) -> dict[str, Any]:
         """``model.npz``: a :class:`fedhier.estimators.mvppca.FedMVPPCA` file of the final broadcast; the privacy spent per site."""

@@ -28,7 +28,7 @@ from ..data.validation import check_feature_names, check_sites, check_views, fea
 from ..models.mvppca import predictive
 from ..models.mvppca.waic import waic_site_terms
 from ..models.mvppca.params import GlobalParams, GlobalView, point_model
-from ..protocol.mvppca import GLOBAL_FIELDS, BroadcastMetrics, DataScaleWarning, MVPPCAProtocol, global_from_message, model_settled
+from ..protocol.mvppca import GLOBAL_FIELDS, BroadcastMetrics, DataScaleWarning, MVPPCAProtocol, global_from_message, stopping_rule
 from ..runtime.checkpoint import read_checkpoint
 from ..runtime.simulate import RoundRecord, simulate
 from ..utils.io import atomic_write_bytes, json_text
@@ -110,7 +110,10 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         standard deviations); ``n_rounds`` is then the cap.  A change of theta~ that does
         not change predictions (a turn of the latent space, a between-site variance creeping
         toward 0 or the inverse-gamma shape toward its cap) does not keep the fit running.
-        None runs all ``n_rounds`` rounds, as the paper does.  Every round's change is in
+        None runs all ``n_rounds`` rounds, as the paper does; so does a fit with a total privacy
+        budget (``DPConfig.total``), whose noise is calibrated for all ``n_rounds`` rounds: an
+        early stop would leave budget paid for in noise unspent, while every further round at
+        that noise averages more releases into the model.  Every round's change is in
         ``history_`` either way (``metrics["model_change"]``, and the relative change of
         theta~ ``metrics["rel_change"]``); docs/mvppca.md, "Stopping early".
     init : {"pca", "random"}, default "pca"
@@ -347,7 +350,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
             self._check_privacy(sites)
         # a resumed fit measures its first change of theta~ from the checkpointed broadcast
         saved = read_checkpoint(checkpoint, n_sites=len(sites)) if checkpoint is not None and Path(checkpoint).exists() else None
-        stop = None if self.tol is None else model_settled(float(self.tol))
+        stop = stopping_rule(self.tol, self.privacy)
         callbacks = list(callbacks)
         bar = None
         if self.progress:
@@ -389,7 +392,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         self._set_names(names)
         # the stopping rule's quantity (a one-round fit, the centralised special case, has nothing to settle)
         last = self.history_[-1]["metrics"].get("model_change", np.inf) if self.history_ else np.inf
-        if self.tol is not None and self.n_rounds > 1 and self.n_rounds_ >= self.n_rounds and not last < self.tol:
+        if stop is not None and self.n_rounds > 1 and self.n_rounds_ >= self.n_rounds and not last < self.tol:
             import warnings
 
             warnings.warn(f"Fed-mv-PPCA ran all n_rounds={self.n_rounds} rounds and its predictions still changed by "

@@ -42,7 +42,7 @@ from ..utils.logs import OnceLog
 
 __all__ = [
     "MVPPCAProtocol", "DataScaleWarning", "GLOBAL_FIELDS", "global_from_message", "global_to_message", "BroadcastMetrics",
-    "model_settled",
+    "model_settled", "spends_total_budget", "stopping_rule",
 ]
 
 log = logging.getLogger(__name__)
@@ -146,6 +146,25 @@ def model_settled(tol: float) -> Callable[[Any, Any], bool]:
     ``model_change`` (added by :class:`BroadcastMetrics`), the change of the predictive
     distribution of a subject, is below ``tol`` (docs/mvppca.md, "Stopping early")."""
     return lambda record, broadcast=None: record.metrics.get("model_change", np.inf) < tol
+
+
+def spends_total_budget(privacy: Any) -> bool:
+    """True for a privacy configuration with a total target (``DPConfig.total``): its noise is calibrated
+    for every planned round, so the fit runs them all (:func:`stopping_rule`)."""
+    return getattr(getattr(privacy, "budget", None), "target", None) is not None
+
+
+def stopping_rule(tol: float | None, privacy: Any = None) -> Callable[[Any, Any], bool] | None:
+    """The runtime's ``stop`` of a fit: :func:`model_settled` at ``tol``, or None (run every round).
+
+    None when ``tol`` is None, and with a total privacy budget: the noise multiplier was
+    calibrated so that all ``n_rounds`` rounds together meet the target, so the rounds after
+    an early stop would be budget paid for and never spent, and with the noise fixed, every
+    further round averages more releases into the model.
+    """
+    if tol is None or spends_total_budget(privacy):
+        return None
+    return model_settled(float(tol))
 
 
 class MVPPCAProtocol(RoundProtocol):

@@ -412,7 +412,10 @@ def _convergence_section(report: Report, model: Any) -> None:
     last = axes[-1]
     if np.isfinite(change).any():
         last.semilogy(rounds, change, marker=".", lw=1)
-        if model.tol is not None and model.tol <= 1e3 * np.nanmax(change):  # a threshold far above every change is not drawn
+        from ..protocol.mvppca import spends_total_budget
+
+        stops = model.tol is not None and not spends_total_budget(model.privacy)  # a total privacy budget runs every round
+        if stops and model.tol <= 1e3 * np.nanmax(change):  # a threshold far above every change is not drawn
             last.axhline(model.tol, color="C3", lw=1, label=f"stopping threshold {model.tol:g}")
     last.set_title("change of the model's predictions")
     last.set_xlabel("round")
