@@ -1165,7 +1165,7 @@ def _dp_design(quick: bool) -> DPDesign:
         )
     return DPDesign(
         dataset="sd", n_components=5, scenario="iid", n_sites=3, epsilons=(1.0, 2.0, 5.0, 10.0, 20.0, 50.0),
-        kappas=(0.05, 0.1, 0.2, 0.5, 1.0), total_epsilons=(1.0, 3.0, 10.0, 30.0, 100.0), unsafe_epsilons=(1.0, 10.0), n_repeats=10,
+        kappas=(0.05, 0.1, 0.2, 0.5, 1.0), total_epsilons=(1.0, 3.0, 10.0, 30.0, 100.0, 1000.0, 3000.0, 10000.0), unsafe_epsilons=(1.0, 10.0), n_repeats=10,
     )
 
 
