@@ -189,18 +189,7 @@ class FlowerFitConfig(TomlFit, Deployment):
         """The Fed-mv-PPCA round, built as :class:`fedhier.estimators.mvppca.FedMVPPCA` builds it."""
         from ..protocol.mvppca import MVPPCAProtocol
 
-        return MVPPCAProtocol(
-            self.schema(),
-            self.n_components,
-            n_local_iter=self.n_local_iter,
-            n_first_iter=self.n_first_iter,
-            init=self.init,
-            local_tol=self.local_tol,
-            ig_solver=self.ig_solver,
-            sigma2_prior=self.sigma2_prior,
-            privacy=self.privacy(),
-            prior_update=self.prior_update,
-        )
+        return MVPPCAProtocol.from_settings(self.schema(), self, self.privacy())
 
     def reply_spec(self) -> MessageSpec:
         """A site's declared reply, ``protocol().reply_spec``, without calibrating the DP noise (it does not depend on it)."""

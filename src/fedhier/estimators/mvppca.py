@@ -281,18 +281,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fitting
     def _protocol(self, schema: ViewSchema) -> MVPPCAProtocol:
-        return MVPPCAProtocol(
-            schema,
-            self.n_components,
-            n_local_iter=self.n_local_iter,
-            n_first_iter=self.n_first_iter,
-            init=self.init,
-            local_tol=self.local_tol,
-            ig_solver=self.ig_solver,
-            sigma2_prior=self.sigma2_prior,
-            privacy=self.privacy,
-            prior_update=self.prior_update,
-        )
+        return MVPPCAProtocol.from_settings(schema, self, self.privacy)
 
     def _aggregator(self, n_sites: int):
         if not isinstance(self.aggregation, str):

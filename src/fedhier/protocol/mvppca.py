@@ -202,6 +202,13 @@ class MVPPCAProtocol(RoundProtocol):
 
     name = "fed-mv-ppca"
     combine = "sum"
+    #: the options a fit's settings (the estimator, a deployment) hold under the constructor's names
+    SETTINGS = ("n_local_iter", "n_first_iter", "init", "local_tol", "ig_solver", "sigma2_prior", "prior_update")
+
+    @classmethod
+    def from_settings(cls, schema: ViewSchema, settings: Any, privacy: Any = None) -> "MVPPCAProtocol":
+        """The protocol of a fit whose ``settings`` hold ``n_components`` and the :attr:`SETTINGS` by name."""
+        return cls(schema, settings.n_components, privacy=privacy, **{k: getattr(settings, k) for k in cls.SETTINGS})
 
     def __init__(
         self,
