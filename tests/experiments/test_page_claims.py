@@ -109,4 +109,4 @@ def test_user_pages_cite_no_spec_sections_or_commit_ids(page):
     text = page.read_text(encoding="utf-8")
     assert "§" not in text, f"{page.name} cites a spec section number; say what it stands for"
     assert not re.search(r"\[(P|R|RC|E)\]", text), f"{page.name} uses the spec's [P]/[R] tags"
-    assert not re.search(r"\bcommit [0-9a-f]{7,40}\b", text), f"{page.name} names an internal commit id"
+    assert not re.search(r"\bcommit\s+[0-9a-f]{7,40}\b", text), f"{page.name} names an internal commit id"
