@@ -28,7 +28,7 @@ from .data import (
     MinMaxScaling, MultiViewDataset, Partition, combine_ranges, load_alzheimer, mask_test_views, partition, site_ranges,
 )
 from .models.mvppca.dp import DPConfig
-from .protocol.mvppca import spends_total_budget
+from .protocol.mvppca import stopping_rule
 from .metrics import imputation_mae, latent_accuracy, observed_rows, reconstruction_mae
 from .estimators.mvppca import FedMVPPCA
 from .report.mvppca import privacy_by_round
@@ -146,7 +146,7 @@ def run_demo(
         "n_components": n_components,
         "n_rounds": n_rounds,
         "rounds_run": model.n_rounds_,
-        "tol": None if spends_total_budget(privacy) else model.tol,  # None: every round runs
+        "tol": model.tol if stopping_rule(model.tol, privacy) is not None else None,  # None: every round runs
         "seed": seed,
         "test_mae": test_mae,
         "train_mae_mean": float(np.mean(train_mae)),

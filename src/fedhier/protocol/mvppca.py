@@ -42,7 +42,7 @@ from ..utils.logs import OnceLog
 
 __all__ = [
     "MVPPCAProtocol", "DataScaleWarning", "GLOBAL_FIELDS", "global_from_message", "global_to_message", "BroadcastMetrics",
-    "model_settled", "spends_total_budget", "stopping_rule",
+    "model_settled", "stopping_rule",
 ]
 
 log = logging.getLogger(__name__)
@@ -148,12 +148,6 @@ def model_settled(tol: float) -> Callable[[Any, Any], bool]:
     return lambda record, broadcast=None: record.metrics.get("model_change", np.inf) < tol
 
 
-def spends_total_budget(privacy: Any) -> bool:
-    """True for a privacy configuration with a total target (``DPConfig.total``): its noise is calibrated
-    for every planned round, so the fit runs them all (:func:`stopping_rule`)."""
-    return getattr(getattr(privacy, "budget", None), "target", None) is not None
-
-
 def stopping_rule(tol: float | None, privacy: Any = None) -> Callable[[Any, Any], bool] | None:
     """The runtime's ``stop`` of a fit: :func:`model_settled` at ``tol``, or None (run every round).
 
@@ -162,7 +156,8 @@ def stopping_rule(tol: float | None, privacy: Any = None) -> Callable[[Any, Any]
     an early stop would be budget paid for and never spent, and with the noise fixed, every
     further round averages more releases into the model.
     """
-    if tol is None or spends_total_budget(privacy):
+    total_budget = getattr(getattr(privacy, "budget", None), "target", None) is not None  # DPConfig.total
+    if tol is None or total_budget:
         return None
     return model_settled(float(tol))
 

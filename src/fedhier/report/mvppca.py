@@ -412,9 +412,9 @@ def _convergence_section(report: Report, model: Any) -> None:
     last = axes[-1]
     if np.isfinite(change).any():
         last.semilogy(rounds, change, marker=".", lw=1)
-        from ..protocol.mvppca import spends_total_budget
+        from ..protocol.mvppca import stopping_rule
 
-        stops = model.tol is not None and not spends_total_budget(model.privacy)  # a total privacy budget runs every round
+        stops = stopping_rule(model.tol, model.privacy) is not None  # a total privacy budget runs every round
         if stops and model.tol <= 1e3 * np.nanmax(change):  # a threshold far above every change is not drawn
             last.axhline(model.tol, color="C3", lw=1, label=f"stopping threshold {model.tol:g}")
     last.set_title("change of the model's predictions")

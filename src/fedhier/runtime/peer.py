@@ -558,7 +558,6 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
         before = dict(transport.bytes_sent)
         completed = PeerResult(dict(broadcasts), list(history), dict(states), plan, seed)
         lost_now, carried = carried, set()
-        barriers = transport.barriers_passed
 
         def recover(exc: PeerLost) -> Agreement:
             nonlocal alive, plan
@@ -606,11 +605,10 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
                 transport.commit()
                 break
             except PeerLost as exc:
-                # a survivor passed the commit: every site had its sum, this one too
-                if passed_elsewhere(recover(exc)) and sums is not None:
+                if passed_elsewhere(recover(exc)):  # a survivor passed the commit: every site had its sum
+                    if sums is None:  # this one was still summing, which no correct peer allows
+                        raise PeerGraphSplit(rnd, lost_so_far, "the surviving peers are out of step", completed) from None
                     break
-                if transport.barriers_passed != barriers:  # passed elsewhere while this site was still summing
-                    raise PeerGraphSplit(rnd, lost_so_far, "the surviving peers are out of step", completed) from None
         cache: dict[bytes, Message] = {}
         for s in transport.local_sites:
             key = sums[s].tobytes() + b"|" + encode(protocol.broadcast_spec, broadcasts[s])
