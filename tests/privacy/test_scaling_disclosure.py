@@ -108,6 +108,14 @@ def test_the_coordinator_reads_a_sites_exact_maximum_from_a_data_derived_minmax_
         assert "exact minimum, maximum and count" in (tmp_path / "fit" / report).read_text()
 
 
+def test_a_securely_summed_standard_scaling_is_stated_as_exact_totals_outside_the_guarantee(tmp_path, capsys):
+    toml = _study(tmp_path / "study", scale="standard", extra='scaling_outside_privacy = true\naggregation = "secure"\n')
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 0
+    said = json.loads((tmp_path / "fit" / "summary.json").read_text())["scaling_outside_privacy"]
+    assert "sums of squares" in said and "securely summed" in said and "without noise" in said
+    assert said in (tmp_path / "fit" / "report.md").read_text()
+
+
 def test_a_private_fit_with_a_data_derived_scaling_is_refused_before_anything_leaves_a_site(tmp_path, monkeypatch, capsys):
     for scale in ("minmax", "standard"):
         toml = _study(tmp_path / scale, scale=scale)
