@@ -156,8 +156,47 @@ def test_the_flower_fit_toml_is_the_same_file_plus_a_flower_table(tmp_path, caps
     assert (tmp_path / "lin" / "phi.csv").is_file()
     marked = fit_from_toml('missing_values = { uranium = ["-9"] }\n' + text, "fit.toml")  # read at each site as on the command line
     assert marked.missing_values == {"uranium": ["-9"]} and type(marked).from_json(marked.to_json()) == marked
-    with pytest.raises(ValueError, match="scale = 'standard' is not applied over Flower"):
+    with pytest.raises(ValueError, match=r"scale = 'standard' is not applied over Flower .*\[ranges\]"):
         fit_from_toml(text.replace('scale = "none"', 'scale = "standard"'), "fit.toml")
+
+
+def test_flower_accepts_minmax_with_public_ranges_for_every_column_and_each_site_applies_them(tmp_path):
+    """A data-derived scaling stays refused over Flower; declared ranges are checked and applied at the site."""
+    from fedhier.data.sitefiles import SiteDataError
+    from fedhier.deploy import fit_from_toml
+
+    toml = _copy(tmp_path, "radon")
+    flower = '\n[flower]\nsites = ["ANOKA", "DAKOTA"]\n'
+    text = toml.read_text().replace('scale = "none"', 'scale = "minmax"') + flower
+    with pytest.raises(ValueError, match=r"scale = 'minmax' over Flower needs public bounds .*\[ranges\]"):
+        fit_from_toml(text, "fit.toml")
+    ranges = '[ranges]\n"log.radon" = [-3, 4]\nbasement = [0, 1]\nuranium = [-1, 1]\n'
+    config = fit_from_toml(text + ranges, "fit.toml")
+    assert config.ranges == {"log.radon": (-3.0, 4.0), "basement": (0.0, 1.0), "uranium": (-1.0, 1.0)}
+    with pytest.raises(ValueError, match=r"needs a declared range for every column; \[ranges\] lacks \['uranium'\]"):
+        fit_from_toml(text + ranges.replace("uranium = [-1, 1]\n", ""), "fit.toml")
+    with pytest.raises(ValueError, match=r"not modelled: 'uranum'; did you mean 'uranium'"):
+        fit_from_toml(text + ranges.replace("uranium =", "uranum ="), "fit.toml")
+    with pytest.raises(ValueError, match=r"\[ranges\] sets a min-max scaling"):
+        fit_from_toml(text.replace('scale = "minmax"', 'scale = "none"') + ranges, "fit.toml")
+    # each site scales its own file: (x - low) / (high - low), computed here by hand from the file
+    rows = [r for r in _rows(tmp_path / "radon" / "radon.csv") if r["county.name"] == "ANOKA"]
+    (tmp_path / "anoka.csv").write_text("log.radon,basement,uranium\n" + "".join(
+        f"{r['log.radon']},{r['basement']},{r['uranium']}\n" for r in rows))
+    site = config.load_site("ANOKA", tmp_path / "anoka.csv")
+    raw = np.array([[float(r["log.radon"]), float(r["basement"]), float(r["uranium"])] for r in rows])
+    np.testing.assert_allclose(site["home"], (raw[:, :2] - [-3, 0]) / [7, 1], rtol=1e-12)
+    np.testing.assert_allclose(site["county"], (raw[:, 2:] + 1) / 2, rtol=1e-12)
+    hm1 = text.replace('random = ["(intercept)"]\n', "").replace('noise = "shared"\n', "")  # HM2's options
+    linear = fit_from_toml('model = "fedlin-hm1"\n' + hm1 + ranges, "fit.toml")
+    X, y = linear.load_site("ANOKA", tmp_path / "anoka.csv")
+    np.testing.assert_allclose(X[:, 1:], (raw[:, 1:] - [0, -1]) / [1, 2], rtol=1e-12)  # after the intercept column
+    np.testing.assert_allclose(y, (raw[:, 0] + 3) / 7, rtol=1e-12)
+    tight = fit_from_toml(text + ranges.replace("[-1, 1]", "[-1, -0.9]"), "fit.toml")
+    with pytest.raises(SiteDataError, match=r"site 'ANOKA': column 'uranium': \d+ value\(s\) outside its declared range in "
+                                            r"\[ranges\], first at row \d+$") as caught:
+        tight.load_site("ANOKA", tmp_path / "anoka.csv")
+    assert rows[0]["uranium"] not in str(caught.value)
 
 
 def test_one_file_per_site_and_a_site_column_give_the_same_fit(tmp_path, capsys):
@@ -234,3 +273,25 @@ def test_collab_scale_changes_nothing_because_collabdict_standardises_itself(tmp
         b = [float(r["score"]) for r in _rows(tmp_path / "none" / f"scores_{mote}.csv")]
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
     assert "has no effect on CollabDict" in " ".join(json.loads((tmp_path / "minmax" / "summary.json").read_text())["notes"])
+
+
+def test_fit_linear_scales_with_declared_ranges_without_a_scaling_round(tmp_path, monkeypatch):
+    import importlib
+
+    simulate_module = importlib.import_module("fedhier.runtime.simulate")
+    names: list[str] = []
+    real = simulate_module.simulate
+    monkeypatch.setattr(simulate_module, "simulate", lambda protocol, *a, **k: names.append(protocol.name) or real(protocol, *a, **k))
+    toml = _copy(tmp_path, "heart")
+    ranges = {"age": (18, 100), "trestbps": (0, 250), "exang": (0, 1), "thalch": (40, 250)}
+    toml.write_text(toml.read_text().replace('scale = "standard"', 'scale = "minmax"') + "\n[ranges]\n"
+                    + "".join(f"{c} = [{lo}, {hi}]\n" for c, (lo, hi) in ranges.items()))
+    assert main(["fit", "linear", "--config", str(toml), "--out", str(tmp_path / "lin")]) == 0
+    scaling = json.loads((tmp_path / "lin" / "summary.json").read_text())["scaling"]
+    assert scaling["columns"] == ["age", "trestbps", "exang", "thalch"]
+    assert scaling["center"] == [ranges[c][0] for c in scaling["columns"]]
+    assert scaling["scale"] == [ranges[c][1] - ranges[c][0] for c in scaling["columns"]]
+    assert "column-scaling" not in names  # no scaling round
+    toml.write_text(toml.read_text().split("\n[ranges]")[0].replace('scale = "minmax"', 'scale = "standard"'))
+    assert main(["fit", "linear", "--config", str(toml), "--out", str(tmp_path / "lin2")]) == 0
+    assert "column-scaling" in names  # the watch sees a scaling round when there is one

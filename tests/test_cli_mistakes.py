@@ -82,6 +82,11 @@ def _sub(old: str, new: str):
     return lambda text: text.replace(old, new, 1)
 
 
+def _minmax(*ranges: str):
+    """``scale = "minmax"`` and a ``[ranges]`` table with the lines ``ranges``."""
+    return lambda text: text.replace('scale = "standard"', 'scale = "minmax"', 1) + "\n[ranges]\n" + "\n".join(ranges) + "\n"
+
+
 def _fitted_collab(tmp: Path) -> Path:
     folder = _pooled(tmp, "motes")
     assert main(["collab", "fit", "--config", str(folder / "fit.toml"), "--out", str(tmp / "collab")]) == 0
@@ -132,6 +137,18 @@ CASES = [
     ("11", "any command: both a [sites] table and a site column",
      lambda t: ["fit", "--config", str(_heart(t, lambda s: 'file = "cleveland.csv"\nsite_column = "dataset"\n' + s)), "--out", str(t / "o")],
      2, ["either with a [sites] table", "or with file"]),
+    ("—", "any command: a declared range whose low is not below its high",
+     lambda t: ["fit", "--config", str(_heart(t, _minmax("age = [100, 18]"))), "--out", str(t / "o")],
+     2, ["[ranges]: column(s) ['age']", "low < high"]),
+    ("—", "any command: a declared range for a column no file has",
+     lambda t: ["fit", "--config", str(_heart(t, _minmax("agee = [18, 100]"))), "--out", str(t / "o")],
+     2, ["[ranges] names column(s) no site's file has: 'agee'", "did you mean 'age'"]),
+    ("—", "any command: a value outside its declared range",
+     lambda t: ["fit", "--config", str(_heart(t, _minmax("age = [18, 60]"))), "--out", str(t / "o")],
+     2, ["site 'cleveland': column 'age'", "outside its declared range", "first at row", "site 'va_long_beach': column 'age'"]),
+    ("—", "`fedhier fit --dp` with a min-max scaling fitted on the sites' data",
+     lambda t: ["fit", "--config", str(_heart(t, _sub('scale = "standard"', 'scale = "minmax"'))), "--out", str(t / "o"), "--dp"],
+     2, ["this fit is private", "minimum, maximum", "[ranges]", 'scale = "none"', "scaling_outside_privacy = true"]),
     ("2", "`fedhier fit linear` on raw clinical units (the whole heart table, without scale)",
      lambda t: ["fit", "linear", str(_heart_with_male(t)), "--site", "dataset", "--target", "thalch", "--features",
                 "age,trestbps,male", "--intercept", "--quiet", "--out", str(t / "o")],

@@ -9,6 +9,8 @@ Example ``fit.toml`` (paths relative to the TOML file)::
     # epsilon, delta (a total DP budget per site), aggregation ("plain" or "secure")
     id = "id"                 # optional: a column carried to the latent CSVs
     scale = "standard"        # "standard", "minmax" or "none" (default), fitted across the sites
+    # [ranges] age = [18, 100] ... : public bounds; scale = "minmax" with a range per column sends nothing
+    # (a private fit refuses a scaling fitted on the sites' data unless scaling_outside_privacy = true)
     partial = "missing"       # a subject with part of a view lacks the view ("refuse": an error)
 
     [views]                   # view name -> list of column names
@@ -34,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .cli.sitedata import SiteData, check_columns, fit_scaling, load_config, site_data, site_warnings, write_summary
+from .cli.sitedata import SiteData, check_columns, load_config, scale_sites, site_data, site_warnings, write_summary
 from .data.sitefiles import SiteDataError, join_problems, read_site_table
 from .utils.io import write_csv, write_json
 from .utils.untrusted import check_outputs_spare_inputs
@@ -97,14 +99,14 @@ def fit_from_config(
     sites = read_views(data, views, notes)
     names = data.names
     columns = [c for cols in views.values() for c in cols]
-    scaling = fit_scaling(data.scale, columns, [_all_columns(s, views) for s in sites], seed=config.get("seed", 0),
-                          aggregation=config.get("aggregation", "plain"))
+    if total_budget is None and config.get("epsilon") is not None:
+        total_budget = (float(config["epsilon"]), float(config.get("delta", 1e-5)))
+    scaling, disclosure = scale_sites(data, columns, [_all_columns(s, views) for s in sites], private=total_budget is not None,
+                                      source=source, seed=config.get("seed", 0), aggregation=config.get("aggregation", "plain"))
     sites = [{v: scaling.transform(views[v], X) for v, X in s.items()} for s in sites]
     options = {k: config.get(k, d) for k, d in _OPTIONS.items()}
     with site_warnings(names):
         sites, _ = check_sites(sites, n_components=options["n_components"], site_names=names)  # errors name the sites
-    if total_budget is None and config.get("epsilon") is not None:
-        total_budget = (float(config["epsilon"]), float(config.get("delta", 1e-5)))
     privacy = None
     if total_budget is not None:
         # the default EM prior update also releases two posterior-spread scalars per view and round
@@ -145,6 +147,10 @@ def fit_from_config(
         "id": data.id,
         "scale": data.scale,
         "scaling": scaling.to_dict(),
+        **({"ranges": "public bounds declared in [ranges]: nothing was sent for the scaling" if set(columns) <= set(data.ranges)
+            else f"public bounds declared in [ranges] for {[c for c in columns if c in data.ranges]}; the other "
+                 "columns' ranges fitted across the sites"} if data.ranges else {}),
+        **({"scaling_outside_privacy": disclosure} if disclosure else {}),
         "partial": data.partial,
         "n_components": model.n_components,
         "n_rounds": model.n_rounds,
@@ -161,7 +167,11 @@ def fit_from_config(
     from .report.mvppca import write_mvppca_report
 
     units = ("Values are in the units of the sites' files." if data.scale == "none" else
+             "Every column was min-max scaled with the public ranges declared in the configuration (nothing was sent "
+             "for it); values are in scaled units." if set(columns) <= set(data.ranges) else
              f"Every column was scaled ({data.scale}) across the sites before the fit; values are in scaled units.")
+    if disclosure:
+        units += " " + disclosure
     intro = (
         f"Fed-mv-PPCA on {len(sites)} sites ({', '.join(f'{n}: {len(next(iter(s.values())))} subjects' for n, s in zip(names, sites))}) "
         f"and {len(views)} views ({', '.join(f'{v}: {len(c)} features' for v, c in views.items())}), "

@@ -173,6 +173,34 @@ def test_round_loop_equals_simulate(demo):
     assert [r.metrics for r in result.history] == [r.metrics for r in reference.history]
 
 
+def test_public_ranges_scale_each_site_s_own_file_and_equal_simulate_on_files_scaled_by_hand(demo):
+    """``scale = "minmax"`` with ``[ranges]``: the ClientApp scales its file from the run configuration; no other message."""
+    folder, config, _ = demo
+    raw = [config.load_site(name, folder / f"{name}.csv") for name in SITES]  # no ranges: the files' own units
+    columns = [c for cols in config.views.values() for c in cols]
+    pooled = {c: np.concatenate([s[v][:, config.views[v].index(c)] for s in raw for v in s if c in config.views[v]])
+              for c in columns}
+    ranges = {c: (float(np.floor(np.nanmin(x))) - 1.0, float(np.ceil(np.nanmax(x))) + 1.0) for c, x in pooled.items()}
+    scaled = config.replace(ranges=ranges)
+    assert type(scaled).from_json(scaled.to_json()) == scaled  # the ranges travel in the run configuration
+    grid, _ = _grid(folder, scaled)
+    result = _run(grid, scaled)
+    by_hand = [{v: (X - np.array([ranges[c][0] for c in config.views[v]]))
+                / (np.array([ranges[c][1] for c in config.views[v]]) - np.array([ranges[c][0] for c in config.views[v]]))
+                for v, X in s.items()} for s in raw]
+    reference = simulate(scaled.protocol(), by_hand, n_rounds=scaled.n_rounds, random_state=scaled.seed)
+    assert _max_diff(result.broadcast, reference.broadcast) <= 1e-10
+    unscaled = simulate(config.protocol(), raw, n_rounds=config.n_rounds, random_state=config.seed)
+    assert _max_diff(result.broadcast, unscaled.broadcast) > 1e-3  # the scaling changed the fit
+    assert len(grid.sent) == scaled.n_rounds * len(SITES)  # the model's rounds, nothing before them
+    # a value outside its declared range: the site names the column and row, never the value
+    tight = config.replace(ranges={**ranges, columns[0]: (ranges[columns[0]][0] + 1.0, ranges[columns[0]][0] + 1.5)})
+    from fedhier.data.sitefiles import SiteDataError
+
+    with pytest.raises(SiteDataError, match=rf"site 'hospital-a': column '{columns[0]}': \d+ value\(s\) outside its declared range"):
+        tight.load_site("hospital-a", folder / "hospital-a.csv")
+
+
 def test_round_loop_with_client_level_dp_equals_simulate(demo, tmp_path):
     folder, config, sites = demo
     assert config.replace(tol=0.02).hooks().stop is not None

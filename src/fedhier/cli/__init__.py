@@ -70,6 +70,7 @@ def _cmd_demo(args) -> int:
         )
     console.print(f"bytes sent by sites {summary['bytes_sent']:,}")
     if "privacy_spent" in summary:
+        console.print(summary["scaling_outside_privacy"], markup=False)
         for site, spent in summary["privacy_spent"].items():
             console.print(f"privacy spent, site {site}: epsilon {spent['epsilon']:.3f} at delta {spent['delta']:g} ({spent['accountant']})")
     console.print(f"wall time           {summary['seconds']:.1f} s")

@@ -21,7 +21,7 @@ from ..deploy._toml import FEDLIN_OPTIONS
 from ..utils.io import write_csv, write_json
 from ..utils.untrusted import check_outputs_spare_inputs
 from .console import rounds_shown, run
-from .sitedata import check_columns, complete_rows, fit_scaling, load_config, site_data, site_warnings, write_summary
+from .sitedata import check_columns, complete_rows, load_config, scale_sites, site_data, site_warnings, write_summary
 
 _INTERCEPT = "(intercept)"
 #: option -> default, as the flags and a TOML file set them
@@ -128,7 +128,7 @@ def _fit_linear(config: dict[str, Any], command: str | None) -> int:
     sites, kept, problems = complete_rows(data, columns, "target and features", notes)
     if problems:
         raise SiteDataError(join_problems(problems))
-    scaling = fit_scaling(data.scale, columns, sites, seed=opt["seed"], aggregation=config.get("aggregation", "plain"))
+    scaling, _ = scale_sites(data, columns, sites, source=source, seed=opt["seed"], aggregation=config.get("aggregation", "plain"))
     sites = [scaling.transform(columns, v) for v in sites]
     sites = [(v[:, :-1], v[:, -1]) for v in sites]
     names = data.names

@@ -11,8 +11,9 @@ A configuration (TOML, ``docs/cli.md``) names the sites' data in one of two layo
 
 and, for every family, ``id`` (a column carried to every per-subject output), ``scale``
 (``"standard"``, ``"minmax"`` or ``"none"``: fitted across the sites by one round of sums or
-ranges, :class:`fedhier.protocol.scaling.ColumnScalingProtocol`) and ``partial`` (``"missing"`` or
-``"refuse"``).  What is modelled is the family's own key: ``[views]`` (Fed-mv-PPCA),
+ranges, :class:`fedhier.protocol.scaling.ColumnScalingProtocol`, or, for min-max, built at each site
+from public bounds declared in a ``[ranges]`` table, with no round at all; :func:`scale_sites`) and
+``partial`` (``"missing"`` or ``"refuse"``).  What is modelled is the family's own key: ``[views]`` (Fed-mv-PPCA),
 ``target``/``features`` (FedLin), ``variables`` (CollabDict); one file may hold all three, and
 the Flower deployment reads the same file plus a ``[flower]`` table.  Every problem is a
 one-line ``ValueError``/:class:`~fedhier.data.sitefiles.SiteDataError` naming the site, column
@@ -33,14 +34,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..data.scaling import ColumnScaling
-from ..deploy._toml import CONFIG_KEYS, DATA_KEYS, FAMILY_OPTIONS, MODEL_KEYS, check_missing_values
-from ..data.sitefiles import PARTIAL, SiteDataError, SiteTable, close_matches, join_problems, read_rows, read_table
+from ..deploy._toml import CONFIG_KEYS, DATA_KEYS, FAMILY_OPTIONS, MODEL_KEYS, check_missing_values, check_ranges
+from ..data.sitefiles import (PARTIAL, SiteDataError, SiteTable, close_matches, join_problems, outside_ranges, read_rows,
+                              read_table)
 from ..protocol.scaling import SCALES
 from ..utils.io import atomic_write_text, markdown_table, write_json
 from ..utils.untrusted import check_site_name
 
 __all__ = ["DATA_KEYS", "MODEL_KEYS", "FAMILY_OPTIONS", "SiteData", "load_config", "site_data", "check_columns",
-           "complete_rows", "fit_scaling", "site_warnings", "write_summary", "read_saved_data"]
+           "complete_rows", "fit_scaling", "scale_sites", "site_warnings", "write_summary", "read_saved_data"]
 
 _ALL_KEYS = CONFIG_KEYS
 
@@ -76,6 +78,8 @@ class SiteData:
     inputs : list of Path, the files read (never overwritten by an output)
     layout : str, for summaries ("one file per site" or "site column 'x' of file")
     site_column : str or None, the column naming each row's site (never a variable)
+    ranges : dict column -> (low, high), public bounds declared in ``[ranges]`` (min-max scaling only)
+    scaling_outside_privacy : bool, a private fit may fit its scaling on the sites' data, outside the guarantee
     """
 
     tables: list[SiteTable]
@@ -85,6 +89,8 @@ class SiteData:
     inputs: list[Path] = field(default_factory=list)
     layout: str = ""
     site_column: str | None = None
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    scaling_outside_privacy: bool = False
 
     @property
     def names(self) -> list[str]:
@@ -117,6 +123,13 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
     if id_column is not None and (not isinstance(id_column, str) or not id_column):
         raise ValueError(f"{source}: id must be a column name")
     missing = check_missing_values(raw.get("missing_values", {}), source)
+    ranges = check_ranges(raw.get("ranges", {}), source)
+    if ranges and scale != "minmax":
+        raise ValueError(f"{source}: [ranges] sets a min-max scaling from public bounds: add scale = \"minmax\" "
+                         "(or remove [ranges])")
+    outside = raw.get("scaling_outside_privacy", False)
+    if not isinstance(outside, bool):
+        raise ValueError(f"{source}: scaling_outside_privacy must be true or false, got {outside!r}")
     sites, file = raw.get("sites"), raw.get("file")
     flower_sites = raw.get("flower", {}).get("sites") if isinstance(raw.get("flower"), dict) else None
     if sites is None and file is None and isinstance(flower_sites, list) and flower_sites:
@@ -134,7 +147,13 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
         if lacking:
             raise ValueError(f"{source}: id column {id_column!r} missing at site(s) {lacking}"
                              f"{close_matches(id_column, tables[0].header)}; columns: {tables[0].header}")
-    return SiteData(tables, id_column, scale, partial, inputs, layout, raw.get("site_column") if file is not None else None)
+    data = SiteData(tables, id_column, scale, partial, inputs, layout, raw.get("site_column") if file is not None else None,
+                    ranges, outside)
+    unknown = [f"{c!r}{close_matches(c, data.columns())}" for c in ranges if c not in data.columns()]
+    if unknown:
+        raise ValueError(f"{source}: [ranges] names column(s) no site's file has: {'; '.join(unknown)} "
+                         f"(columns: {data.columns()})")
+    return data
 
 
 def _site_files(sites: Any, source: str, base: Path, missing: dict[str, list[str]]) -> tuple[list[SiteTable], list[Path], str]:
@@ -243,6 +262,61 @@ def fit_scaling(kind: str, columns: Sequence[str], site_arrays: Sequence[np.ndar
     result = simulate(ColumnScalingProtocol(len(columns), kind), list(site_arrays), n_rounds=1, random_state=seed,
                       aggregation="secure" if secure else "plain", aggregator=aggregator)
     return ColumnScaling(kind, columns, result.broadcast["center"], result.broadcast["scale"])
+
+
+def scale_sites(data: SiteData, columns: Sequence[str], site_arrays: Sequence[np.ndarray], *, private: bool = False,
+                source: str = "", seed: int | None = 0, aggregation: str = "plain") -> tuple[ColumnScaling, str | None]:
+    """The scaling of ``columns`` (``data.scale``): from the declared ``[ranges]`` where given, else fitted on the sites' data.
+
+    A column with a declared range ``(low, high)`` is scaled ``(x - low) / (high - low)`` at each site, from the
+    configuration alone: no message is exchanged for it, and a value outside the range is refused (naming the
+    site, column and first row).  The other columns are fitted across the sites by :func:`fit_scaling`, whose
+    statistics (per-site minima and maxima, or per-column sums) are not differentially private: in a
+    ``private`` fit that is refused, before anything leaves a site, unless ``data.scaling_outside_privacy``.
+
+    Returns ``(scaling, disclosure)``: ``disclosure`` says in plain words what left the sites outside the
+    privacy guarantee (a private fit that opted in), else None.
+    """
+    if data.scale == "none":
+        return ColumnScaling("none", columns), None
+    declared = {c: data.ranges[c] for c in columns if c in data.ranges}
+    outside = [p for t in data.tables for p in outside_ranges(t, declared)]
+    if outside:
+        raise SiteDataError(join_problems(outside))
+    derived = [c for c in columns if c not in declared]
+    if derived and private and not data.scaling_outside_privacy:
+        raise ValueError(f"{source}: this fit is private (epsilon), but scale = {data.scale!r} would first send "
+                         f"{_scaling_statistics(data.scale, aggregation, derived)} to the coordinator, outside the "
+                         "privacy guarantee; declare public bounds in a [ranges] table (column = [low, high]) with "
+                         "scale = \"minmax\", or scale the files beforehand and set scale = \"none\", or set "
+                         "scaling_outside_privacy = true to send them anyway (the summary and report then say so)")
+    columns = list(columns)
+    center, scale = np.empty(len(columns)), np.empty(len(columns))
+    if declared:  # built from the configuration alone
+        j = [columns.index(c) for c in declared]
+        public = ColumnScaling.from_ranges(list(declared), declared)
+        center[j], scale[j] = public.center, public.scale
+    if derived:  # one round across the sites
+        j = [columns.index(c) for c in derived]
+        fitted = fit_scaling(data.scale, derived, [np.asarray(X)[:, j] for X in site_arrays], seed=seed,
+                             aggregation=aggregation)
+        center[j], scale[j] = fitted.center, fitted.scale
+    disclosure = None
+    if derived and private:
+        disclosure = (f"Outside the privacy guarantee (scaling_outside_privacy = true): before the fit, "
+                      f"{_scaling_statistics(data.scale, aggregation, derived)} went to the coordinator to fit the "
+                      f"{data.scale} scaling; the privacy spent reported covers the model's rounds only.")
+    return ColumnScaling(data.scale, columns, center, scale), disclosure
+
+
+def _scaling_statistics(kind: str, aggregation: str, columns: Sequence[str]) -> str:
+    """What the scaling round sends, in plain words."""
+    if kind == "minmax":
+        return f"every site's exact minimum, maximum and count of column(s) {list(columns)}, in the clear"
+    if aggregation == "secure":
+        return (f"the exact per-column counts, sums and sums of squares of column(s) {list(columns)}, securely "
+                "summed (the coordinator learns the totals over all sites, without noise)")
+    return f"every site's exact per-column counts, sums and sums of squares of column(s) {list(columns)}, in the clear"
 
 
 #: the library's advice in a warning, as a configuration file says it

@@ -195,6 +195,16 @@ class ColumnScaling:
         return {"kind": self.kind, "columns": list(self.columns), "center": self.center.tolist(), "scale": self.scale.tolist()}
 
     @classmethod
+    def from_ranges(cls, columns: Sequence[str], ranges: Mapping[str, tuple[float, float]]) -> "ColumnScaling":
+        """Min-max scaling from public bounds ``column -> (low, high)``, declared in advance: ``z = (x - low) / (high - low)``.
+
+        Built at each site from the configuration alone, so nothing about the data leaves a site.
+        """
+        lo = np.array([ranges[c][0] for c in columns], dtype=np.float64)
+        hi = np.array([ranges[c][1] for c in columns], dtype=np.float64)
+        return cls("minmax", columns, lo, hi - lo)
+
+    @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ColumnScaling":
         return cls(str(d["kind"]), [str(c) for c in d["columns"]], d["center"], d["scale"])
 

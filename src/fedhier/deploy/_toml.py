@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 
 #: where the sites' rows are and how they are read: the same keys for every family and command (docs/cli.md)
-DATA_KEYS = frozenset({"sites", "file", "site_column", "id", "scale", "partial", "missing_values"})
+DATA_KEYS = frozenset({"sites", "file", "site_column", "id", "scale", "partial", "missing_values", "ranges",
+                       "scaling_outside_privacy"})
 #: what each family models
 MODEL_KEYS = {"fed-mv-ppca": frozenset({"views"}), "fedlin": frozenset({"target", "features", "intercept"}),
               "collab": frozenset({"variables", "label"})}
@@ -33,24 +35,60 @@ CONFIG_KEYS = DATA_KEYS | {"model", "flower", "secure"} | frozenset().union(*MOD
 def deployment_keys(raw: dict[str, Any], source: str, family: str,
                     own: frozenset[str] | set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A parsed ``fit.toml`` without the command line's data keys and the keys only other families read, and how
-    each site reads its file: ``{"partial": ..., "missing_values": ...}``.
+    each site reads its file: ``{"partial": ..., "missing_values": ..., "ranges": ...}``.
 
     The Flower deployment reads the same file as ``fedhier fit``: ``[sites]``, ``file``, ``site_column`` and
-    ``id`` are the command line's (each SuperNode names its own file); ``scale`` other than ``"none"``
-    is refused (a deployment does not fit a scaling yet).  ``own``: the keys the deployment itself reads.
+    ``id`` are the command line's (each SuperNode names its own file).  ``scale = "minmax"`` needs public
+    ``[ranges]`` (each site applies them to its own file, nothing is sent; the deployment checks that every
+    column has one); a scaling fitted on the sites' data (``"standard"``, or ``"minmax"`` without ranges) is
+    refused.  ``own``: the keys the deployment itself reads.
     """
     raw = dict(raw)
     scale = raw.get("scale", "none")
-    if scale != "none":
-        raise ValueError(f"{source}: scale = {scale!r} is not applied over Flower yet: scale the sites' files "
-                         "beforehand, or set scale = \"none\"")
+    ranges = check_ranges(raw.get("ranges", {}), source)
+    if scale == "minmax" and not ranges:
+        raise ValueError(f"{source}: scale = 'minmax' over Flower needs public bounds for every column in a [ranges] "
+                         "table (column = [low, high]); a scaling fitted on the sites' data is not run over Flower: "
+                         "declare [ranges], or scale the sites' files beforehand and set scale = \"none\"")
+    if scale not in ("minmax", "none"):
+        raise ValueError(f"{source}: scale = {scale!r} is not applied over Flower (it would be fitted on the sites' data): "
+                         "use scale = \"minmax\" with public bounds in a [ranges] table, or scale the sites' files "
+                         "beforehand and set scale = \"none\"")
+    if ranges and scale != "minmax":
+        raise ValueError(f"{source}: [ranges] sets a min-max scaling: add scale = \"minmax\" (or remove [ranges])")
     partial = raw.get("partial", "missing")
     if partial not in ("missing", "refuse"):
         raise ValueError(f"{source}: partial must be 'missing' or 'refuse', got {partial!r}")
     missing = check_missing_values(raw.get("missing_values", {}), source)
     for key in CONFIG_KEYS - set(own) - FAMILY_OPTIONS[family] - MODEL_KEYS[family] - {"model", "flower", "secure"}:
         raw.pop(key, None)
-    return raw, {"partial": partial, "missing_values": missing}
+    return raw, {"partial": partial, "missing_values": missing, "ranges": ranges}
+
+
+def check_ranges(value: Any, source: str) -> dict[str, tuple[float, float]]:
+    """``[ranges]``: a table column = [low, high] of public bounds (e.g. an assay's range), finite with low < high."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{source}: [ranges] must map columns to [low, high], e.g. [ranges] age = [18, 100]")
+    bad = [str(c) for c, v in value.items()
+           if not (isinstance(v, (list, tuple)) and len(v) == 2
+                   and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+                   and v[0] < v[1])]
+    if bad:
+        raise ValueError(f"{source}: [ranges]: column(s) {bad} need two finite numbers [low, high] with low < high")
+    return {str(c): (float(v[0]), float(v[1])) for c, v in value.items()}
+
+
+def check_range_columns(ranges: dict[str, Any], columns: list[str], source: str) -> None:
+    """Every column of a deployment has a declared range, and every declared range names one of its columns."""
+    from ..data.sitefiles import close_matches
+
+    unknown = [f"{c!r}{close_matches(c, columns)}" for c in ranges if c not in columns]
+    if unknown:
+        raise ValueError(f"{source}: [ranges] names column(s) that are not modelled: {'; '.join(unknown)} (columns: {columns})")
+    lacking = [c for c in columns if c not in ranges]
+    if lacking:
+        raise ValueError(f"{source}: scale = 'minmax' over Flower needs a declared range for every column; "
+                         f"[ranges] lacks {lacking}")
 
 
 def check_missing_values(value: Any, source: str) -> dict[str, list[str]]:

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..protocol.base import RoundProtocol
 from ..runtime.flower import Deployment, FitHooks, FlowerFitResult, check_flower_settings, check_secure_settings, read_fit_tables
-from ._toml import FEDLIN_OPTIONS, TomlFit, deployment_keys
+from ._toml import FEDLIN_OPTIONS, TomlFit, check_range_columns, deployment_keys
 
 __all__ = ["FedLinFitConfig", "OPTIONS"]
 
@@ -81,6 +81,10 @@ class FedLinFitConfig(TomlFit, Deployment):
     aggregation : "plain" or "secure"; threshold, frac_bits
         HM2 only: secure summation of the EP deltas, as
         :class:`fedhier.privacy.secure_round.SecureAggregator`.
+    ranges : mapping column -> (low, high)
+        ``scale = "minmax"`` with public bounds for the target and every feature: each site scales
+        its own file (a value outside its bound is refused) and the coefficients are in the scaled
+        units; nothing is sent for it.  Empty: the files' own units.
     """
 
     model: str
@@ -101,11 +105,13 @@ class FedLinFitConfig(TomlFit, Deployment):
     frac_bits: int = 30
     partial: str = "missing"
     missing_values: Mapping[str, list[str]] = field(default_factory=dict)
+    ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "features", tuple(self.features))
         object.__setattr__(self, "sites", tuple(self.sites))
         object.__setattr__(self, "options", dict(self.options))
+        object.__setattr__(self, "ranges", {str(c): (float(lo), float(hi)) for c, (lo, hi) in dict(self.ranges).items()})
         if self.model not in OPTIONS:
             raise ValueError(f"fit configuration: model must be one of {sorted(OPTIONS)}, got {self.model!r}")
         if not isinstance(self.target, str) or not self.target:
@@ -118,6 +124,8 @@ class FedLinFitConfig(TomlFit, Deployment):
         if not isinstance(self.intercept, bool):
             raise ValueError(f"fit configuration: intercept must be true or false, got {self.intercept!r}")
         check_flower_settings(self)
+        if self.ranges:
+            check_range_columns(self.ranges, [*self.features, self.target], "fit configuration")
         unknown = sorted(set(self.options) - OPTIONS[self.model])
         if unknown:
             raise ValueError(f"fit configuration: unknown option(s) {unknown} for {self.model}; allowed: {sorted(OPTIONS[self.model])}")
@@ -201,16 +209,21 @@ class FedLinFitConfig(TomlFit, Deployment):
         """Read one site's CSV file: ``(X (n, d), y (n,))`` for HM1, the site's own standardised
         sufficient statistics (:meth:`FedHM2Regressor.site_stats`) for HM2.
 
-        A row with an empty cell is left out (``partial = "refuse"``: an error); errors name the site,
+        A row with an empty cell is left out (``partial = "refuse"``: an error); with ``ranges`` every
+        column is min-max scaled with its declared bounds (a value outside them is refused); errors name the site,
         column and row, never a value (:class:`~fedhier.data.sitefiles.SiteDataError`).
         """
-        from ..data.sitefiles import SiteDataError, read_rows, read_table
+        from ..data.sitefiles import SiteDataError, join_problems, outside_ranges, read_rows, read_table
 
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
-        values, _ = read_rows(read_table(path, site, self.missing_values), [*self.features, self.target], partial=self.partial,
-                              what="target and features")
+        table = read_table(path, site, self.missing_values)
+        values, _ = read_rows(table, [*self.features, self.target], partial=self.partial, what="target and features")
+        outside = outside_ranges(table, self.ranges)
+        if outside:
+            raise SiteDataError(join_problems(outside))
+        values = self.scaling().transform([*self.features, self.target], values)
         X, y = np.ascontiguousarray(values[:, :-1]), values[:, -1].copy()
         if X.shape[0] < 2:
             raise SiteDataError(f"site {site!r}: {X.shape[0]} row(s) in {path.name}; a site needs at least 2")
@@ -220,6 +233,13 @@ class FedLinFitConfig(TomlFit, Deployment):
             return X, y
         stats, _ = self.estimator().site_stats(X, y, site=self.sites.index(site) if site in self.sites else site)
         return stats
+
+    def scaling(self):
+        """The :class:`~fedhier.data.scaling.ColumnScaling` of the features and target: from ``ranges``, else none."""
+        from ..data.scaling import ColumnScaling
+
+        columns = [*self.features, self.target]
+        return ColumnScaling.from_ranges(columns, self.ranges) if self.ranges else ColumnScaling("none", columns)
 
     # ------------------------------------------------------------------ the result
     @property
@@ -262,5 +282,5 @@ class FedLinFitConfig(TomlFit, Deployment):
                 for i, name in enumerate(model.phi_names_)
             ])
         model.save(out / "model.npz")
-        return {"model_file": str(out / "model.npz"), "coefficients": self.columns}
+        return {"model_file": str(out / "model.npz"), "coefficients": self.columns, "scaling": self.scaling().to_dict()}
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..protocol.base import RoundProtocol
 from ..protocol.messages import MessageSpec
-from ._toml import TomlFit, deployment_keys
+from ._toml import TomlFit, check_range_columns, deployment_keys
 from ..runtime.flower import Deployment, FitHooks, FlowerFitResult, check_flower_settings, check_secure_settings, read_fit_tables
 
 __all__ = ["FlowerFitConfig"]
@@ -78,6 +78,10 @@ class FlowerFitConfig(TomlFit, Deployment):
         command line's).
     missing_values : mapping column -> cells
         Cells that also mean "missing" in a column (``docs/cli.md``).
+    ranges : mapping column -> (low, high)
+        ``scale = "minmax"`` with public bounds for every column: each site scales its own file
+        ``z = (x - low) / (high - low)`` and refuses a value outside its bound; nothing is sent for
+        it.  Empty: the files are used in their own units.
     """
 
     views: Mapping[str, tuple[str, ...]]
@@ -105,12 +109,14 @@ class FlowerFitConfig(TomlFit, Deployment):
     frac_bits: int = 30
     partial: str = "missing"
     missing_values: Mapping[str, list[str]] = field(default_factory=dict)
+    ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     model = "fed-mv-ppca"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "views", {str(v): tuple(c) for v, c in dict(self.views).items()})
         object.__setattr__(self, "sites", tuple(self.sites))
+        object.__setattr__(self, "ranges", {str(c): (float(lo), float(hi)) for c, (lo, hi) in dict(self.ranges).items()})
         self._check()
 
     def _check(self) -> None:
@@ -125,6 +131,8 @@ class FlowerFitConfig(TomlFit, Deployment):
                     raise ValueError(f"fit configuration: column {c!r} is in both view {seen[c]!r} and view {view!r}")
                 seen[c] = view
         check_flower_settings(self)
+        if self.ranges:
+            check_range_columns(self.ranges, list(seen), "fit configuration")
         for name in ("n_components", "n_local_iter", "n_first_iter"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -228,23 +236,36 @@ class FlowerFitConfig(TomlFit, Deployment):
         """Read and check one site's CSV file (columns named as in ``views``).
 
         Returns ``{view: (n, d_view) float64 array}`` in schema order, views the file lacks
-        omitted.  Raises :class:`~fedhier.data.sitefiles.SiteDataError` naming the site, view,
+        omitted, min-max scaled with the declared ``ranges`` if any (a value outside its range is
+        refused).  Raises :class:`~fedhier.data.sitefiles.SiteDataError` naming the site, view,
         column and row of a problem, never a value.
         """
         from ..data.validation import check_sites
-        from ..data.sitefiles import SiteDataError, read_site_table
+        from ..data.sitefiles import SiteDataError, join_problems, outside_ranges, read_site_table, read_table
 
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
-        table = read_site_table(path, {v: list(c) for v, c in self.views.items()}, site, partial=self.partial,
-                                missing=self.missing_values)
+        table = read_table(path, site, self.missing_values)
+        outside = outside_ranges(table, self.ranges)
+        if outside:
+            raise SiteDataError(join_problems(outside))
+        views = read_site_table(table, {v: list(c) for v, c in self.views.items()}, site, partial=self.partial)
+        scaling = self.scaling()
+        views = {v: scaling.transform(self.views[v], X) for v, X in views.items()}
         try:
-            checked, _ = check_sites([table], schema=self.schema(), n_components=self.n_components, min_subjects=2,
+            checked, _ = check_sites([views], schema=self.schema(), n_components=self.n_components, min_subjects=2,
                                      site_names=[site])
         except ValueError as exc:  # check_sites names sites, views, rows and columns, never values
             raise SiteDataError(str(exc)) from None
         return checked[0]
+
+    def scaling(self):
+        """The :class:`~fedhier.data.scaling.ColumnScaling` of every column: from the declared ``ranges``, else none."""
+        from ..data.scaling import ColumnScaling
+
+        columns = [c for cols in self.views.values() for c in cols]
+        return ColumnScaling.from_ranges(columns, self.ranges) if self.ranges else ColumnScaling("none", columns)
 
     def hooks(self, previous=None) -> FitHooks:
         """The metrics :meth:`FedMVPPCA.fit` records (global sds, changes of theta~ and of the predictions) and its ``tol`` rule."""
@@ -264,7 +285,7 @@ class FlowerFitConfig(TomlFit, Deployment):
             sigma2_prior=self.sigma2_prior, min_sites=self.min_sites, aggregation=self.aggregation,
         )
         model.save(Path(out) / "model.npz")
-        return {"model_file": str(Path(out) / "model.npz"), **self._privacy_summary(result)}
+        return {"model_file": str(Path(out) / "model.npz"), "scaling": self.scaling().to_dict(), **self._privacy_summary(result)}
 
     def _privacy_summary(self, result: FlowerFitResult) -> dict[str, Any]:
         """Epsilon spent per site, counting every view as released (an upper bound for sites lacking views)."""

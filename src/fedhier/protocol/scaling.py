@@ -10,6 +10,10 @@ the global step gives the pooled mean and standard deviation
 maxima cannot be summed, so the replies are gathered, as :func:`fedhier.data.scaling.combine_ranges`
 combines them); ``center_j = min_s min_sj``, ``scale_j = max_s max_sj - center_j``.
 
+The replies are exact statistics of the raw data, not DP releases (a site's maximum is one subject's
+value): ``fedhier fit`` refuses this round in a private fit unless the user opts in, and builds a min-max
+scaling from public ranges, with no round at all, when they are declared (``docs/privacy.md``).
+
 Missing cells (NaN) are left out of every statistic.  A column with a single value everywhere
 gets scale 1 (left unscaled); a column observed at no site is an error.  The broadcast is
 ``{"center", "scale"}`` with shape ``(m,)``: the scaled value is ``(x - center) / scale``.
