@@ -295,3 +295,32 @@ def test_fit_linear_scales_with_declared_ranges_without_a_scaling_round(tmp_path
     toml.write_text(toml.read_text().split("\n[ranges]")[0].replace('scale = "minmax"', 'scale = "standard"'))
     assert main(["fit", "linear", "--config", str(toml), "--out", str(tmp_path / "lin2")]) == 0
     assert "column-scaling" in names  # the watch sees a scaling round when there is one
+
+
+def test_a_private_fit_of_the_heart_files_with_one_feature_views_runs(tmp_path, capsys):
+    """`lab` (chol) and `angiography` (ca) have one column each: nothing of their loadings is free, and the
+    private fit used to fail at every site that has them."""
+    toml = _copy(tmp_path, "heart")
+    toml.write_text(toml.read_text().replace('scale = "standard"', 'scale = "standard"\nscaling_outside_privacy = true'))
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet", "--dp"]) == 0
+    summary = _check_folder(tmp_path / "fit", "privacy-report.json")
+    assert "failed" not in capsys.readouterr().err
+    assert all(spent["epsilon"] <= 1.0 + 1e-9 for spent in summary["privacy_spent"].values())
+
+
+def test_a_site_that_fails_in_every_round_stops_the_command_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    from fedhier.protocol.mvppca import MVPPCAProtocol
+
+    real_step = MVPPCAProtocol.site_step
+
+    def site_step(self, ctx, broadcast):
+        if ctx.site == 1:
+            raise ValueError("a broken site")
+        return real_step(self, ctx, broadcast)
+
+    monkeypatch.setattr(MVPPCAProtocol, "site_step", site_step)
+    toml = _copy(tmp_path, "heart")
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "fedhier: error: site(s) ['hungary'] failed in every round" in err
+    assert not (tmp_path / "fit").exists() or not any((tmp_path / "fit").iterdir())

@@ -126,16 +126,24 @@ def fit_from_config(
     check_outputs_spare_inputs(outputs, [config_path, *data.inputs])
     with site_warnings(names):
         model.fit(sites)
-    model.save(out / "model.npz")
+    contributed = {int(s) for row in model.history_ for s in row["sites"]}
+    silent = [name for s, name in enumerate(names) if s not in contributed]
+    if silent:
+        raise ValueError(f"site(s) {silent} failed in every round, so the model holds nothing of their data and nothing "
+                         "was written; the warnings above give each failure")
+    latents = []
     for table, site in zip(data.tables, sites):
         latent = model.transform(site)
         unseen = np.all([np.isnan(X).all(axis=1) for X in site.values()], axis=0)
         latent[unseen] = np.nan  # a subject with no observed view has no latent position
-        key = data.id or "row"
-        write_csv(out / f"latent_{table.site}.csv",
-                  [{key: i, **{f"x{j + 1}": float(v) for j, v in enumerate(row)}} for i, row in zip(data.ids(table), latent)])
+        latents.append(latent)
         if unseen.any():
             notes.append(f"site {table.site!r}: {int(unseen.sum())} subject(s) with no observed view get latent NaN")
+    model.save(out / "model.npz")
+    key = data.id or "row"
+    for table, latent in zip(data.tables, latents):
+        write_csv(out / f"latent_{table.site}.csv",
+                  [{key: i, **{f"x{j + 1}": float(v) for j, v in enumerate(row)}} for i, row in zip(data.ids(table), latent)])
     ell = model.history_[-1]["expected_ll"]
     summary = {
         "model_family": "fed-mv-ppca",

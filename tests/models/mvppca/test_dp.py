@@ -1,13 +1,14 @@
 """DP-Fed-mv-PPCA site procedure (spec fed-mv-ppca §8.2) with hand-made global parameters."""
 
 import math
+from dataclasses import replace
 
 import dp_accounting
 import numpy as np
 import pytest
 from scipy import stats
 
-from fedhier.models.mvppca.dp import DPConfig, privatize_site_params, round_events
+from fedhier.models.mvppca.dp import SPREAD_BLOCKS, DPConfig, privatize_site_params, privatize_spread, round_events
 from fedhier.models.mvppca.params import GlobalView, ViewParams
 from fedhier.privacy import PerReleaseBudget, PrivacyBudgetExhausted, PrivacyLedger, gaussian_noise_multiplier
 
@@ -203,3 +204,36 @@ def test_invalid_inputs_refused(prior, local):
     with pytest.raises(ValueError, match="anchor"):
         privatize_site_params(local, None, config, rng, site=0, round=2, ledger=ledger)
     assert ledger.releases() == []
+
+
+def test_columns_of_W_that_are_zero_in_every_model_are_released_as_zero():
+    """A view of d <= q features has q_k = d - 1 free columns of W; the others carry no data.
+
+    Only the free columns are perturbed (with the calibrated noise); the rest come out exactly 0,
+    and a view of one feature (q_k = 0) releases a W of zeros.  Each W release is still one event.
+    """
+    prior = {"pair": make_prior(2, 3), "one": make_prior(1, 4)}
+    prior = {v: replace(g, W=np.where(np.arange(Q) < max(g.mu.size - 1, 0), g.W, 0.0))
+             for v, g in prior.items()}
+    local = {v: ViewParams(mu=g.mu, W=g.W, sigma2=g.noise_var) for v, g in prior.items()}  # zero differences
+    config = DPConfig.per_release(10.0, 0.01)
+    z = gaussian_noise_multiplier(10.0, 0.01, "zhao")
+    ledger, rng = PrivacyLedger(), np.random.default_rng(5)
+    free = []
+    for r in range(600):
+        out = privatize_site_params(local, prior, config, rng, site=0, round=r + 2, ledger=ledger)
+        assert np.all(out["pair"].W[:, 1] == 0.0) and np.all(out["one"].W == 0.0)
+        free.append((out["pair"].W[:, 0] - prior["pair"].W[:, 0]) / (z * 2 * math.sqrt(prior["pair"].sigma2_W)))
+    assert stats.kstest(np.ravel(free), "norm").pvalue > ALPHA  # the free column has the calibrated noise
+    assert [(r.block, r.event) for r in ledger.releases(0)][:6] == round_events(local, config)
+
+
+def test_a_one_feature_views_W_spread_is_released_as_zero_and_counted():
+    prior = {"one": make_prior(1, 4), "clinic": make_prior(4, 1)}
+    config = DPConfig.total(1.0, 1e-5, n_rounds=3, n_views=2, spread=True)
+    ledger = PrivacyLedger()
+    spread = {"one": (0.01, 0.0), "clinic": (0.02, 0.01)}
+    out = privatize_spread(spread, prior, config, np.random.default_rng(0), site=0, round=2, ledger=ledger)
+    assert out["one"][1] == 0.0 and out["one"][0] != 0.01 and out["clinic"][1] != 0.01  # the others are perturbed
+    labels = [r.block for r in ledger.releases(0)]
+    assert labels == [f"{v}.{b}" for v in spread for b in SPREAD_BLOCKS]

@@ -12,6 +12,12 @@ block b in {mu^(k), W^(k), sigma^(k)2} is released separately:
 4. perturb: Gaussian (mu), matrix-normal (W), Laplace [P] or Gaussian [R] (sigma2);
 5. release a_b + clipped difference + noise; sigma2 is floored (post-processing).
 
+A view of d_k <= q features has q_k = d_k - 1 free columns of W (§4.4); its other
+columns are 0 in every site's and every global model, whatever the data, so only the free
+columns are perturbed and the rest are released as 0 (a view of one feature releases a W
+of zeros and a W spread of 0).  Those releases are still counted as full releases, so the
+reported epsilon stays an upper bound and the ledger can be rebuilt from who sent which views.
+
 Every release's ``dp_accounting`` event goes into the site's
 :class:`~fedhier.privacy.ledger.PrivacyLedger` entry, labelled ``"<view>.<block>"``.
 This module is the only PPCA-aware part of the privacy layer.
@@ -344,6 +350,10 @@ def privatize_spread(
         bounds = (d * min(prior.sigma2_mu, cap), d * effective_columns(d, q) * min(prior.sigma2_W, cap))
         released = []
         for block, value, bound in zip(SPREAD_BLOCKS, values, bounds):
+            if bound == 0.0:  # a view of one feature has no free loading: its spread is 0 whatever the data
+                ledger.record(site, round, f"{view}.{block}", dp_event.GaussianDpEvent(multiplier))
+                released.append(0.0)
+                continue
             noised, event = release_gaussian(np.asarray(min(max(float(value), 0.0), bound)), multiplier, bound, rng)
             ledger.record(site, round, f"{view}.{block}", event)
             released.append(min(max(float(noised), 0.0), bound))
@@ -420,6 +430,14 @@ def privatize_site_params(
         difference, _ = clip_difference(value, centre, bound, norm)
         mechanism, multiplier = mechanisms[block]
         release = release_gaussian if mechanism == "gaussian" else release_laplace
+        if block == "W":  # only the free columns carry data; columns q_k.. are 0 in every model
+            q_k = effective_columns(*difference.shape)
+            noised, event = release(difference[:, :q_k], multiplier, 2.0 * bound, rng)
+            ledger.record(site, round, f"{view}.{block}", event)
+            W = np.zeros_like(difference)
+            W[:, :q_k] = centre[:, :q_k] + noised
+            released[view][block] = W
+            continue
         noised, event = release(difference, multiplier, 2.0 * bound, rng)
         ledger.record(site, round, f"{view}.{block}", event)
         released[view][block] = centre + noised
@@ -478,7 +496,7 @@ def denoise_global(new: GlobalParams, anchor: GlobalParams, counts: dict[str, in
     and public quantities only (so DP is kept):
 
     * shrinks each global mean towards its anchor by lambda = g^2 / (g^2 + D tau^2 / C_k)
-      (D = number of coordinates: the linear estimator of the clipped mean difference
+      (D = number of perturbed coordinates, d_k q_k for W: the linear estimator of the clipped mean difference
       that minimises the worst-case mean squared error when its norm is at most g);
     * shrinks the noise variance s-bar towards its anchor in the same way;
     * where the noise variance is at least the anchor's spread (tau^2 >= v, v = sigma2_mu~ or
@@ -512,7 +530,7 @@ def denoise_global(new: GlobalParams, anchor: GlobalParams, counts: dict[str, in
         updates = {}
         for block, value, centre, spread, prior_spread, bound, n_coord in (
             ("mu", g.mu, prior.mu, g.sigma2_mu, prior.sigma2_mu, g_mu, d),
-            ("W", g.W, prior.W, g.sigma2_W, prior.sigma2_W, g_W, d * q),
+            ("W", g.W, prior.W, g.sigma2_W, prior.sigma2_W, g_W, d * effective_columns(d, q)),
         ):
             tau2 = _noise_sd(config, block, bound) ** 2
             lam = bound**2 / (bound**2 + n_coord * tau2 / count)
