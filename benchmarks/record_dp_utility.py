@@ -10,7 +10,7 @@ Fed-mv-PPCA: the bundled Alzheimer data split as ``fedhier demo`` splits it (a s
 third held out, the rest over 3 sites, scenario G/K, min--max scaling, q = 5), for each seed.
 Metrics: the demo's test MAE (reconstruction of the masked test set) and the MAE of the
 imputed hidden test views.  Methods: non-private (100 rounds); site-level DP
-(``DPConfig.total(eps, 1e-5, n_rounds=100, n_views=3)``, the demo's ``--dp``); record-level
+(``DPConfig.total(eps, 1e-5, n_rounds=100, n_views=3, spread=True)``, the demo's ``--dp``); record-level
 DP (``RecordDP(eps, 1e-5)``, clip sqrt(d)/2 around 0.5); Analyze Gauss on pooled data (one
 site holding every training subject, record-level DP); the training mean.
 
@@ -89,7 +89,7 @@ def _mvppca_rows(seed: int) -> list[dict]:
     rows.append({**base, "method": "non-private", "epsilon": "", "reported_epsilon": "", "noise_multiplier": "", **m})
     for eps in EPSILONS:
         for method, sites, privacy in (
-            ("site-level DP", d.sites, DPConfig.total(eps, DELTA, n_rounds=100, n_views=3)),
+            ("site-level DP", d.sites, DPConfig.total(eps, DELTA, n_rounds=100, n_views=3, spread=True)),
             ("record-level DP", d.sites, RecordDP(eps, DELTA)),
             ("Analyze Gauss, pooled", [pooled], RecordDP(eps, DELTA)),
         ):
