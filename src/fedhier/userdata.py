@@ -101,6 +101,7 @@ def fit_from_config(
     columns = [c for cols in views.values() for c in cols]
     if total_budget is None and config.get("epsilon") is not None:
         total_budget = (float(config["epsilon"]), float(config.get("delta", 1e-5)))
+    all_declared = set(columns) <= set(data.ranges)  # public bounds for every column: nothing sent to scale
     scaling, disclosure = scale_sites(data, columns, [_all_columns(s, views) for s in sites], private=total_budget is not None,
                                       source=source, seed=config.get("seed", 0), aggregation=config.get("aggregation", "plain"))
     sites = [{v: scaling.transform(views[v], X) for v, X in s.items()} for s in sites]
@@ -155,7 +156,7 @@ def fit_from_config(
         "id": data.id,
         "scale": data.scale,
         "scaling": scaling.to_dict(),
-        **({"ranges": "public bounds declared in [ranges]: nothing was sent for the scaling" if set(columns) <= set(data.ranges)
+        **({"ranges": "public bounds declared in [ranges]: nothing was sent for the scaling" if all_declared
             else f"public bounds declared in [ranges] for {[c for c in columns if c in data.ranges]}; the other "
                  "columns' ranges fitted across the sites"} if data.ranges else {}),
         **({"scaling_outside_privacy": disclosure} if disclosure else {}),
@@ -176,7 +177,7 @@ def fit_from_config(
 
     units = ("Values are in the units of the sites' files." if data.scale == "none" else
              "Every column was min-max scaled with the public ranges declared in the configuration (nothing was sent "
-             "for it); values are in scaled units." if set(columns) <= set(data.ranges) else
+             "for it); values are in scaled units." if all_declared else
              f"Every column was scaled ({data.scale}) across the sites before the fit; values are in scaled units.")
     if disclosure:
         units += " " + disclosure

@@ -35,8 +35,8 @@ import numpy as np
 
 from ..data.scaling import ColumnScaling
 from ..deploy._toml import CONFIG_KEYS, DATA_KEYS, FAMILY_OPTIONS, MODEL_KEYS, check_missing_values, check_ranges
-from ..data.sitefiles import (PARTIAL, SiteDataError, SiteTable, close_matches, join_problems, outside_ranges, read_rows,
-                              read_table)
+from ..data.sitefiles import (PARTIAL, SiteDataError, SiteTable, check_within_ranges, close_matches, join_problems,
+                              read_rows, read_table)
 from ..protocol.scaling import SCALES
 from ..utils.io import atomic_write_text, markdown_table, write_json
 from ..utils.untrusted import check_site_name
@@ -280,9 +280,7 @@ def scale_sites(data: SiteData, columns: Sequence[str], site_arrays: Sequence[np
     if data.scale == "none":
         return ColumnScaling("none", columns), None
     declared = {c: data.ranges[c] for c in columns if c in data.ranges}
-    outside = [p for t in data.tables for p in outside_ranges(t, declared)]
-    if outside:
-        raise SiteDataError(join_problems(outside))
+    check_within_ranges(data.tables, declared)
     derived = [c for c in columns if c not in declared]
     if derived and private and not data.scaling_outside_privacy:
         raise ValueError(f"{source}: this fit is private (epsilon), but scale = {data.scale!r} would first send "

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..protocol.base import SiteError
 
-__all__ = ["SiteDataError", "SiteTable", "read_table", "read_site_table", "parse_column", "outside_ranges", "close_matches",
+__all__ = ["SiteDataError", "SiteTable", "read_table", "read_site_table", "parse_column", "check_within_ranges", "close_matches",
            "PARTIAL", "MISSING_CELLS", "BOOLEAN_CELLS"]
 
 #: cells read as missing (compared case-insensitively after stripping spaces)
@@ -204,18 +204,20 @@ def parse_column(table: SiteTable, column: str, problems: list[str], where: str 
     return out
 
 
-def outside_ranges(table: SiteTable, ranges: Mapping[str, tuple[float, float]]) -> list[str]:
-    """Problems of ``table`` against public bounds ``column -> (low, high)``: one per column holding a value outside
-    its bound, naming the site, the column, how many rows and the first (never the value).  Columns the file
-    lacks and cells that are not numbers are left to the reader's own checks."""
+def check_within_ranges(tables: Sequence[SiteTable], ranges: Mapping[str, tuple[float, float]]) -> None:
+    """Refuse values outside public bounds ``column -> (low, high)``: one :class:`SiteDataError` listing, per site and
+    column holding such a value, the site, the column, how many rows and the first (never the value).  Columns a
+    file lacks and cells that are not numbers are left to the reader's own checks."""
     problems: list[str] = []
-    for column, (low, high) in ranges.items():
-        values = parse_column(table, column, [])
-        outside = np.flatnonzero((values < low) | (values > high))
-        if outside.size:
-            problems.append(f"site {table.site!r}: column {column!r}: {outside.size} value(s) outside its declared range "
-                            f"in [ranges], first at row {table.row_numbers[outside[0]]}")
-    return problems
+    for table in tables:
+        for column, (low, high) in ranges.items():
+            values = parse_column(table, column, [])
+            outside = np.flatnonzero((values < low) | (values > high))
+            if outside.size:
+                problems.append(f"site {table.site!r}: column {column!r}: {outside.size} value(s) outside its declared "
+                                f"range in [ranges], first at row {table.row_numbers[outside[0]]}")
+    if problems:
+        raise SiteDataError(join_problems(problems))
 
 
 def read_site_table(path: str | Path | SiteTable, views: dict[str, list[str]], site_name: str, *,

@@ -213,16 +213,14 @@ class FedLinFitConfig(TomlFit, Deployment):
         column is min-max scaled with its declared bounds (a value outside them is refused); errors name the site,
         column and row, never a value (:class:`~fedhier.data.sitefiles.SiteDataError`).
         """
-        from ..data.sitefiles import SiteDataError, join_problems, outside_ranges, read_rows, read_table
+        from ..data.sitefiles import SiteDataError, check_within_ranges, read_rows, read_table
 
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
         table = read_table(path, site, self.missing_values)
         values, _ = read_rows(table, [*self.features, self.target], partial=self.partial, what="target and features")
-        outside = outside_ranges(table, self.ranges)
-        if outside:
-            raise SiteDataError(join_problems(outside))
+        check_within_ranges([table], self.ranges)
         values = self.scaling().transform([*self.features, self.target], values)
         X, y = np.ascontiguousarray(values[:, :-1]), values[:, -1].copy()
         if X.shape[0] < 2:

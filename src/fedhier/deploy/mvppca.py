@@ -241,15 +241,13 @@ class FlowerFitConfig(TomlFit, Deployment):
         column and row of a problem, never a value.
         """
         from ..data.validation import check_sites
-        from ..data.sitefiles import SiteDataError, join_problems, outside_ranges, read_site_table, read_table
+        from ..data.sitefiles import SiteDataError, check_within_ranges, read_site_table, read_table
 
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
         table = read_table(path, site, self.missing_values)
-        outside = outside_ranges(table, self.ranges)
-        if outside:
-            raise SiteDataError(join_problems(outside))
+        check_within_ranges([table], self.ranges)
         views = read_site_table(table, {v: list(c) for v, c in self.views.items()}, site, partial=self.partial)
         scaling = self.scaling()
         views = {v: scaling.transform(self.views[v], X) for v, X in views.items()}
