@@ -105,6 +105,17 @@ def test_ig_mean_anchor_and_dimension_aware_bound(prior, local):
         assert out[view].sigma2 == pytest.approx(ig_mean + math.sqrt(g.var_sigma), abs=1e-5)
 
 
+def test_dimension_aware_bound_counts_only_free_loading_columns():
+    """A view of d <= q features has d - 1 free columns of W: the bound is sd sqrt(d (d - 1)), not sd sqrt(d q)."""
+    g = make_prior(Q, 4)
+    g = replace(g, W=np.column_stack([g.W[:, 0], np.zeros(Q)]))
+    far = ViewParams(mu=g.mu, W=g.W + np.column_stack([np.full(Q, 5.0), np.zeros(Q)]), sigma2=g.noise_var)
+    out = privatize_site_params({"hr": far}, {"hr": g}, almost_noiseless(dimension_aware=True), np.random.default_rng(0),
+                                site=0, round=2, ledger=PrivacyLedger())
+    assert np.linalg.norm(out["hr"].W - g.W) == pytest.approx(math.sqrt(g.sigma2_W * Q * (Q - 1)), abs=1e-5)
+    np.testing.assert_array_equal(out["hr"].W[:, 1:], 0.0)
+
+
 def test_infinite_ig_variance_is_capped_or_refused(local):
     prior = {"clinic": make_prior(4, 1, alpha=1.8, var_sigma=np.inf), "mri": make_prior(3, 2)}
     far = dict(local, clinic=ViewParams(local["clinic"].mu, local["clinic"].W, 100.0))

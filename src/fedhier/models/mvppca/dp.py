@@ -104,7 +104,8 @@ class DPConfig:
     sigma2_floor : float
         Post-processing floor of released sigma2 (§8.2 step 5 [R]).
     dimension_aware : bool
-        Use g = kappa sd sqrt(d_k) for mu and kappa sd sqrt(d_k q) for W (§8.5 [R]).
+        Use g = kappa sd sqrt(d_k) for mu and kappa sd sqrt(d_k q_k) for W (§8.5 [R]; q_k = q
+        unless the view has d_k <= q features, see the module docstring).
     sigma2_sd_cap : float or None
         Cap on sd/anchor for the sigma2 block (module docstring).
     max_prior_sd : float or None
@@ -246,7 +247,7 @@ def _sigma2_sd(view: str, prior: GlobalView, anchor: float, config: DPConfig) ->
 def _bounds(view: str, prior: GlobalView, config: DPConfig) -> tuple[float, float, float, float]:
     """(g_mu, g_W, sigma2 anchor, g_sigma2) of one view: public functions of theta~[r-1] (§8.2)."""
     d, q = prior.W.shape
-    dims = {"mu": d, "W": d * q} if config.dimension_aware else {"mu": None, "W": None}
+    dims = {"mu": d, "W": d * effective_columns(d, q)} if config.dimension_aware else {"mu": None, "W": None}
     for block, variance in (("mu", prior.sigma2_mu), ("W", prior.sigma2_W)):
         if not (math.isfinite(variance) and variance > 0):
             raise ValueError(f"view {view!r}: prior variance of {block} must be positive and finite, got {variance}")
