@@ -15,8 +15,10 @@ Two kinds of tests:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -316,6 +318,20 @@ def test_site_state_is_kept_between_rounds_at_the_site(demo):
     assert all(len(state.config_records) == 0 for state in grid.states.values())
 
 
+@contextlib.contextmanager
+def _flower_log_lines():
+    """The messages logged through Flower's logger (what a ServerApp's streamed log shows) while the block runs."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("flwr")
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+
+
 def test_server_app_writes_a_loadable_model_and_reports_failure(demo, tmp_path):
     from fedhier.estimators.mvppca import FedMVPPCA
 
@@ -323,8 +339,13 @@ def test_server_app_writes_a_loadable_model_and_reports_failure(demo, tmp_path):
     config = config.replace(out=str(tmp_path / "out"), round_timeout=5.0, poll_interval=0.01)
     grid, nodes = _grid(folder, config)
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={RUN_CONFIG_KEY: config.to_json()})
-    server_app(grid, context)
+    with _flower_log_lines() as lines:
+        server_app(grid, context)
     broadcast, history, summary = read_result(tmp_path / "out", config)
+    # one line per round in the ServerApp's log, which Flower streams to whoever started the run
+    rounds = [line for line in lines if line.startswith("fedhier: round")]
+    assert [r.split()[2] for r in rounds] == [str(h["round"]) for h in history]
+    assert all(f"of at most {config.n_rounds} done" in r and f"{len(SITES)} of {len(SITES)} site(s) replied" in r for r in rounds)
     assert summary["status"] == "completed" and summary["nodes"] == {name: str(n) for name, n in zip(SITES, nodes)}
     model = FedMVPPCA.load(tmp_path / "out" / "model.npz")
     pooled = FedMVPPCA(n_components=config.n_components, n_rounds=config.n_rounds, n_local_iter=config.n_local_iter,
@@ -353,8 +374,9 @@ def test_server_app_writes_a_loadable_model_and_reports_failure(demo, tmp_path):
     grid, nodes = _grid(folder, config.replace(out=str(tmp_path / "failed"), min_sites=3))
     grid.behaviour[nodes[1]] = "crash"
     context.run_config[RUN_CONFIG_KEY] = config.replace(out=str(tmp_path / "failed"), min_sites=3).to_json()
-    with pytest.raises(RoundFailed):
+    with pytest.raises(RoundFailed), _flower_log_lines() as lines:
         server_app(grid, context)
+    assert not [line for line in lines if line.startswith("fedhier: round")]  # no round completed
     failed = json.loads((tmp_path / "failed" / "summary.json").read_text())
     assert failed["status"] == "failed" and "at least 3 needed" in failed["error"]
     with pytest.raises(RuntimeError, match="did not complete"):
@@ -578,7 +600,7 @@ def _flower_fit_killing_after_round_1(cluster: LoopbackFederation, config_path: 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("transport", ["insecure", "tls+node-auth"])
-def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, transport):
+def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, transport, capsys):
     folder, config, sites = demo
     secure = transport == "tls+node-auth"
     cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES}, tls=secure, node_auth=secure,
@@ -593,6 +615,9 @@ def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, tra
         assert [r["sites"] for r in history] == [[0, 1, 2]] * config.n_rounds
         assert summary["lost"] == {} and set(summary["nodes"]) == set(SITES)
         assert (out / "report.html").is_file() and (out / "report.md").is_file()
+        # the ServerApp's line per round reaches `fedhier flower run` through Flower's streamed log
+        streamed = capsys.readouterr().out
+        assert all(f"fedhier: round {r} of at most {config.n_rounds}" in streamed for r in range(1, config.n_rounds + 1))
 
         # 2. hospital-c's SuperNode is killed after round 1: the fit completes from the other two
         dropout = tmp_path / "fit-dropout.toml"

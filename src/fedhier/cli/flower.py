@@ -919,7 +919,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, help="seconds to wait for the fit")
     p.add_argument("--out", help="result folder on the SuperLink host (overrides fit.toml)")
     p.add_argument("--resume", action="store_true", help="go on from the checkpoint of an interrupted run of this fit")
-    p.add_argument("--quiet", action="store_true", help="no progress display (rounds are shown when the result folder is on this machine)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (it needs the result folder on this machine; the streamed log has a line per round anyway)")
 
     p = sub.add_parser("demo-data", help="example sites with a fit.toml: hospitals (Alzheimer data) or a fleet of engines (FedLin)")
     p.add_argument("--out", required=True, help="folder for the site files and fit.toml")

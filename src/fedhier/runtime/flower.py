@@ -980,6 +980,7 @@ def coordinate(grid: Grid, deployment: Deployment, *, resume: bool = False) -> F
 
         def progress(record: RoundRecord, broadcast: Message) -> None:
             history.append(record)
+            _log_round(record, deployment.n_rounds, sites)
             rows = [r.to_dict() for r in history]
             write_json(out / "history.json", rows)
             write_checkpoint(out / CHECKPOINT, Checkpoint(protocol.name, record.round, seed, broadcast, [{} for _ in sites], rows,
@@ -1011,6 +1012,16 @@ def coordinate(grid: Grid, deployment: Deployment, *, resume: bool = False) -> F
                                           "round": getattr(exc, "round", None), "sites": sites})
         raise
     return result
+
+
+def _log_round(record: RoundRecord, n_rounds: int, sites: Sequence[str]) -> None:
+    """One line per round in the ServerApp's log, which Flower streams to ``flwr run --stream`` / ``flwr log``:
+    the rounds can be followed where the result folder cannot be read."""
+    from flwr.common import log as flower_log
+
+    dropped = f", {len(record.failed)} dropped ({', '.join(sites[s] for s in sorted(record.failed))})" if record.failed else ""
+    flower_log(logging.INFO, "fedhier: round %d of at most %d done in %.1f s: %d of %d site(s) replied%s",
+               record.round, n_rounds, record.seconds, len(record.sites), len(sites), dropped)
 
 
 def _resume_point(path: Path, deployment: Deployment, protocol: RoundProtocol):
