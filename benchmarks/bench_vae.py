@@ -23,8 +23,8 @@ parameters agree to 1e-9 and prints seconds per site step (best of 3) and the ra
 measured in this run.  Shapes: the bundled Alzheimer views (3, 4, 124 features) and the SD
 views (15, 8, 10) with q = 5, the UCI digits' six views (76, 216, 64, 240, 47, 6) with
 q = 10; 90 rows per site in mini-batches of 32, and for the digits also 444 rows in one full
-batch (a site at C = 3 in ``fedhier experiment mvppca-mfeat``, whose baselines train
-full-batch); linear and width 64, float64, one thread.
+batch (a site at C = 3 in ``fedhier experiment mvppca-mfeat``; full batch is one of the
+settings its baselines' tuning tries); linear and width 64, float64, one thread.
 """
 
 from __future__ import annotations
