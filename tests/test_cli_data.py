@@ -308,6 +308,46 @@ def test_a_private_fit_of_the_heart_files_with_one_feature_views_runs(tmp_path, 
     assert all(spent["epsilon"] <= 1.0 + 1e-9 for spent in summary["privacy_spent"].values())
 
 
+#: public bounds of every modelled heart column (clinical ranges, not the data's)
+HEART_RANGES = {"age": (18, 100), "trestbps": (0, 250), "fbs": (0, 1), "chol": (0, 700), "thalch": (40, 250),
+                "oldpeak": (-3, 7), "exang": (0, 1), "ca": (0, 3)}
+
+
+def test_a_record_level_private_fit_releases_once_per_site_and_protects_subjects(tmp_path):
+    toml = _copy(tmp_path, "heart")
+    toml.write_text(toml.read_text().replace('scale = "standard"', 'scale = "minmax"\nprivacy_unit = "record"\nepsilon = 2.0')
+                    + "\n[ranges]\n" + "".join(f"{c} = [{lo}, {hi}]\n" for c, (lo, hi) in HEART_RANGES.items()))
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 0
+    summary = _check_folder(tmp_path / "fit", "privacy-report.json")
+    assert summary["privacy_unit"] == "record" and summary["rounds_run"] == 1
+    assert "nothing was sent" in summary["ranges"]  # no scaling round either: one release per site in all
+    for spent in summary["privacy_spent"].values():
+        assert spent["releases"] == 1 and spent["epsilon"] <= 2.0 + 1e-9
+    assert json.loads((tmp_path / "fit" / "privacy-report.json").read_text())["unit"] == "record"
+    assert "Record-level differential privacy" in (tmp_path / "fit" / "report.md").read_text()
+    # the same budget at the site level runs every round and protects a site's whole data set
+    toml.write_text(toml.read_text().replace('privacy_unit = "record"', 'privacy_unit = "site"'))
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "site"), "--quiet"]) == 0
+    summary = _check_folder(tmp_path / "site", "privacy-report.json")
+    assert summary["privacy_unit"] == "site" and summary["rounds_run"] > 1
+    assert json.loads((tmp_path / "site" / "privacy-report.json").read_text())["unit"] == "site"
+
+
+def test_record_level_privacy_refuses_secure_summation_and_flower(tmp_path):
+    from fedhier.deploy.mvppca import FlowerFitConfig
+
+    toml = _copy(tmp_path, "heart")
+    toml.write_text(toml.read_text().replace('scale = "standard"', 'scale = "minmax"\nprivacy_unit = "record"\nepsilon = 2.0'
+                                             '\naggregation = "secure"')
+                    + "\n[ranges]\n" + "".join(f"{c} = [{lo}, {hi}]\n" for c, (lo, hi) in HEART_RANGES.items()))
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 2
+    assert not (tmp_path / "fit").exists()
+    flower = 'n_components = 1\nepsilon = 2.0\nprivacy_unit = "record"\n[views]\nclinical = ["age", "trestbps"]\n[flower]\nsites = ["cleveland", "hungary"]\n'
+    with pytest.raises(ValueError, match="record-level privacy.*runs with fedhier fit only"):
+        FlowerFitConfig.from_toml(flower)
+    FlowerFitConfig.from_toml(flower.replace('"record"', '"site"'))  # the default unit is accepted
+
+
 def test_a_site_that_fails_in_every_round_stops_the_command_before_anything_is_written(tmp_path, monkeypatch, capsys):
     from fedhier.protocol.mvppca import MVPPCAProtocol
 

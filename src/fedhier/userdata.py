@@ -6,7 +6,8 @@ Example ``fit.toml`` (paths relative to the TOML file)::
     n_rounds = 100            # optional, default 100
     seed = 0                  # optional
     # also optional: n_init, n_local_iter, n_first_iter, tol, init, local_tol, ig_solver, sigma2_prior,
-    # epsilon, delta (a total DP budget per site), aggregation ("plain" or "secure")
+    # epsilon, delta (a total DP budget per site), privacy_unit ("site", the default, or "record"),
+    # aggregation ("plain" or "secure")
     id = "id"                 # optional: a column carried to the latent CSVs
     scale = "standard"        # "standard", "minmax" or "none" (default), fitted across the sites
     # [ranges] age = [18, 100] ... : public bounds; scale = "minmax" with a range per column sends nothing
@@ -89,6 +90,7 @@ def fit_from_config(
     from .data.validation import check_sites
     from .estimators.mvppca import FedMVPPCA
     from .models.mvppca.dp import DPConfig
+    from .privacy.analyze_gauss import RecordDP
 
     config_path = Path(config_path)
     config = load_config(config_path)
@@ -101,6 +103,7 @@ def fit_from_config(
     columns = [c for cols in views.values() for c in cols]
     if total_budget is None and config.get("epsilon") is not None:
         total_budget = (float(config["epsilon"]), float(config.get("delta", 1e-5)))
+    unit = _privacy_unit(config, source, private=total_budget is not None, scale=data.scale)
     all_declared = set(columns) <= set(data.ranges)  # public bounds for every column: nothing sent to scale
     scaling, disclosure = scale_sites(data, columns, [_all_columns(s, views) for s in sites], private=total_budget is not None,
                                       source=source, seed=config.get("seed", 0), aggregation=config.get("aggregation", "plain"))
@@ -109,7 +112,9 @@ def fit_from_config(
     with site_warnings(names):
         sites, _ = check_sites(sites, n_components=options["n_components"], site_names=names)  # errors name the sites
     privacy = None
-    if total_budget is not None:
+    if unit == "record":  # one release of noisy moments per site; the fit is post-processing
+        privacy = RecordDP(*total_budget)
+    elif total_budget is not None:
         # the default EM prior update also releases two posterior-spread scalars per view and round
         privacy = DPConfig.total(*total_budget, n_rounds=options["n_rounds"], n_views=max(len(s) for s in sites), spread=True)
     model = FedMVPPCA(
@@ -171,6 +176,7 @@ def fit_from_config(
         "model": str(out / "model.npz"),
     }
     if privacy is not None:
+        summary["privacy_unit"] = unit
         summary["privacy_spent"] = model.privacy_spent_
         write_json(out / "privacy-report.json", model.privacy_report(site_names=dict(enumerate(names))))
     from .report.mvppca import write_mvppca_report
@@ -181,6 +187,9 @@ def fit_from_config(
              f"Every column was scaled ({data.scale}) across the sites before the fit; values are in scaled units.")
     if disclosure:
         units += " " + disclosure
+    if unit == "record":
+        units += (" Record-level differential privacy: each site released its noisy moments once, and the model was fitted "
+                  "from these releases; the privacy spent protects each subject of a site.")
     intro = (
         f"Fed-mv-PPCA on {len(sites)} sites ({', '.join(f'{n}: {len(next(iter(s.values())))} subjects' for n, s in zip(names, sites))}) "
         f"and {len(views)} views ({', '.join(f'{v}: {len(c)} features' for v, c in views.items())}), "
@@ -197,6 +206,25 @@ def fit_from_config(
     write_summary(out, summary, title="fedhier fit (Fed-mv-PPCA)", notes=notes)
     summary["notes"] = notes
     return summary
+
+
+def _privacy_unit(config: dict[str, Any], source: str, *, private: bool, scale: str) -> str | None:
+    """What a private fit protects: ``"site"`` (the default: a site's whole data set, over every round) or
+    ``"record"`` (one subject, by one release of noisy moments per site); None for a fit without privacy."""
+    unit = config.get("privacy_unit", "site")
+    if unit not in ("site", "record"):
+        raise ValueError(f"{source}: privacy_unit must be 'site' or 'record', got {unit!r}")
+    if not private:
+        if "privacy_unit" in config:
+            raise ValueError(f"{source}: privacy_unit = {unit!r} needs a privacy budget: set epsilon (or pass --dp)")
+        return None
+    if unit == "record" and scale != "minmax":
+        raise ValueError(f"{source}: record-level privacy (privacy_unit = 'record') bounds each subject's row on data "
+                         "min-max scaled to [0, 1]: set scale = \"minmax\" with public bounds in a [ranges] table")
+    if unit == "record" and config.get("aggregation", "plain") != "plain":
+        raise ValueError(f"{source}: record-level privacy (privacy_unit = 'record') sends one noisy release per site, "
+                         "with nothing to sum securely: remove aggregation = \"secure\"")
+    return unit
 
 
 def _all_columns(site: dict[str, np.ndarray], views: dict[str, list[str]]) -> np.ndarray:

@@ -24,7 +24,8 @@ FEDLIN_OPTIONS = {
 #: each family's options on the command line (a file may hold several families' keys; each command reads its own)
 FAMILY_OPTIONS = {
     "fed-mv-ppca": frozenset({"n_components", "n_rounds", "n_local_iter", "n_first_iter", "n_init", "tol", "init",
-                              "local_tol", "seed", "ig_solver", "sigma2_prior", "epsilon", "delta", "aggregation"}),
+                              "local_tol", "seed", "ig_solver", "sigma2_prior", "epsilon", "delta", "privacy_unit",
+                              "aggregation"}),
     "fedlin": frozenset({"model", "n_rounds", "seed", "aggregation"}).union(*FEDLIN_OPTIONS.values()),
     "collab": frozenset({"n_components", "rho", "weights", "aggregation", "max_iter", "seed"}),
 }
