@@ -320,6 +320,7 @@ def test_a_record_level_private_fit_releases_once_per_site_and_protects_subjects
     assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 0
     summary = _check_folder(tmp_path / "fit", "privacy-report.json")
     assert summary["privacy_unit"] == "record" and summary["rounds_run"] == 1
+    assert list(summary["privacy_spent"]) == summary["sites"]  # sites by name, as everywhere
     assert "nothing was sent" in summary["ranges"]  # no scaling round either: one release per site in all
     for spent in summary["privacy_spent"].values():
         assert spent["releases"] == 1 and spent["epsilon"] <= 2.0 + 1e-9

@@ -177,7 +177,7 @@ def fit_from_config(
     }
     if privacy is not None:
         summary["privacy_unit"] = unit
-        summary["privacy_spent"] = model.privacy_spent_
+        summary["privacy_spent"] = {names[s]: spent for s, spent in model.privacy_spent_.items()}
         write_json(out / "privacy-report.json", model.privacy_report(site_names=dict(enumerate(names))))
     from .report.mvppca import write_mvppca_report
 
