@@ -319,7 +319,8 @@ def _scaling_statistics(kind: str, aggregation: str, columns: Sequence[str]) -> 
 
 #: the library's advice in a warning, as a configuration file says it
 _CLI_WORDS = {"scale the data first (e.g. fedhier.data.MinMaxScaling, as the experiments do) or pass sigma2_prior=None":
-              'set scale = "standard" (or "minmax") in the configuration, or sigma2_prior = "none"'}
+              'set scale = "standard" in the configuration (a min-max scaling, above all with wide [ranges], can leave a '
+              'column\'s variance far below 1), or sigma2_prior = "none"'}
 
 
 @contextmanager
