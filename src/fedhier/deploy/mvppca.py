@@ -174,9 +174,10 @@ class FlowerFitConfig(TomlFit, Deployment):
             raise ValueError(f"{source}: invalid TOML: {exc}") from exc
         if raw.get("model", cls.model) != cls.model:
             raise ValueError(f"{source}: model = {raw['model']!r} is not a {cls.model} fit")
-        if raw.pop("privacy_unit", "site") != "site":
-            raise ValueError(f"{source}: privacy_unit = 'record' (record-level privacy) runs with fedhier fit only; a "
-                             "private fit over Flower protects each site's whole data set (privacy_unit = \"site\")")
+        unit = raw.pop("privacy_unit", "site")
+        if unit != "site":
+            raise ValueError(f"{source}: privacy_unit = {unit!r}: a private fit over Flower protects each site's whole "
+                             "data set (privacy_unit = \"site\"); record-level privacy (\"record\") runs with fedhier fit only")
         raw, reading = deployment_keys(raw, source, "fed-mv-ppca", _ALLOWED_KEYS)
         raw, flower, secure = read_fit_tables(raw, source, _ALLOWED_KEYS)
         views = raw.pop("views", None)
