@@ -738,22 +738,23 @@ def _protocol_md(design: TableDesign) -> str:
 
 def _claim_specs(design: TableDesign, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """What the page compares: Fed-mv-PPCA against every other method of each cell, on the test MAE and the LDA accuracy."""
+
+    def spec(groups, pairs, metric="mae_test", what="the test MAE", **options):
+        """One paired block on ``claims.csv``, a pair per repetition (``options``: e.g. ``lower_is_better``)."""
+        return {"csv": "claims.csv", "metric": metric, "what": what, **options, "unit": "repetition", "pair_on": ["repeat"],
+                "groups": groups, "pairs": pairs}
+
     others = [m.name for m in design.methods if m.name != FED_MVPPCA.name]
     groups = [{"scenario": sc, "n_sites": c} for sc, c in design.cells]
-    specs = [{"csv": "claims.csv", "metric": "mae_test", "what": "the test MAE", "unit": "repetition", "pair_on": ["repeat"],
-              "groups": groups, "pairs": [[FED_MVPPCA.name, m] for m in others]},
-             {"csv": "claims.csv", "metric": "accuracy", "what": "the LDA accuracy on the latent space", "lower_is_better": False,
-              "unit": "repetition", "pair_on": ["repeat"], "groups": groups,
-              "pairs": [[FED_MVPPCA.name, m] for m in others if m != TRAINING_MEAN.name]}]  # the mean has no latent space
+    specs = [spec(groups, [[FED_MVPPCA.name, m] for m in others]),
+             spec(groups, [[FED_MVPPCA.name, m] for m in others if m != TRAINING_MEAN.name],  # the mean has no latent space
+                  metric="accuracy", what="the LDA accuracy on the latent space", lower_is_better=False)]
     dp = [m.name for m in design.methods if m.kind == "dp"]
     if dp:
-        specs.append({"csv": "claims.csv", "metric": "mae_test", "what": "the test MAE", "unit": "repetition", "pair_on": ["repeat"],
-                      "groups": [g for g in groups if g["n_sites"] > 1], "pairs": [[d, TRAINING_MEAN.name] for d in dp]})
+        specs.append(spec([g for g in groups if g["n_sites"] > 1], [[d, TRAINING_MEAN.name] for d in dp]))
     if design.fedprox_methods:
         scenario, n_sites = design.fedprox_cell
-        specs.append({"csv": "claims.csv", "metric": "mae_test", "what": "the test MAE", "unit": "repetition", "pair_on": ["repeat"],
-                      "groups": [{"scenario": scenario, "n_sites": n_sites}],
-                      "pairs": [[FED_MVPPCA.name, m.name] for m in design.fedprox_methods]})
+        specs.append(spec([{"scenario": scenario, "n_sites": n_sites}], [[FED_MVPPCA.name, m.name] for m in design.fedprox_methods]))
     return specs
 
 
