@@ -25,6 +25,14 @@ def _copy(tmp: Path, name: str) -> Path:
     return tmp / name / "fit.toml"
 
 
+def _heart_minmax(tmp: Path, ranges: dict[str, tuple[float, float]], keys: str = "") -> Path:
+    """The heart slices with ``scale = "minmax"``, the public bounds ``ranges`` and the extra top-level lines ``keys``."""
+    toml = _copy(tmp, "heart")
+    toml.write_text(toml.read_text().replace('scale = "standard"', 'scale = "minmax"' + (f"\n{keys}" if keys else ""))
+                    + "\n[ranges]\n" + "".join(f"{c} = [{lo}, {hi}]\n" for c, (lo, hi) in ranges.items()))
+    return toml
+
+
 def _check_folder(out: Path, *files: str) -> dict:
     for name in ("model.npz", "summary.json", "summary.md", "report.html", "report.md", *files):
         assert (out / name).is_file(), name
@@ -282,10 +290,8 @@ def test_fit_linear_scales_with_declared_ranges_without_a_scaling_round(tmp_path
     names: list[str] = []
     real = simulate_module.simulate
     monkeypatch.setattr(simulate_module, "simulate", lambda protocol, *a, **k: names.append(protocol.name) or real(protocol, *a, **k))
-    toml = _copy(tmp_path, "heart")
     ranges = {"age": (18, 100), "trestbps": (0, 250), "exang": (0, 1), "thalch": (40, 250)}
-    toml.write_text(toml.read_text().replace('scale = "standard"', 'scale = "minmax"') + "\n[ranges]\n"
-                    + "".join(f"{c} = [{lo}, {hi}]\n" for c, (lo, hi) in ranges.items()))
+    toml = _heart_minmax(tmp_path, ranges)
     assert main(["fit", "linear", "--config", str(toml), "--out", str(tmp_path / "lin")]) == 0
     scaling = json.loads((tmp_path / "lin" / "summary.json").read_text())["scaling"]
     assert scaling["columns"] == ["age", "trestbps", "exang", "thalch"]
@@ -314,9 +320,7 @@ HEART_RANGES = {"age": (18, 100), "trestbps": (0, 250), "fbs": (0, 1), "chol": (
 
 
 def test_a_record_level_private_fit_releases_once_per_site_and_protects_subjects(tmp_path):
-    toml = _copy(tmp_path, "heart")
-    toml.write_text(toml.read_text().replace('scale = "standard"', 'scale = "minmax"\nprivacy_unit = "record"\nepsilon = 2.0')
-                    + "\n[ranges]\n" + "".join(f"{c} = [{lo}, {hi}]\n" for c, (lo, hi) in HEART_RANGES.items()))
+    toml = _heart_minmax(tmp_path, HEART_RANGES, 'privacy_unit = "record"\nepsilon = 2.0')
     assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 0
     summary = _check_folder(tmp_path / "fit", "privacy-report.json")
     assert summary["privacy_unit"] == "record" and summary["rounds_run"] == 1
@@ -337,10 +341,7 @@ def test_a_record_level_private_fit_releases_once_per_site_and_protects_subjects
 def test_record_level_privacy_refuses_secure_summation_and_flower(tmp_path):
     from fedhier.deploy.mvppca import FlowerFitConfig
 
-    toml = _copy(tmp_path, "heart")
-    toml.write_text(toml.read_text().replace('scale = "standard"', 'scale = "minmax"\nprivacy_unit = "record"\nepsilon = 2.0'
-                                             '\naggregation = "secure"')
-                    + "\n[ranges]\n" + "".join(f"{c} = [{lo}, {hi}]\n" for c, (lo, hi) in HEART_RANGES.items()))
+    toml = _heart_minmax(tmp_path, HEART_RANGES, 'privacy_unit = "record"\nepsilon = 2.0\naggregation = "secure"')
     assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 2
     assert not (tmp_path / "fit").exists()
     flower = 'n_components = 1\nepsilon = 2.0\nprivacy_unit = "record"\n[views]\nclinical = ["age", "trestbps"]\n[flower]\nsites = ["cleveland", "hungary"]\n'
