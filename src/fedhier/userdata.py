@@ -103,9 +103,10 @@ def fit_from_config(
     columns = [c for cols in views.values() for c in cols]
     if total_budget is None and config.get("epsilon") is not None:
         total_budget = (float(config["epsilon"]), float(config.get("delta", 1e-5)))
-    unit = _privacy_unit(config, source, private=total_budget is not None, scale=data.scale)
+    private = total_budget is not None
+    unit = _privacy_unit(config, source, private=private, scale=data.scale)
     all_declared = set(columns) <= set(data.ranges)  # public bounds for every column: nothing sent to scale
-    scaling, disclosure = scale_sites(data, columns, [_all_columns(s, views) for s in sites], private=total_budget is not None,
+    scaling, disclosure = scale_sites(data, columns, [_all_columns(s, views) for s in sites], private=private,
                                       source=source, seed=config.get("seed", 0), aggregation=config.get("aggregation", "plain"))
     sites = [{v: scaling.transform(views[v], X) for v, X in s.items()} for s in sites]
     options = {k: config.get(k, d) for k, d in _OPTIONS.items()}
@@ -114,7 +115,7 @@ def fit_from_config(
     privacy = None
     if unit == "record":  # one release of noisy moments per site; the fit is post-processing
         privacy = RecordDP(*total_budget)
-    elif total_budget is not None:
+    elif private:
         # the default EM prior update also releases two posterior-spread scalars per view and round
         privacy = DPConfig.total(*total_budget, n_rounds=options["n_rounds"], n_views=max(len(s) for s in sites), spread=True)
     model = FedMVPPCA(
