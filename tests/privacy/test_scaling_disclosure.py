@@ -4,7 +4,9 @@ A coordinator that records every reply it receives reads a site's exact column m
 scaling fitted on the sites' data (a subject's value: the oldest patient's age).  The tests show that this
 disclosure is real and stated on the opt-in path (``scaling_outside_privacy = true``), that a private fit
 without the opt-in is refused before any message is sent (and nothing is written), and that with public
-``[ranges]`` no scaling message is exchanged at all while the fit equals one on files scaled by hand.
+``[ranges]`` no scaling message is exchanged at all while the fit equals one on files scaled by hand.  With
+record-level privacy (``privacy_unit = "record"``) the coordinator receives one message per site, whose moments
+differ from the site's exact moments by noise of the calibrated size.
 """
 
 from __future__ import annotations
@@ -162,3 +164,25 @@ def test_public_ranges_send_no_scaling_message_and_equal_a_fit_on_files_scaled_b
         la = np.loadtxt(tmp_path / "fit" / f"latent_{site}.csv", delimiter=",", skiprows=1)
         lb = np.loadtxt(tmp_path / "fit-by-hand" / f"latent_{site}.csv", delimiter=",", skiprows=1)
         np.testing.assert_allclose(la, lb, rtol=1e-9, atol=1e-12)
+
+
+def test_record_level_privacy_sends_each_site_one_noisy_release_of_its_moments(tmp_path, monkeypatch, capsys):
+    """What a coordinator recording every reply gets from ``privacy_unit = "record"``: one release per site, and in it
+    the site's exact second moments (computed here from its file scaled by hand) plus noise of sd z 2C^2."""
+    from fedhier.privacy import gaussian_noise_multiplier
+
+    toml = _study(tmp_path / "study", ranges=True, extra='privacy_unit = "record"\n')
+    coordinator = Coordinator(monkeypatch)
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 0
+    assert coordinator.protocols() == {"fed-mv-ppca-record-dp"}
+    assert sorted(site for _, site, _ in coordinator.replies) == [0, 1, 2]  # one message per site, nothing else
+    columns = [c for cols in VIEWS.values() for c in cols]
+    lo, hi = np.array([RANGES[c][0] for c in columns]), np.array([RANGES[c][1] for c in columns])
+    clip = 0.5 * np.sqrt(len(columns))  # the default bound: no record of data in [0, 1] is clipped around 0.5
+    sd = gaussian_noise_multiplier(1.0, 1e-5, "analytic") * 2 * clip**2  # epsilon = 1 of _study, one release
+    for site, name in enumerate(("north", "south", "east")):
+        x = (np.column_stack([_column(tmp_path / "study", name, c) for c in columns]) - lo) / (hi - lo) - 0.5
+        records = np.hstack([x, np.full((len(x), len(VIEWS)), clip / np.sqrt(len(VIEWS)))])
+        released = next(reply["moments"] for _, s, reply in coordinator.replies if s == site)
+        noise = (released - records.T @ records)[np.triu_indices(records.shape[1])]
+        assert 0.6 * sd < noise.std() < 1.4 * sd, (name, noise.std(), sd)  # 45 draws: outside only if the noise is wrong
