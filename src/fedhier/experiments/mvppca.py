@@ -736,7 +736,7 @@ def _protocol_md(design: TableDesign) -> str:
     )
 
 
-def _claim_specs(design: TableDesign, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _claim_specs(design: TableDesign) -> list[dict[str, Any]]:
     """What the page compares: Fed-mv-PPCA against every other method of each cell, on the test MAE and the LDA accuracy."""
 
     def spec(groups, pairs, metric="mae_test", what="the test MAE", **options):
@@ -770,7 +770,7 @@ def _claims_md(out_dir: Path, design: TableDesign, rows: list[dict[str, Any]], n
     keep = ("repeat", "fold", "scenario", "n_sites", "method", "mae_test", "accuracy")
     write_csv(out_dir / "claims.csv", [{k: r.get(k, "") for k in keep} for r in rows if r["repeat"] in complete], keep)
     stored = read_csv(out_dir / "claims.csv")
-    return "\n".join(paired_block(spec, stored) for spec in _claim_specs(design, rows))
+    return "\n".join(paired_block(spec, stored) for spec in _claim_specs(design))
 
 
 def _run_table(
