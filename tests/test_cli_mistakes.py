@@ -46,8 +46,9 @@ def _pooled(tmp: Path, name: str) -> Path:
     return folder
 
 
-def _radon(tmp: Path, edit) -> Path:
-    toml = _pooled(tmp, "radon") / "fit.toml"
+def _pooled_config(tmp: Path, name: str, edit) -> Path:
+    """The ``fit.toml`` of the pooled slice ``name`` (e.g. radon, motes), edited by ``edit(toml text) -> text``."""
+    toml = _pooled(tmp, name) / "fit.toml"
     toml.write_text(edit(toml.read_text()))
     return toml
 
@@ -125,7 +126,7 @@ CASES = [
      lambda t: ["fit", "--config", str(_heart(t, _sub('"hungary.csv"', '"hungry.csv"'))), "--out", str(t / "o")],
      2, ["site 'hungary': file", "hungry.csv does not exist"]),
     ("11", "any command: a wrong site column",
-     lambda t: ["fit", "--config", str(_radon(t, _sub('site_column = "county.name"', 'site_column = "county_name"'))),
+     lambda t: ["fit", "--config", str(_pooled_config(t, "radon", _sub('site_column = "county.name"', 'site_column = "county_name"'))),
                 "--out", str(t / "o")],
      2, ["no site column 'county_name'", "did you mean 'county.name'"]),
     ("6", "any command: a misspelled id column",
@@ -155,6 +156,16 @@ CASES = [
     ("—", "`fedhier fit`: privacy_unit without a privacy budget",
      lambda t: ["fit", "--config", str(_heart(t, _sub("seed = 0", 'seed = 0\nprivacy_unit = "record"'))), "--out", str(t / "o")],
      2, ["privacy_unit = 'record' needs a privacy budget", "epsilon", "--dp"]),
+    ("—", "`fedhier fit --dp` on a file whose model is FedLin",
+     lambda t: ["fit", "--config", str(_heart(t, lambda s: 'model = "fedlin-hm2"\n' + s)), "--out", str(t / "o"), "--dp"],
+     2, ["--dp / --epsilon ask for a differentially private fit", "model is FedLin", "run it without them"]),
+    ("—", "`fedhier fit linear` on a file that sets a privacy budget",
+     lambda t: ["fit", "linear", "--config", str(_heart(t, _sub("seed = 0", "seed = 0\nepsilon = 1.0"))), "--out", str(t / "o")],
+     2, ["sets epsilon", "a FedLin fit takes no privacy budget", "remove epsilon"]),
+    ("—", "`fedhier collab fit` on a file that sets a privacy budget",
+     lambda t: ["collab", "fit", "--config", str(_pooled_config(t, "motes", lambda s: "epsilon = 1.0\ndelta = 1e-6\n" + s)),
+                "--out", str(t / "o")],
+     2, ["sets epsilon, delta", "a CollabDict fit takes no privacy budget", "privacy its published pattern means spend", "remove epsilon, delta"]),
     ("2", "`fedhier fit linear` on raw clinical units (the whole heart table, without scale)",
      lambda t: ["fit", "linear", str(_heart_with_male(t)), "--site", "dataset", "--target", "thalch", "--features",
                 "age,trestbps,male", "--intercept", "--quiet", "--out", str(t / "o")],

@@ -819,6 +819,7 @@ def test_fedlin_configuration_errors_name_the_key(fleet):
         'model = "fedlin-hm2"\nrandom = ["c"]\n' + base: r"random must list feature names .* unknown: \['c'\]",
         'model = "fedlin-hm2"\nfeatures = ["a"]\n[flower]\nsites = ["m1"]\n': "target is required",
         'model = "fedlin-hm2"\n' + base.replace('"b"', '"y"'): r"column\(s\) \['y'\] named more than once",
+        'model = "fedlin-hm2"\nepsilon = 1.0\n' + base: "sets epsilon, but a FedLin fit takes no privacy budget",
     }
     for text, message in cases.items():
         with pytest.raises(ValueError, match="my.toml: .*" + message):

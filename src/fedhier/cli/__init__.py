@@ -85,7 +85,10 @@ def _cmd_fit(args) -> int:
     if str(load_config(args.config).get("model", "")).startswith("fedlin"):  # the same file, a linear model
         from .linear import fit_linear_config
 
-        return fit_linear_config(args.config, out_dir=args.out)
+        if _total_budget(args) is not None:
+            raise ValueError(f"{args.config}: --dp / --epsilon ask for a differentially private fit, but this file's model is "
+                             "FedLin, which has no private version in fedhier (only Fed-mv-PPCA has one); run it without them")
+        return fit_linear_config(args.config, out_dir=args.out, quiet=args.quiet)
 
     summary = fit_from_config(args.config, out_dir=args.out, total_budget=_total_budget(args), progress=not args.quiet)
     shown = {k: v for k, v in summary.items() if k not in ("columns", "scaling")}  # both are in summary.json

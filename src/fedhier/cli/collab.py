@@ -22,6 +22,7 @@ import numpy as np
 
 from ..data.scaling import ColumnScaling
 from ..data.sitefiles import SiteDataError, close_matches, join_problems, parse_column, read_table
+from ..deploy._toml import refuse_privacy_keys
 from ..utils.io import write_csv
 from ..utils.untrusted import check_outputs_spare_inputs
 from .console import rounds_shown, run
@@ -113,6 +114,8 @@ def _fit(args: argparse.Namespace, command: str) -> int:
 
     config = _config_of(args)
     source = config["_source"]
+    refuse_privacy_keys(config, source, "a CollabDict fit",
+                        spent="; its report states the privacy its published pattern means spend")
     data = site_data(config, source, config["_base"])
     label = config.get("label")
     drop = {c for c in args.drop_columns.split(",") if c} | {config.get("site_column"), data.id, label} - {None}

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..data.sitefiles import SiteDataError, join_problems
-from ..deploy._toml import FEDLIN_OPTIONS
+from ..deploy._toml import FEDLIN_OPTIONS, refuse_privacy_keys
 from ..utils.io import write_csv, write_json
 from ..utils.untrusted import check_outputs_spare_inputs
 from .console import rounds_shown, run
@@ -103,10 +103,10 @@ def _model_name(config: dict[str, Any]) -> str:
     return model
 
 
-def fit_linear_config(config_path: str | Path, *, out_dir: str | Path) -> int:
+def fit_linear_config(config_path: str | Path, *, out_dir: str | Path, quiet: bool = False) -> int:
     """``fedhier fit --config`` with ``model = "fedlin-hm2"`` (or hm1): the same fit as ``fit linear --config``."""
     config = load_config(config_path)
-    config.update(_source=str(config_path), _base=Path(config_path).parent, _out=Path(out_dir))
+    config.update(_source=str(config_path), _base=Path(config_path).parent, _out=Path(out_dir), _quiet=quiet)
     return _fit_linear(config, command=f"fedhier fit --config {Path(config_path).name}")
 
 
@@ -114,6 +114,7 @@ def _fit_linear(config: dict[str, Any], command: str | None) -> int:
     from ..estimators.fedlin import FedHM1Regressor, FedHM2Regressor, name_components
 
     source = config["_source"]
+    refuse_privacy_keys(config, source, "a FedLin fit")
     opt = {k: config.get(k, d) for k, d in _DEFAULTS.items()}
     model = _model_name(config)
     target, features = config.get("target"), config.get("features")

@@ -29,6 +29,8 @@ FAMILY_OPTIONS = {
     "fedlin": frozenset({"model", "n_rounds", "seed", "aggregation"}).union(*FEDLIN_OPTIONS.values()),
     "collab": frozenset({"n_components", "rho", "weights", "aggregation", "max_iter", "seed"}),
 }
+#: the keys that ask for a differentially private fit (only Fed-mv-PPCA has one)
+PRIVACY_KEYS = ("epsilon", "delta", "privacy_unit", "scaling_outside_privacy")
 #: every top-level key of a configuration
 CONFIG_KEYS = DATA_KEYS | {"model", "flower", "secure"} | frozenset().union(*MODEL_KEYS.values(), *FAMILY_OPTIONS.values())
 
@@ -45,6 +47,8 @@ def deployment_keys(raw: dict[str, Any], source: str, family: str,
     refused.  ``own``: the keys the deployment itself reads.
     """
     raw = dict(raw)
+    if family != "fed-mv-ppca":
+        refuse_privacy_keys(raw, source, "a FedLin fit" if family == "fedlin" else "a CollabDict fit")
     scale = raw.get("scale", "none")
     ranges = check_ranges(raw.get("ranges", {}), source)
     if scale == "minmax" and not ranges:
@@ -64,6 +68,19 @@ def deployment_keys(raw: dict[str, Any], source: str, family: str,
     for key in CONFIG_KEYS - set(own) - FAMILY_OPTIONS[family] - MODEL_KEYS[family] - {"model", "flower", "secure"}:
         raw.pop(key, None)
     return raw, {"partial": partial, "missing_values": missing, "ranges": ranges}
+
+
+def refuse_privacy_keys(raw: dict[str, Any], source: str, fit: str, spent: str = "") -> None:
+    """Refuse a file that sets a privacy budget for ``fit`` (e.g. "a FedLin fit"), which takes none.
+
+    A file may hold several families' keys and each command reads its own, but a privacy setting is never
+    skipped in silence: the fit would run while its user believes it bounded by the budget.  ``spent``: what
+    the fit says about privacy instead, if anything.
+    """
+    asked = [key for key in PRIVACY_KEYS if key in raw]
+    if asked:
+        raise ValueError(f"{source}: sets {', '.join(asked)}, but {fit} takes no privacy budget (only Fed-mv-PPCA "
+                         f"takes one){spent}; remove {', '.join(asked)} to run it")
 
 
 def check_ranges(value: Any, source: str) -> dict[str, tuple[float, float]]:
