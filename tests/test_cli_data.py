@@ -366,3 +366,16 @@ def test_a_site_that_fails_in_every_round_stops_the_command_before_anything_is_w
     err = capsys.readouterr().err
     assert "fedhier: error: site(s) ['hungary'] failed in every round" in err
     assert not (tmp_path / "fit").exists() or not any((tmp_path / "fit").iterdir())
+
+
+def test_the_sigma2_prior_warning_advises_what_the_configuration_lacks(tmp_path, capsys):
+    """A view that hardly varies at one site: on standardised data the advice is to check that site's columns, not
+    to set the scaling the file already sets; on min-max scaled data it is to standardise."""
+    assert main(["fit", "--config", str(_copy(tmp_path, "heart")), "--out", str(tmp_path / "standard"), "--quiet"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "prior on sigma2" in line]
+    assert warned and all("already standardised across the sites" in line and 'set scale = "standard"' not in line
+                          for line in warned), warned
+    toml = _heart_minmax(tmp_path / "minmax", HEART_RANGES)
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "minmax-fit"), "--quiet"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "prior on sigma2" in line]
+    assert warned and all('set scale = "standard" in the configuration' in line for line in warned), warned

@@ -110,7 +110,7 @@ def fit_from_config(
                                       source=source, seed=config.get("seed", 0), aggregation=config.get("aggregation", "plain"))
     sites = [{v: scaling.transform(views[v], X) for v, X in s.items()} for s in sites]
     options = {k: config.get(k, d) for k, d in _OPTIONS.items()}
-    with site_warnings(names):
+    with site_warnings(names, data.scale):
         sites, _ = check_sites(sites, n_components=options["n_components"], site_names=names)  # errors name the sites
     privacy = None
     if unit == "record":  # one release of noisy moments per site; the fit is post-processing
@@ -131,7 +131,7 @@ def fit_from_config(
     out = Path(out_dir)
     outputs = [out / "model.npz", out / "summary.json", out / "summary.md", *(out / f"latent_{name}.csv" for name in names)]
     check_outputs_spare_inputs(outputs, [config_path, *data.inputs])
-    with site_warnings(names):
+    with site_warnings(names, data.scale):
         model.fit(sites)
     contributed = {int(s) for row in model.history_ for s in row["sites"]}
     silent = [name for s, name in enumerate(names) if s not in contributed]

@@ -317,23 +317,31 @@ def _scaling_statistics(kind: str, aggregation: str, columns: Sequence[str]) -> 
     return f"every site's exact per-column counts, sums and sums of squares of column(s) {list(columns)}, in the clear"
 
 
-#: the library's advice in a warning, as a configuration file says it
-_CLI_WORDS = {"scale the data first (e.g. fedhier.data.MinMaxScaling, as the experiments do) or pass sigma2_prior=None":
-              'set scale = "standard" in the configuration (a min-max scaling, above all with wide [ranges], can leave a '
-              'column\'s variance far below 1), or sigma2_prior = "none"'}
+_API_ADVICE = ("The defaults assume data on a unit scale: scale the data first (e.g. fedhier.data.MinMaxScaling, as the "
+               "experiments do) or pass sigma2_prior=None.")
+
+
+def _advice(scale: str) -> str:
+    """The library's advice on a view whose variance is below the sigma2 prior's floor, as a configuration says it."""
+    if scale == "standard":  # the data are already on a unit scale: the site's entries of the view hardly vary
+        return ("The data are already standardised across the sites (scale = \"standard\"), so this site's entries of the "
+                "view hardly vary (a constant column, or few observed rows): check its columns there, or set "
+                "sigma2_prior = \"none\".")
+    return ('The defaults assume data on a unit scale: set scale = "standard" in the configuration (a min-max scaling, '
+            'above all with wide [ranges], can leave a column\'s variance far below 1), or sigma2_prior = "none".')
 
 
 @contextmanager
-def site_warnings(names: Sequence[str]):
-    """Show the estimator's warnings as one line each (``fedhier: warning: ...``), sites by name, no source line."""
+def site_warnings(names: Sequence[str], scale: str = "none"):
+    """Show the estimator's warnings as one line each (``fedhier: warning: ...``), sites by name, no source line,
+    with the library's advice in the words of a configuration file scaled by ``scale``."""
     with warnings.catch_warnings(record=True) as caught:
         yield
     seen = set()
     for w in caught:
         text = re.sub(r"\bsite (\d+)\b",
                       lambda m: f"site {names[int(m.group(1))]!r}" if int(m.group(1)) < len(names) else m.group(0), str(w.message))
-        for api, toml in _CLI_WORDS.items():
-            text = text.replace(api, toml)
+        text = text.replace(_API_ADVICE, _advice(scale))
         if text not in seen:
             seen.add(text)
             print(f"fedhier: warning: {text}", file=sys.stderr)
