@@ -183,10 +183,15 @@ def test_collab_runs_without_pandas(monkeypatch, capsys, tmp_path):
     assert (out / "model.npz").is_file() and (out / "scores_p.csv").is_file() and (out / "report.html").is_file()
 
 
-def test_python_m_fedhier_cli_is_the_fedhier_command():
+@pytest.mark.parametrize("module", ["fedhier", "fedhier.cli"])
+def test_python_m_fedhier_is_the_fedhier_command(module):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "fedhier.cli", "experiment", "list"], capture_output=True, text=True)
+    import fedhier
+
+    proc = subprocess.run([sys.executable, "-m", module, "experiment", "list"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "mvppca-sd" in proc.stdout.split()
+    proc = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.split() == ["fedhier", fedhier.__version__], (proc.stdout, proc.stderr)

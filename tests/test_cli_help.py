@@ -65,3 +65,28 @@ def test_fit_help_names_fit_linear(capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     assert "fedhier fit linear" in capsys.readouterr().out
+
+
+def test_every_option_of_the_data_commands_is_in_docs_cli(monkeypatch):
+    """What `--help` offers for the demo and the fits on a user's files, docs/cli.md describes (and vice versa a
+    user reading the page finds every flag): each long option appears there, in its text or its examples."""
+    import re
+    from pathlib import Path
+
+    from fedhier.cli import _build_parser
+    from fedhier.cli.collab import cli_collab
+    from fedhier.cli.linear import cli_fit_linear
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    parsers = {
+        "fedhier": _build_parser(),
+        "fedhier fit linear": _parser_of(monkeypatch, lambda: cli_fit_linear(["x.csv"])),
+        "fedhier collab": _parser_of(monkeypatch, lambda: cli_collab(["fit"])),
+    }
+    absent = [f"{command} {option}"
+              for name, parser in parsers.items() for command, p in _commands(parser, name)
+              if command not in ("fedhier", "fedhier experiment") and p.add_help
+              for action in p._actions for option in action.option_strings
+              if option.startswith("--") and option not in ("--help", "--version")
+              and not re.search(re.escape(option) + r"(?![\w-])", page)]
+    assert absent == []

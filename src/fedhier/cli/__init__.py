@@ -124,7 +124,10 @@ def _cmd_experiment(args) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="fedhier", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"fedhier {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def privacy_flags(p):

@@ -50,7 +50,7 @@ def add_fit_linear_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="seed of the run (default 0)")
     parser.add_argument("--scale", choices=["standard", "minmax", "none"], default=None,
                         help="scale every column across the sites before the fit (default none)")
-    parser.add_argument("--id", default=None, help="column identifying each row (kept in per-row outputs)")
+    parser.add_argument("--id", default=None, help="column identifying each row (checked and never used as a feature; FedLin writes no per-row output)")
     parser.add_argument("--out", type=Path, default=None, help="result folder (default fedhier-fit-linear)")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
 
