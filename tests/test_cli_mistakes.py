@@ -18,6 +18,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -88,10 +89,11 @@ def _minmax(*ranges: str):
     return lambda text: text.replace('scale = "standard"', 'scale = "minmax"', 1) + "\n[ranges]\n" + "\n".join(ranges) + "\n"
 
 
-def _fitted_collab(tmp: Path) -> Path:
+def _fitted(tmp: Path, command: Sequence[str] = ("collab", "fit")) -> Path:
+    """The model.npz of ``fedhier COMMAND`` on the motes slice."""
     folder = _pooled(tmp, "motes")
-    assert main(["collab", "fit", "--config", str(folder / "fit.toml"), "--out", str(tmp / "collab")]) == 0
-    return tmp / "collab" / "model.npz"
+    assert main([*command, "--config", str(folder / "fit.toml"), "--out", str(tmp / "fitted"), "--quiet"]) == 0
+    return tmp / "fitted" / "model.npz"
 
 
 #: (newcomer report point, the mistake, argv builder, expected exit status, fragments the message must hold)
@@ -200,9 +202,13 @@ CASES = [
      2, ["column(s) ['sex', 'cp', 'restecg', 'slope', 'thal'] hold text", "site 'Cleveland': non-numeric value in column 'sex', row 1", "['ca'] not measured at site 'Hungary'",
          "list the variables"]),
     ("11", "`fedhier collab score`: a site the model does not know",
-     lambda t: ["collab", "score", "--model", str(_fitted_collab(t)), "--csv", str(t / "motes" / "motes.csv"), "--site", "7",
+     lambda t: ["collab", "score", "--model", str(_fitted(t)), "--csv", str(t / "motes" / "motes.csv"), "--site", "7",
                 "--out", str(t / "s.csv")],
      2, ["--site '7' is not a site of the model", "its sites: ['1', '2', '3', '4']"]),
+    ("—", "`fedhier collab score` with the model of a Fed-mv-PPCA fit",
+     lambda t: ["collab", "score", "--model", str(_fitted(t, ["fit"])), "--csv", str(t / "motes" / "motes.csv"), "--site", "1",
+                "--out", str(t / "s.csv")],
+     2, ["a Fed-mv-PPCA model", "collab score needs the model.npz of a `fedhier collab fit` result folder"]),
     ("3", "`fedhier experiment fedlin-radon` without statsmodels",
      lambda t: ["experiment", "fedlin-radon", "--quick", "--out", str(t / "o")],
      2, ["`fedhier experiment fedlin-radon` needs the optional package statsmodels", 'pip install -e ".[stats]"']),

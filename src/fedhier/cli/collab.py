@@ -236,8 +236,13 @@ def _score(args: argparse.Namespace) -> int:
 
     model_path = Path(args.model)
     check_outputs_spare_inputs([args.out], [args.csv, args.model])
-    model = CollabDict.load(model_path)
     saved = read_saved_data(model_path.parent)
+    family = saved.get("model_family", "collab")
+    if family != "collab":
+        shown = {"fed-mv-ppca": "Fed-mv-PPCA", "fedlin-hm2": "FedLin HM2", "fedlin-hm1": "FedLin HM1"}.get(family, repr(family))
+        raise ValueError(f"{model_path}: a {shown} model (its folder's summary.json says so); collab score needs the "
+                         "model.npz of a `fedhier collab fit` result folder")
+    model = CollabDict.load(model_path)
     names = [str(n) for n in saved.get("sites", [])]
     columns = [c for c in args.columns.split(",") if c] if args.columns else saved.get("variables")
     if not columns:
