@@ -14,11 +14,17 @@ from fedhier.cli import main
 from fedhier.data import load_alzheimer
 
 
-def test_demo_writes_a_report_with_its_figures(tmp_path, capsys):
+def test_demo_writes_a_report_with_its_figures(tmp_path):
+    import contextlib
+    import io
+
     out = tmp_path / "report"
-    assert main(["demo", "--out", str(out), "--rounds", "5", "--quiet"]) == 0
-    printed = capsys.readouterr().out
+    with contextlib.redirect_stdout(io.StringIO()) as stdout:  # a file, as when the output is redirected
+        assert main(["demo", "--out", str(out), "--rounds", "5", "--quiet"]) == 0
+    printed = stdout.getvalue()
     assert "test MAE" in printed and "latent LDA accuracy" in printed and "mean imputation" in printed
+    imputed = [line for line in printed.splitlines() if line.startswith("imputing ")]
+    assert len(imputed) == 2 and all(re.search(r"vs mean imputation \d\.\d{4}$", line) for line in imputed), printed  # unwrapped
     for name in ("report.html", "report.md", "summary.json", "model.npz", "figures/convergence.png",
                  "figures/latent_pairs.png", "figures/imputation_csf.png", "figures/sites_vs_global.png"):
         assert (out / name).is_file(), name

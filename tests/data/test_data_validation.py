@@ -96,7 +96,7 @@ def test_too_few_subjects():
     site = _site(n=3)
     site["a"][1:] = np.nan
     site["b"][1:] = np.nan
-    with pytest.raises(ValueError, match=r"site 0: 1 subject\(s\) with an observed view .* min_subjects=2"):
+    with pytest.raises(ValueError, match=r"site 0: 1 subject\(s\) with an observed view .* at least 2 are needed"):
         check_sites([site])
     with pytest.raises(ValueError, match=r"site 1: 5 subject"):
         check_sites([_site(n=7), _site()], min_subjects=6)

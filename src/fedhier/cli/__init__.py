@@ -45,7 +45,7 @@ def _cmd_demo(args) -> int:
         per_release=(10.0, 0.01) if args.paper_dp else None,
         progress=not args.quiet,
     )
-    console = Console()
+    console = Console(soft_wrap=True)  # one line per result, also when stdout is a file
     console.print(f"[bold]Fed-mv-PPCA on {summary['data']}[/bold]")
     console.print(
         f"{summary['n_sites']} sites, scenario {summary['scenario']}, sizes {summary['site_sizes']}, "

@@ -96,7 +96,7 @@ def check_sites(
         if n_subjects < min_subjects:
             raise ValueError(
                 f"{where}: {n_subjects} subject(s) with an observed view (of {n} rows); "
-                f"at least min_subjects={min_subjects} are needed"
+                f"at least {min_subjects} are needed"
             )
         checked.append(views)
 
