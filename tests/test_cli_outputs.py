@@ -174,3 +174,19 @@ def test_demo_twice_into_the_same_folder_replaces_the_first_report(tmp_path):
     assert main(["demo", "--out", str(out), "--rounds", "2", "--quiet"]) == 0
     assert (out / "report.html").is_file() and not (out / "figures" / "stale.png").exists()
     assert not _staging_left(tmp_path)
+
+
+def test_an_input_inside_the_folder_a_run_replaces_is_refused(tmp_path, capsys):
+    config = _write_sites(tmp_path)
+    out = tmp_path / "result"
+    assert main(_argv("fit", config, out)) == 0
+    pooled = ["site,g1,age,y"] + [f"{s},{i * 0.1:.2f},{(i % 7) * 0.3:.2f},{i * 0.05 + (s == 'q'):.2f}" for s in "pq" for i in range(20)]
+    (out / "scores_all.csv").write_text("\n".join(pooled) + "\n")  # a name a result folder may hold
+    before = _snapshot(out)
+    capsys.readouterr()
+    argv = ["fit", "linear", str(out / "scores_all.csv"), "--site", "site", "--target", "y", "--features", "g1,age",
+            "--out", str(out), "--quiet"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (f"fedhier: error: the input file {out / 'scores_all.csv'} is inside the "
+                                               f"output folder {out}, which this run replaces; choose another --out folder")
+    assert _snapshot(out) == before and not _staging_left(tmp_path)

@@ -40,7 +40,7 @@ import numpy as np
 from .cli.sitedata import SiteData, check_columns, load_config, scale_sites, site_data, site_warnings, write_summary
 from .data.sitefiles import SiteDataError, join_problems, read_site_table
 from .utils.io import write_csv, write_json
-from .utils.results import result_folder
+from .utils.results import check_inputs_outside, result_folder
 from .utils.untrusted import check_outputs_spare_inputs
 
 __all__ = ["read_views", "read_site_table", "fit_from_config", "SiteDataError"]
@@ -140,6 +140,7 @@ def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tu
     )
     outputs = [out / "model.npz", out / "summary.json", out / "summary.md", *(out / f"latent_{name}.csv" for name in names)]
     check_outputs_spare_inputs(outputs, [config_path, *data.inputs])
+    check_inputs_outside(out, [config_path, *data.inputs])
     with site_warnings(names):
         model.fit(sites)
     contributed = {int(s) for row in model.history_ for s in row["sites"]}

@@ -24,7 +24,7 @@ import numpy as np
 from ..data.scaling import ColumnScaling
 from ..data.sitefiles import SiteDataError, close_matches, join_problems, parse_column, read_table
 from ..utils.io import write_csv
-from ..utils.results import REPORT_FILES, check_output_folder, result_folder
+from ..utils.results import REPORT_FILES, check_inputs_outside, check_output_folder, result_folder
 from ..utils.untrusted import check_outputs_spare_inputs
 from .console import rounds_shown, run
 from .sitedata import check_columns, complete_rows, load_config, read_saved_data, site_data, site_warnings, write_summary
@@ -124,12 +124,14 @@ def _fit(args: argparse.Namespace, command: str) -> int:
         staging = stack.enter_context(result_folder(folder, merge=model_file))
         report_staging = staging if os.path.realpath(report_dir) == os.path.realpath(folder) else stack.enter_context(
             result_folder(report_dir, what="--report", key="report.html", names=REPORT_FILES))
-        return _fit_and_write(args, command, folder, model_path, report_dir, staging, report_staging)
+        replaced = [*([] if model_file else [folder]), *([] if report_staging is staging else [report_dir])]
+        return _fit_and_write(args, command, folder, model_path, report_dir, staging, report_staging, replaced)
 
 
 def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_path: Path, report_dir: Path,
-                   staging: Path | None, report_staging: Path | None) -> int:
-    """:func:`_fit`, writing into ``staging`` (``report_staging``) the files that will be ``folder``'s (``report_dir``'s)."""
+                   staging: Path | None, report_staging: Path | None, replaced: Sequence[Path] = ()) -> int:
+    """:func:`_fit`, writing into ``staging`` (``report_staging``) the files that will be ``folder``'s (``report_dir``'s);
+    ``replaced``: the folders that publishing replaces whole, which may hold no input."""
     from ..estimators.collab import CollabDict
 
     config = _config_of(args)
@@ -180,6 +182,8 @@ def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_p
     else:
         out = model_path
         check_outputs_spare_inputs([out, folder / "summary.json", *(folder / f"scores_{n}.csv" for n in names)], inputs)
+        for target in replaced:
+            check_inputs_outside(target, inputs, what="--report" if target == report_dir else "--out")
         with site_warnings(names), rounds_shown(opt["max_iter"] + 1, "CollabDict rounds", quiet=args.quiet):  # + the round of moments
             model.fit(sites)
     model.save(out if staging is None else staging / model_path.name)

@@ -19,7 +19,7 @@ import numpy as np
 from ..data.sitefiles import SiteDataError, join_problems
 from ..deploy._toml import FEDLIN_OPTIONS
 from ..utils.io import write_csv, write_json
-from ..utils.results import check_output_folder, result_folder
+from ..utils.results import check_inputs_outside, check_output_folder, result_folder
 from ..utils.untrusted import check_outputs_spare_inputs
 from .console import rounds_shown, run
 from .sitedata import check_columns, complete_rows, load_config, scale_sites, site_data, site_warnings, write_summary
@@ -146,7 +146,9 @@ def _fit_and_write(config: dict[str, Any], command: str | None, out: Path, stagi
     sites = [(v[:, :-1], v[:, -1]) for v in sites]
     names = data.names
     outputs = ["phi.csv", "coefficients.csv", "history.json", "model.npz", "summary.md", "summary.json"]
-    check_outputs_spare_inputs([out / name for name in outputs], [*data.inputs, *([source] if source.endswith(".toml") else [])])
+    inputs = [*data.inputs, *([source] if source.endswith(".toml") else [])]
+    check_outputs_spare_inputs([out / name for name in outputs], inputs)
+    check_inputs_outside(out, inputs)
     names_out = list(features)
     if opt["intercept"]:
         names_out = [_INTERCEPT, *names_out]

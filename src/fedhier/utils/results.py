@@ -28,7 +28,7 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["RESULT_FILES", "REPORT_FILES", "check_output_folder", "result_folder"]
+__all__ = ["RESULT_FILES", "REPORT_FILES", "check_output_folder", "check_inputs_outside", "result_folder"]
 
 #: what a report folder holds (:meth:`fedhier.report.document.Report.write`)
 REPORT_FILES = ("report.html", "report.md", "figures")
@@ -63,6 +63,16 @@ def check_output_folder(target: str | os.PathLike, *, what: str = "--out", key: 
             shown = f" (it holds {', '.join(repr(n) for n in foreign[:3])}{' ...' if len(foreign) > 3 else ''})" if foreign else ""
             raise ValueError(f"{what} {target} is a folder that is not a fedhier result{shown}; fedhier replaces only "
                              "its own result folders: choose a new or empty folder")
+
+
+def check_inputs_outside(target: str | os.PathLike, inputs, *, what: str = "--out") -> None:
+    """ValueError if an input file lies inside ``target``, a folder that publishing replaces whole
+    (e.g. ``fit linear`` on a previous run's ``latent_a.csv`` with the same ``--out``)."""
+    root = Path(target).resolve()
+    for given in inputs:
+        if given is not None and root in Path(given).resolve().parents:
+            raise ValueError(f"the input file {given} is inside the output folder {target}, which this run replaces; "
+                             f"choose another {what} folder")
 
 
 def _make_parents(folder: Path, what: str, target: Path) -> list[Path]:
