@@ -190,3 +190,15 @@ def test_an_input_inside_the_folder_a_run_replaces_is_refused(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (f"fedhier: error: the input file {out / 'scores_all.csv'} is inside the "
                                                f"output folder {out}, which this run replaces; choose another --out folder")
     assert _snapshot(out) == before and not _staging_left(tmp_path)
+
+
+def test_the_current_folder_is_never_replaced(tmp_path, monkeypatch, capsys):
+    config = _write_sites(tmp_path)
+    out = tmp_path / "result"
+    assert main(_argv("fit", config, out)) == 0
+    before = _snapshot(out)
+    monkeypatch.chdir(out)
+    capsys.readouterr()
+    assert main(_argv("fit", config, ".")) == 2
+    assert "--out . is the current folder" in capsys.readouterr().err
+    assert _snapshot(out) == before and not _staging_left(tmp_path)

@@ -63,6 +63,10 @@ def check_output_folder(target: str | os.PathLike, *, what: str = "--out", key: 
             shown = f" (it holds {', '.join(repr(n) for n in foreign[:3])}{' ...' if len(foreign) > 3 else ''})" if foreign else ""
             raise ValueError(f"{what} {target} is a folder that is not a fedhier result{shown}; fedhier replaces only "
                              "its own result folders: choose a new or empty folder")
+        here = Path.cwd().resolve()
+        if here == target.resolve() or target.resolve() in here.parents:  # replacing it would pull the folder from under you
+            raise ValueError(f"{what} {target} is the current folder (or holds it), which this run would replace: "
+                             "run from another folder, or choose another output folder")
 
 
 def check_inputs_outside(target: str | os.PathLike, inputs, *, what: str = "--out") -> None:
