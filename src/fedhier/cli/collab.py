@@ -202,8 +202,9 @@ def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_p
         intro = (f"Collaborative anomaly detection on {len(sites)} sites ({sum(len(x) for x in sites)} samples of "
                  f"{len(variables)} variables: {', '.join(variables)}; {data.layout}). The sites learned a shared "
                  "dictionary of patterns without a centre; each scores its own samples with its private weights." + units)
-        report = report_dir / write_collab_report(report_staging, model, sites, site_names=names, variables=variables, title="CollabDict fit",
-                                     intro=intro, labels=known, command=command).name
+        written = write_collab_report(report_staging, model, sites, site_names=names, variables=variables,
+                                      title="CollabDict fit", intro=intro, labels=known, command=command)
+        report = report_dir / written.name  # where it is once published
         summary = {"model_family": "collab", "sites": names, "rows": {n: len(x) for n, x in zip(names, sites)},
                    "data": data.layout, "site_column": config.get("site_column"), "variables": variables, "label": label,
                    "id": data.id, "scale": data.scale, "scaling": scaling.to_dict(), "partial": data.partial,

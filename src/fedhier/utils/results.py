@@ -130,11 +130,9 @@ def result_folder(target: str | os.PathLike, *, what: str = "--out", key: str = 
     try:
         shutil.rmtree(staging, ignore_errors=True)  # left by a killed process of the same id
         staging.mkdir()
-        if not os.access(staging, os.W_OK | os.X_OK):
-            raise PermissionError(13, "permission denied", str(staging))
     except OSError as exc:
         _remove_empty(created)
-        raise ValueError(f"{what} {given}: cannot write in {target.parent} "
+        raise ValueError(f"{what} {given}: cannot write in {staging.parent} "
                          f"({(exc.strerror or type(exc).__name__).lower()})") from None
     try:
         yield staging
