@@ -33,6 +33,7 @@ from .metrics import imputation_mae, latent_accuracy, observed_rows, reconstruct
 from .estimators.mvppca import FedMVPPCA
 from .report.mvppca import privacy_by_round
 from .utils.io import write_json
+from .utils.results import result_folder
 
 __all__ = ["run_demo", "DemoData", "demo_data"]
 
@@ -94,7 +95,15 @@ def run_demo(
     """
     if total_budget is not None and per_release is not None:
         raise ValueError("choose either a total budget or a per-release budget, not both")
-    out = Path(out_dir)
+    with result_folder(out_dir) as staging:  # checked now; appears with all its files or not at all
+        return _run_demo(staging, n_components=n_components, n_rounds=n_rounds, n_sites=n_sites, scenario=scenario,
+                         seed=seed, total_budget=total_budget, per_release=per_release, progress=progress)
+
+
+def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scenario: str, seed: int,
+              total_budget: tuple[float, float] | None, per_release: tuple[float, float] | None,
+              progress: bool) -> dict[str, Any]:
+    """:func:`run_demo`, writing the report folder's files into ``out`` (its staging folder)."""
     t0 = time.perf_counter()
     prepared = demo_data(n_sites=n_sites, scenario=scenario, seed=seed)
     data, part, sites, y_train, y_test = prepared.data, prepared.part, prepared.sites, prepared.y_train, prepared.y_test

@@ -40,6 +40,7 @@ import numpy as np
 from .cli.sitedata import SiteData, check_columns, load_config, scale_sites, site_data, site_warnings, write_summary
 from .data.sitefiles import SiteDataError, join_problems, read_site_table
 from .utils.io import write_csv, write_json
+from .utils.results import check_inputs_outside, result_folder
 from .utils.untrusted import check_outputs_spare_inputs
 
 __all__ = ["read_views", "read_site_table", "fit_from_config", "SiteDataError"]
@@ -86,13 +87,22 @@ def read_views(data: SiteData, views: dict[str, list[str]], notes: list[str]) ->
 def fit_from_config(
     config_path: str | Path, *, out_dir: str | Path, total_budget: tuple[float, float] | None = None, progress: bool = True
 ) -> dict[str, Any]:
-    """Fit Fed-mv-PPCA on the sites of a configuration; write model, latents, summary and report."""
+    """Fit Fed-mv-PPCA on the sites of a configuration; write model, latents, summary and report.
+
+    ``out_dir`` is checked before anything is read, and appears with all its files or not at all
+    (:func:`fedhier.utils.results.result_folder`)."""
+    with result_folder(out_dir) as staging:
+        return _fit_and_write(Path(config_path), Path(out_dir), staging, total_budget, progress)
+
+
+def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tuple[float, float] | None,
+                   progress: bool) -> dict[str, Any]:
+    """:func:`fit_from_config`, writing into ``staging`` the files that will be ``out``'s."""
     from .data.validation import check_sites
     from .estimators.mvppca import FedMVPPCA
     from .models.mvppca.dp import DPConfig
     from .privacy.analyze_gauss import RecordDP
 
-    config_path = Path(config_path)
     config = load_config(config_path)
     source = str(config_path)
     views = check_views(config.get("views"), source)
@@ -128,9 +138,9 @@ def fit_from_config(
         privacy=privacy,
         progress=progress,
     )
-    out = Path(out_dir)
     outputs = [out / "model.npz", out / "summary.json", out / "summary.md", *(out / f"latent_{name}.csv" for name in names)]
     check_outputs_spare_inputs(outputs, [config_path, *data.inputs])
+    check_inputs_outside(out, [config_path, *data.inputs])
     with site_warnings(names, data.scale):
         model.fit(sites)
     contributed = {int(s) for row in model.history_ for s in row["sites"]}
@@ -146,10 +156,10 @@ def fit_from_config(
         latents.append(latent)
         if unseen.any():
             notes.append(f"site {table.site!r}: {int(unseen.sum())} subject(s) with no observed view get latent NaN")
-    model.save(out / "model.npz")
+    model.save(staging / "model.npz")
     key = data.id or "row"
     for table, latent in zip(data.tables, latents):
-        write_csv(out / f"latent_{table.site}.csv",
+        write_csv(staging / f"latent_{table.site}.csv",
                   [{key: i, **{f"x{j + 1}": float(v) for j, v in enumerate(row)}} for i, row in zip(data.ids(table), latent)])
     ell = model.history_[-1]["expected_ll"]
     summary = {
@@ -179,7 +189,7 @@ def fit_from_config(
     if privacy is not None:
         summary["privacy_unit"] = unit
         summary["privacy_spent"] = {names[s]: spent for s, spent in model.privacy_spent_.items()}
-        write_json(out / "privacy-report.json", model.privacy_report(site_names=dict(enumerate(names))))
+        write_json(staging / "privacy-report.json", model.privacy_report(site_names=dict(enumerate(names))))
     from .report.mvppca import write_mvppca_report
 
     units = ("Values are in the units of the sites' files." if data.scale == "none" else
@@ -197,14 +207,14 @@ def fit_from_config(
         f"{model.n_components} latent factors, {model.n_rounds_} rounds run. {units}"
     )
     write_mvppca_report(
-        out, model, title="Fed-mv-PPCA fit", intro=intro, command=f"fedhier fit --config {config_path.name}",
+        staging, model, title="Fed-mv-PPCA fit", intro=intro, command=f"fedhier fit --config {config_path.name}",
         summary_rows=[{"quantity": k, "value": summary[k]} for k in ("rounds_run", "final_expected_ll", "bytes_sent")],
         tables=[("Privacy spent per site for the whole fit", [{"site": names[s], **v} for s, v in model.privacy_spent_.items()])]
         if privacy is not None else (),
         sites=sites, site_names=names, feature_names=views,
     )
     summary["report"] = str(out / "report.html")
-    write_summary(out, summary, title="fedhier fit (Fed-mv-PPCA)", notes=notes)
+    write_summary(staging, summary, title="fedhier fit (Fed-mv-PPCA)", notes=notes)
     summary["notes"] = notes
     return summary
 

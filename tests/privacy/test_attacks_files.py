@@ -125,27 +125,34 @@ def test_flower_configuration_and_supernode_refuse_traversal_site_names(tmp_path
 
 # --------------------------------------------------------------------------- outputs never replace inputs
 def test_fit_refuses_an_output_that_is_an_input_and_writes_nothing(tmp_path, capsys):
-    # site a's data lives in a file named like an output of the fit, in the output folder
-    toml = _user_files(tmp_path, paths=("latent_a.csv", "b.csv"))
-    before = (tmp_path / "latent_a.csv").read_bytes()
-    assert main(["fit", "--config", str(toml), "--out", str(tmp_path), "--quiet"]) == 2
+    # site a's data lives in a file named like an output of the fit, in the output folder: an earlier result folder
+    # (any other folder that is not empty is refused as not a fedhier result, tests/test_cli_outputs.py)
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "summary.json").write_text("{}\n")
+    toml = _user_files(tmp_path, paths=("res/latent_a.csv", "b.csv"))
+    before = (tmp_path / "res" / "latent_a.csv").read_bytes()
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "res"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "would overwrite the input file" in err and "latent_a.csv" in err
-    assert (tmp_path / "latent_a.csv").read_bytes() == before
-    assert not (tmp_path / "model.npz").exists() and not (tmp_path / "summary.json").exists()
+    assert (tmp_path / "res" / "latent_a.csv").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["b.csv", "fit.toml", "latent_a.csv", "res", "summary.json"]
 
 
 def test_fit_linear_and_collab_score_refuse_to_overwrite_their_input(tmp_path, capsys):
     from fedhier.estimators.collab import CollabDict
 
     rng = np.random.default_rng(1)
-    table = tmp_path / "coefficients.csv"  # the data file has the name of an output of `fit linear`
+    res = tmp_path / "res"  # an earlier result folder (any other non-empty folder is refused as not a result)
+    res.mkdir()
+    (res / "summary.json").write_text("{}\n")
+    table = res / "coefficients.csv"  # the data file has the name of an output of `fit linear`
     _write_csv(table, ["site", "x", "y"], [[s, *rng.normal(size=2).round(3)] for s in "ab" for _ in range(10)])
     before = table.read_bytes()
     assert main(["fit", "linear", str(table), "--site", "site", "--target", "y", "--features", "x", "--model", "hm1",
-                 "--rounds", "2", "--out", str(tmp_path)]) == 2
+                 "--rounds", "2", "--out", str(res)]) == 2
     assert "would overwrite the input file" in capsys.readouterr().err
-    assert table.read_bytes() == before and not (tmp_path / "model.npz").exists()
+    assert table.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["res"]
+    assert sorted(p.name for p in res.iterdir()) == ["coefficients.csv", "summary.json"]
 
     sites = [rng.normal(size=(60, 3)) for _ in range(3)]
     model = tmp_path / "collab.npz"

@@ -80,8 +80,10 @@ def _cmd_demo(args) -> int:
 
 def _cmd_fit(args) -> int:
     from ..userdata import fit_from_config
+    from ..utils.results import check_output_folder
     from .sitedata import load_config
 
+    check_output_folder(args.out)  # before anything is read
     if str(load_config(args.config).get("model", "")).startswith("fedlin"):  # the same file, a linear model
         from .linear import fit_linear_config
 

@@ -12,6 +12,7 @@ column).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -24,6 +25,7 @@ from ..data.scaling import ColumnScaling
 from ..data.sitefiles import SiteDataError, close_matches, join_problems, parse_column, read_table
 from ..deploy._toml import refuse_privacy_keys
 from ..utils.io import write_csv
+from ..utils.results import REPORT_FILES, check_inputs_outside, check_output_folder, result_folder
 from ..utils.untrusted import check_outputs_spare_inputs
 from .console import rounds_shown, run
 from .sitedata import check_columns, complete_rows, load_config, read_saved_data, site_data, site_warnings, write_summary
@@ -110,6 +112,27 @@ def _config_of(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _fit(args: argparse.Namespace, command: str) -> int:
+    """``collab fit``: the output folders are checked before anything is read; the result folder (and the
+    ``--report`` folder) appear with all their files or not at all.  Under MPI each process writes its own model file."""
+    out_arg = Path(args.out) if args.out else Path("fedhier-collab")
+    model_file = out_arg.suffix == ".npz"  # the model file's folder is the user's: files are added to it
+    folder, model_path = (out_arg.parent, out_arg) if model_file else (out_arg, out_arg / "model.npz")
+    report_dir = Path(args.report) if args.report else folder
+    if args.runtime == "mpi":
+        check_output_folder(folder, merge=True)
+        return _fit_and_write(args, command, folder, model_path, report_dir, None, None)
+    with contextlib.ExitStack() as stack:
+        staging = stack.enter_context(result_folder(folder, merge=model_file))
+        report_staging = staging if os.path.realpath(report_dir) == os.path.realpath(folder) else stack.enter_context(
+            result_folder(report_dir, what="--report", key="report.html", names=REPORT_FILES))
+        replaced = [*([] if model_file else [folder]), *([] if report_staging is staging else [report_dir])]
+        return _fit_and_write(args, command, folder, model_path, report_dir, staging, report_staging, replaced)
+
+
+def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_path: Path, report_dir: Path,
+                   staging: Path | None, report_staging: Path | None, replaced: Sequence[Path] = ()) -> int:
+    """:func:`_fit`, writing into ``staging`` (``report_staging``) the files that will be ``folder``'s (``report_dir``'s);
+    ``replaced``: the folders that publishing replaces whole, which may hold no input."""
     from ..estimators.collab import CollabDict
 
     config = _config_of(args)
@@ -137,9 +160,6 @@ def _fit(args: argparse.Namespace, command: str) -> int:
     scaling = ColumnScaling("none", variables)
     names = data.names
     inputs = [*data.inputs, *([source] if str(source).endswith(".toml") else [])]
-    out_arg = Path(args.out) if args.out else Path("fedhier-collab")
-    folder, model_path = (out_arg.parent, out_arg) if out_arg.suffix == ".npz" else (out_arg, out_arg / "model.npz")
-    report_dir = Path(args.report) if args.report else folder
     model = CollabDict(n_components=opt["n_components"], rho=opt["rho"], weights=opt["weights"],
                        aggregation=opt["aggregation"], max_iter=opt["max_iter"], random_state=opt["seed"],
                        runtime="peer" if args.runtime == "mpi" else args.runtime)
@@ -165,9 +185,11 @@ def _fit(args: argparse.Namespace, command: str) -> int:
     else:
         out = model_path
         check_outputs_spare_inputs([out, folder / "summary.json", *(folder / f"scores_{n}.csv" for n in names)], inputs)
+        for target in replaced:
+            check_inputs_outside(target, inputs, what="--report" if target == report_dir else "--out")
         with site_warnings(names), rounds_shown(opt["max_iter"] + 1, "CollabDict rounds", quiet=args.quiet):  # + the round of moments
             model.fit(sites)
-    model.save(out)
+    model.save(out if staging is None else staging / model_path.name)
     lost = getattr(model, "lost_sites_", [])
     print(f"fitted CollabDict on {len(sites)} sites ({', '.join(names)}); variables {variables}; "
           f"{int(model.active_.sum())} patterns; {model.n_iter_} rounds; wrote {out}"
@@ -175,7 +197,7 @@ def _fit(args: argparse.Namespace, command: str) -> int:
     if args.runtime != "mpi":  # under MPI each process holds only its own site's weights
         for k, (table, X, rows) in enumerate(zip(data.tables, sites, kept)):
             key = data.id or "row"
-            write_csv(folder / f"scores_{table.site}.csv",
+            write_csv(staging / f"scores_{table.site}.csv",
                       [{key: i, "score": float(v)} for i, v in zip(data.ids(table, rows), model.anomaly_score(X, site=k))])
         from ..report.collab import write_collab_report
 
@@ -183,14 +205,15 @@ def _fit(args: argparse.Namespace, command: str) -> int:
         intro = (f"Collaborative anomaly detection on {len(sites)} sites ({sum(len(x) for x in sites)} samples of "
                  f"{len(variables)} variables: {', '.join(variables)}; {data.layout}). The sites learned a shared "
                  "dictionary of patterns without a centre; each scores its own samples with its private weights." + units)
-        report = write_collab_report(report_dir, model, sites, site_names=names, variables=variables, title="CollabDict fit",
-                                     intro=intro, labels=known, command=command)
+        written = write_collab_report(report_staging, model, sites, site_names=names, variables=variables,
+                                      title="CollabDict fit", intro=intro, labels=known, command=command)
+        report = report_dir / written.name  # where it is once published
         summary = {"model_family": "collab", "sites": names, "rows": {n: len(x) for n, x in zip(names, sites)},
                    "data": data.layout, "site_column": config.get("site_column"), "variables": variables, "label": label,
                    "id": data.id, "scale": data.scale, "scaling": scaling.to_dict(), "partial": data.partial,
                    "patterns": int(model.active_.sum()), "rounds_run": int(model.n_iter_), "model": str(out),
                    "report": str(report)}
-        write_summary(folder, summary, title="fedhier collab fit", notes=notes)
+        write_summary(staging, summary, title="fedhier collab fit", notes=notes)
         print(f"report: {report}")
     if lost:
         model._transport.commit()  # every survivor has written its model

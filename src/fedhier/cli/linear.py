@@ -19,11 +19,13 @@ import numpy as np
 from ..data.sitefiles import SiteDataError, join_problems
 from ..deploy._toml import FEDLIN_OPTIONS, refuse_privacy_keys
 from ..utils.io import write_csv, write_json
+from ..utils.results import check_inputs_outside, check_output_folder, result_folder
 from ..utils.untrusted import check_outputs_spare_inputs
 from .console import rounds_shown, run
 from .sitedata import check_columns, complete_rows, load_config, scale_sites, site_data, site_warnings, write_summary
 
 _INTERCEPT = "(intercept)"
+_DEFAULT_OUT = "fedhier-fit-linear"
 #: option -> default, as the flags and a TOML file set them
 _DEFAULTS = {"model": "hm2", "prior": "gaussian", "intercept": False, "random": None, "noise": "local", "mu_scale": 10.0,
              "n_rounds": 20, "level": 0.9, "eta": 1e-4, "seed": 0, "scale": "none", "partial": "missing", "id": None}
@@ -70,8 +72,12 @@ def cli_fit_linear(argv) -> int:
     parser = argparse.ArgumentParser(prog="fedhier fit linear", description="FedLin: federated hierarchical linear regression (HM1 / HM2).")
     add_fit_linear_arguments(parser)
     args = parser.parse_args(list(argv))
-    return run(lambda: _fit_linear(_config_of(args), command="fedhier fit linear " + shlex.join(str(a) for a in argv)),
-               "fedhier fit linear")
+
+    def fit() -> int:
+        check_output_folder(args.out or _DEFAULT_OUT)  # before anything is read
+        return _fit_linear(_config_of(args), command="fedhier fit linear " + shlex.join(str(a) for a in argv))
+
+    return run(fit, "fedhier fit linear")
 
 
 def _config_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -91,7 +97,7 @@ def _config_of(args: argparse.Namespace) -> dict[str, Any]:
              "features": None if args.features is None else [c.strip() for c in args.features.split(",") if c.strip()],
              "random": None if args.random is None else [c.strip() for c in args.random.split(",") if c.strip()]}
     config.update({k: v for k, v in flags.items() if v is not None})
-    config["_out"] = Path(args.out) if args.out is not None else Path("fedhier-fit-linear")
+    config["_out"] = Path(args.out) if args.out is not None else Path(_DEFAULT_OUT)
     config["_quiet"] = bool(getattr(args, "quiet", False))
     return config
 
@@ -111,6 +117,13 @@ def fit_linear_config(config_path: str | Path, *, out_dir: str | Path, quiet: bo
 
 
 def _fit_linear(config: dict[str, Any], command: str | None) -> int:
+    """The fit of ``config``; its result folder ``config["_out"]`` appears with all its files or not at all."""
+    with result_folder(config["_out"]) as staging:
+        return _fit_and_write(config, command, Path(config["_out"]), staging)
+
+
+def _fit_and_write(config: dict[str, Any], command: str | None, out: Path, staging: Path) -> int:
+    """:func:`_fit_linear`, writing into ``staging`` the files that will be ``out``'s."""
     from ..estimators.fedlin import FedHM1Regressor, FedHM2Regressor, name_components
 
     source = config["_source"]
@@ -133,9 +146,10 @@ def _fit_linear(config: dict[str, Any], command: str | None) -> int:
     sites = [scaling.transform(columns, v) for v in sites]
     sites = [(v[:, :-1], v[:, -1]) for v in sites]
     names = data.names
-    out = Path(config["_out"])
     outputs = ["phi.csv", "coefficients.csv", "history.json", "model.npz", "summary.md", "summary.json"]
-    check_outputs_spare_inputs([out / name for name in outputs], [*data.inputs, *([source] if source.endswith(".toml") else [])])
+    inputs = [*data.inputs, *([source] if source.endswith(".toml") else [])]
+    check_outputs_spare_inputs([out / name for name in outputs], inputs)
+    check_inputs_outside(out, inputs)
     names_out = list(features)
     if opt["intercept"]:
         names_out = [_INTERCEPT, *names_out]
@@ -169,12 +183,12 @@ def _fit_linear(config: dict[str, Any], command: str | None) -> int:
             ]
             phi_ci = est.phi_interval(opt["level"])
             components = name_components(est.model_.phi_names, names_out)
-            write_csv(out / "phi.csv", [{"component": nm, "mean": float(est.phi_mean_[i]), "lower": float(phi_ci[i, 0]), "upper": float(phi_ci[i, 1])} for i, nm in enumerate(components)])
+            write_csv(staging / "phi.csv", [{"component": nm, "mean": float(est.phi_mean_[i]), "lower": float(phi_ci[i, 0]), "upper": float(phi_ci[i, 1])} for i, nm in enumerate(components)])
     if data.scale != "none":
         _add_original_units(rows, est, scaling, features, target, names)
-    write_csv(out / "coefficients.csv", rows)
-    write_json(out / "history.json", est.history_)
-    est.save(out / "model.npz")
+    write_csv(staging / "coefficients.csv", rows)
+    write_json(staging / "history.json", est.history_)
+    est.save(staging / "model.npz")
     from ..report.fedlin import write_fedlin_report
 
     label = "HM2 (federated expectation propagation)" if model == "hm2" else "HM1 (federated MAP)"
@@ -185,14 +199,14 @@ def _fit_linear(config: dict[str, Any], command: str | None) -> int:
         + (f" and the {opt['prior']} prior" if model == "hm2" else "") + ". Each site keeps its rows; "
         "the sites share one population model and each gets its own coefficients." + units
     )
-    write_fedlin_report(out, est, sites, site_names=names, features=names_out, target=target,
+    write_fedlin_report(staging, est, sites, site_names=names, features=names_out, target=target,
                         title=f"FedLin fit ({model.upper()})", intro=intro, command=command, level=opt["level"])
     summary = {"model_family": f"fedlin-{model}", "sites": names, "rows": {n: len(y) for n, (_, y) in zip(names, sites)},
                "data": data.layout, "target": target, "features": features, "intercept": bool(opt["intercept"]),
                "id": data.id, "scale": data.scale, "scaling": scaling.to_dict(), "partial": data.partial,
                "n_rounds": opt["n_rounds"], "rounds_run": len(est.history_), "model": str(out / "model.npz"),
                "report": str(out / "report.html")}
-    write_summary(out, summary, title=f"fedhier fit linear ({model})", notes=notes, tables=[("Coefficients", rows)])
+    write_summary(staging, summary, title=f"fedhier fit linear ({model})", notes=notes, tables=[("Coefficients", rows)])
     return 0
 
 
