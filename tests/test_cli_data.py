@@ -49,7 +49,9 @@ def test_every_command_runs_from_the_raw_slice_with_one_toml(name, tmp_path, cap
     for site in sites:
         latent = _rows(tmp_path / "fit" / f"latent_{site}.csv")
         assert list(latent[0])[0] == id_column and len(latent) == summary["subjects"][site]
+    capsys.readouterr()
     assert main(["fit", "linear", "--config", str(toml), "--out", str(tmp_path / "linear")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"report: {tmp_path / 'linear' / 'report.html'}"  # says where
     summary = _check_folder(tmp_path / "linear", "coefficients.csv", "phi.csv")
     assert summary["sites"] == sites and {r["site"] for r in _rows(tmp_path / "linear" / "coefficients.csv")} == set(sites)
     assert main(["collab", "fit", "--config", str(toml), "--out", str(tmp_path / "collab")]) == 0

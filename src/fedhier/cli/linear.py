@@ -118,12 +118,16 @@ def fit_linear_config(config_path: str | Path, *, out_dir: str | Path, quiet: bo
 
 def _fit_linear(config: dict[str, Any], command: str | None) -> int:
     """The fit of ``config``; its result folder ``config["_out"]`` appears with all its files or not at all."""
-    with result_folder(config["_out"]) as staging:
-        return _fit_and_write(config, command, Path(config["_out"]), staging)
+    out = Path(config["_out"])
+    with result_folder(out) as staging:
+        summary = _fit_and_write(config, command, out, staging)
+    print(f"fitted FedLin {summary['model_family'].removeprefix('fedlin-').upper()} on {len(summary['sites'])} sites "
+          f"({', '.join(summary['sites'])}); {summary['rounds_run']} rounds; wrote {out}\nreport: {summary['report']}", flush=True)
+    return 0
 
 
-def _fit_and_write(config: dict[str, Any], command: str | None, out: Path, staging: Path) -> int:
-    """:func:`_fit_linear`, writing into ``staging`` the files that will be ``out``'s."""
+def _fit_and_write(config: dict[str, Any], command: str | None, out: Path, staging: Path) -> dict[str, Any]:
+    """:func:`_fit_linear`, writing into ``staging`` the files that will be ``out``'s; the summary."""
     from ..estimators.fedlin import FedHM1Regressor, FedHM2Regressor, name_components
 
     source = config["_source"]
@@ -207,7 +211,7 @@ def _fit_and_write(config: dict[str, Any], command: str | None, out: Path, stagi
                "n_rounds": opt["n_rounds"], "rounds_run": len(est.history_), "model": str(out / "model.npz"),
                "report": str(out / "report.html")}
     write_summary(staging, summary, title=f"fedhier fit linear ({model})", notes=notes, tables=[("Coefficients", rows)])
-    return 0
+    return summary
 
 
 def _build(cls, **params):
