@@ -28,6 +28,7 @@ def test_demo_writes_a_report_with_its_figures(tmp_path):
     for name in ("report.html", "report.md", "summary.json", "model.npz", "figures/convergence.png",
                  "figures/latent_pairs.png", "figures/imputation_csf.png", "figures/sites_vs_global.png"):
         assert (out / name).is_file(), name
+        assert (out / name).stat().st_mode & 0o777 == 0o600, name  # per-subject results: the user's only (docs/cli.md)
     md = (out / "report.md").read_text()
     assert "![convergence](figures/convergence.png)" in md and "fedhier demo --rounds 5" in md
     summary = json.loads((out / "summary.json").read_text())
