@@ -366,3 +366,75 @@ def test_a_site_that_fails_in_every_round_stops_the_command_before_anything_is_w
     err = capsys.readouterr().err
     assert "fedhier: error: site(s) ['hungary'] failed in every round" in err
     assert not (tmp_path / "fit").exists() or not any((tmp_path / "fit").iterdir())
+
+
+_SMALL_TOML = """id = "pid"
+n_components = 2
+n_rounds = 3
+target = "y"
+features = ["g1", "age", "bmi"]
+variables = ["g1", "g2", "age", "bmi"]
+max_iter = 3
+
+[views]
+genes = ["g1", "g2", "g3", "g4"]
+clin = ["age", "bmi", "crp"]
+
+[sites]
+a = "site_a.csv"
+b = "site_b.csv"
+c = "site_c.csv"
+"""
+
+
+def _small(tmp: Path, edit=None, toml_edit=None) -> Path:
+    """Three sites' files of 12 subjects (id pid, views genes and clin, target y); ``edit(name, text) -> text``."""
+    rng = np.random.default_rng(0)
+    header = ["pid", "g1", "g2", "g3", "g4", "age", "bmi", "crp", "y"]
+    for site in "abc":
+        lines = [",".join(header)] + [",".join([f"{site.upper()}{i:03d}", *(f"{v:.4f}" for v in rng.normal(size=8))])
+                                      for i in range(12)]
+        text = "\n".join(lines) + "\n"
+        name = f"site_{site}.csv"
+        (tmp / name).write_text(edit(name, text) if edit else text)
+    toml = tmp / "fit.toml"
+    toml.write_text(toml_edit(_SMALL_TOML) if toml_edit else _SMALL_TOML)
+    return toml
+
+
+def _error(capsys, toml: Path, *command: str) -> str:
+    """The one line a refused command prints (exit status 2, no traceback)."""
+    capsys.readouterr()
+    assert main([*command, "--config", str(toml), "--out", str(toml.parent / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fedhier: error: ") and "Traceback" not in err, err
+    assert not (toml.parent / "out").exists()
+    return err
+
+
+def _line(text: str, k: int, new) -> str:
+    lines = text.splitlines()
+    lines[k] = new(lines[k])
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("command", [["fit"], ["fit", "linear"], ["collab", "fit"]])
+def test_a_row_with_a_field_missing_or_extra_is_refused_by_line_without_values(command, tmp_path, capsys):
+    def drop_second_field(line: str) -> str:
+        fields = line.split(",")
+        return ",".join(fields[:1] + fields[2:])
+
+    drop = _small(tmp_path, lambda n, t: _line(t, 4, drop_second_field) if n == "site_a.csv" else t)
+    err = _error(capsys, drop, *command)
+    assert "site 'a': site_a.csv, line 5: 8 fields, the header has 9" in err
+    assert "A003" not in err and "." not in err.split("line 5")[1], err
+    extra = _small(tmp_path, lambda n, t: _line(t, 2, lambda s: s + ",7.5") if n == "site_b.csv" else t)
+    assert "site 'b': site_b.csv, line 3: 10 fields, the header has 9" in _error(capsys, extra, *command)
+
+
+def test_trailing_empty_fields_and_lines_of_commas_are_still_read(tmp_path, capsys):
+    toml = _small(tmp_path, lambda n, t: "".join(line + ",\n" for line in t.splitlines()) + ",,,,,,,,,\n")
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "o1"), "--quiet"]) == 0
+    toml = _small(tmp_path, lambda n, t: _line(t, 0, lambda s: s + ",,") + ",,,,\n")  # empty header fields, short rows
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "o2"), "--quiet"]) == 0
+    assert len(_rows(tmp_path / "o2" / "latent_a.csv")) == 12

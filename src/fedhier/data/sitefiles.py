@@ -122,14 +122,19 @@ class SiteTable:
                          self.missing)
 
 
-def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
-    """Header, rows and their 1-based data row numbers; a UTF-8 byte-order mark is dropped, blank lines skipped."""
+def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int], list[int]]:
+    """Header, rows, their 1-based data row numbers and the file line each ends on; a UTF-8 byte-order mark is
+    dropped, blank lines (also lines of only commas) skipped."""
     opener = gzip.open if path.suffix == ".gz" else open
     reader = None
+    rows, lines = [], []
     try:
         with opener(path, "rt", newline="", encoding="utf-8-sig") as fh:
             reader = csv.reader(fh)
-            rows = [row for row in reader if any(cell.strip() for cell in row)]
+            for row in reader:
+                if any(cell.strip() for cell in row):
+                    rows.append(row)
+                    lines.append(reader.line_num)
     except UnicodeDecodeError as exc:  # its own text quotes the file's bytes: not repeated
         raise SiteDataError(f"{path}: not UTF-8 text (undecodable byte at offset {exc.start})") from None
     except (csv.Error, gzip.BadGzipFile, EOFError) as exc:
@@ -137,7 +142,27 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
         raise SiteDataError(f"{path}: not a readable CSV file ({line}{type(exc).__name__})") from None
     if not rows:
         raise SiteDataError(f"{path}: empty file")
-    return rows[0], rows[1:], list(range(1, len(rows)))
+    return rows[0], rows[1:], list(range(1, len(rows))), lines[1:]
+
+
+def _check_widths(site: str, path: Path, header: list[str], body: list[list[str]], lines: list[int]) -> None:
+    """Refuse a row with fewer or more fields than the header (its values would land in the wrong columns), naming
+    the file's line and the counts, never a value.  Tolerated: fields beyond the header that are empty (a trailing
+    comma) and, under header fields that are themselves empty (a trailing comma in the header), absent fields."""
+    width = len(header)
+    named = width
+    while named and not header[named - 1].strip():
+        named -= 1
+    wrong = [i for i, row in enumerate(body)
+             if len(row) < named or any(cell.strip() for cell in row[width:])]
+    if wrong:
+        first = body[wrong[0]]
+        count = len(first)
+        while count > width and not first[count - 1].strip():  # trailing empty fields are not counted
+            count -= 1
+        more = f" (and {len(wrong) - 1} more line(s))" if len(wrong) > 1 else ""
+        raise SiteDataError(f"site {site!r}: {path.name}, line {lines[wrong[0]]}: {count} fields, the header has {named}"
+                            f"{more}; every row needs one field per column")
 
 
 def _read_parquet(path: Path, site: str) -> tuple[list[str], list[list[str]], list[int]]:
@@ -160,9 +185,13 @@ def read_table(path: str | Path, site: str, missing: Mapping[str, Sequence[str]]
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
-    header, body, numbers = _read_parquet(path, site) if path.suffix == ".parquet" else _read_csv(path)
+    if path.suffix == ".parquet":
+        header, body, numbers = _read_parquet(path, site)
+    else:
+        header, body, numbers, lines = _read_csv(path)
+        _check_widths(site, path, header, body, lines)
     header = [name.strip() for name in header]
-    repeated = sorted({name for name in header if header.count(name) > 1})
+    repeated = sorted({name for name in header if name and header.count(name) > 1})  # unnamed: trailing commas
     if repeated:
         raise SiteDataError(f"site {site!r}: column(s) {repeated} appear more than once in the header of {path.name}")
     marks = {c: frozenset(str(v).strip().lower() for v in values) for c, values in (missing or {}).items()}
