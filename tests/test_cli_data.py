@@ -438,3 +438,27 @@ def test_trailing_empty_fields_and_lines_of_commas_are_still_read(tmp_path, caps
     toml = _small(tmp_path, lambda n, t: _line(t, 0, lambda s: s + ",,") + ",,,,\n")  # empty header fields, short rows
     assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "o2"), "--quiet"]) == 0
     assert len(_rows(tmp_path / "o2" / "latent_a.csv")) == 12
+
+
+@pytest.mark.parametrize("command", [["fit"], ["fit", "linear"], ["collab", "fit"]])
+def test_a_file_without_header_is_named_without_printing_its_first_row(command, tmp_path, capsys):
+    toml = _small(tmp_path, lambda n, t: t.split("\n", 1)[1] if n == "site_a.csv" else t)
+    err = _error(capsys, toml, *command)
+    assert "site 'a': the first line of site_a.csv looks like data, not a header naming the columns" in err
+    assert "A000" not in err and "columns:" not in err and not any(ch.isdigit() for ch in err.split("site_a.csv")[1]), err
+
+
+@pytest.mark.parametrize("separator, named", [(";", "';'"), ("\t", "a tab")])
+def test_a_file_with_another_separator_is_named_with_the_fix(separator, named, tmp_path, capsys):
+    european = (lambda t: t.replace(",", ";").replace(".", ",")) if separator == ";" else (lambda t: t.replace(",", "\t"))
+    toml = _small(tmp_path, lambda n, t: european(t) if n == "site_b.csv" else t)
+    err = _error(capsys, toml, "fit")
+    assert (f"site 'b': site_b.csv seems to use {named} as separator; fedhier reads comma-separated files "
+            "(save as CSV UTF-8 with commas)") in err
+    assert "columns:" not in err and "did you mean" not in err, err
+
+
+def test_a_file_with_only_a_header_is_named_as_such(tmp_path, capsys):
+    toml = _small(tmp_path, lambda n, t: t.split("\n", 1)[0] + "\n" if n == "site_c.csv" else t)
+    err = _error(capsys, toml, "fit")
+    assert "site 'c': site_c.csv has a header but no data rows" in err and "measures none" not in err, err

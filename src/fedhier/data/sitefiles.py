@@ -145,6 +145,30 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int], list[i
     return rows[0], rows[1:], list(range(1, len(rows))), lines[1:]
 
 
+def _check_header(site: str, path: Path, header: list[str]) -> None:
+    """Refuse a first line that is not a comma-separated header: one field holding ';' or a tab (a file saved with
+    another separator), or mostly numbers (a file without a header, whose first subject would be read as the column
+    names).  The message never quotes the line: it may be a subject's data."""
+    if len(header) == 1:
+        for mark, name in ((";", "';'"), ("\t", "a tab")):
+            if mark in header[0]:
+                raise SiteDataError(f"site {site!r}: {path.name} seems to use {name} as separator; fedhier reads "
+                                    "comma-separated files (save as CSV UTF-8 with commas)")
+    named = [name.strip() for name in header if name.strip()]
+    numbers = sum(1 for name in named if _is_number(name))
+    if named and numbers > len(named) / 2:
+        raise SiteDataError(f"site {site!r}: the first line of {path.name} looks like data, not a header naming the "
+                            "columns; add a first line with the column names")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _check_widths(site: str, path: Path, header: list[str], body: list[list[str]], lines: list[int]) -> None:
     """Refuse a row with fewer or more fields than the header (its values would land in the wrong columns), naming
     the file's line and the counts, never a value.  Tolerated: fields beyond the header that are empty (a trailing
@@ -189,8 +213,11 @@ def read_table(path: str | Path, site: str, missing: Mapping[str, Sequence[str]]
         header, body, numbers = _read_parquet(path, site)
     else:
         header, body, numbers, lines = _read_csv(path)
+        _check_header(site, path, header)
         _check_widths(site, path, header, body, lines)
     header = [name.strip() for name in header]
+    if not body:
+        raise SiteDataError(f"site {site!r}: {path.name} has a header but no data rows")
     repeated = sorted({name for name in header if name and header.count(name) > 1})  # unnamed: trailing commas
     if repeated:
         raise SiteDataError(f"site {site!r}: column(s) {repeated} appear more than once in the header of {path.name}")
