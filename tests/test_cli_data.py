@@ -462,3 +462,20 @@ def test_a_file_with_only_a_header_is_named_as_such(tmp_path, capsys):
     toml = _small(tmp_path, lambda n, t: t.split("\n", 1)[0] + "\n" if n == "site_c.csv" else t)
     err = _error(capsys, toml, "fit")
     assert "site 'c': site_c.csv has a header but no data rows" in err and "measures none" not in err, err
+
+
+def test_an_id_column_missing_at_one_site_is_suggested_from_that_sites_header(tmp_path, capsys):
+    toml = _small(tmp_path, lambda n, t: t.replace("pid,", "PID,", 1) if n == "site_b.csv" else t)
+    err = _error(capsys, toml, "fit")
+    assert "id column 'pid' missing at site(s) ['b']; did you mean 'PID'?" in err
+    assert "['PID', 'g1'" in err and "'pid'," not in err, err
+
+
+def test_lists_of_columns_in_a_message_are_bounded(tmp_path, capsys):
+    many = [f"gene{j}" for j in range(3000)]
+    toml = _small(tmp_path, lambda n, t: "\n".join(f"{line},{','.join(many if k == 0 else ['1.5'] * len(many))}"
+                                                     for k, line in enumerate(t.splitlines())) + "\n",
+                  lambda t: t.replace('"g4"]', '"g4", "gene_12"]'))
+    err = _error(capsys, toml, "fit")
+    assert "view 'genes': column 'gene_12' not found in any site's file; did you mean" in err
+    assert "… and 2988 more)" in err and len(err) < 1000, (len(err), err[:300])

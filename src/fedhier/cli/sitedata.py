@@ -36,7 +36,7 @@ import numpy as np
 from ..data.scaling import ColumnScaling
 from ..deploy._toml import CONFIG_KEYS, DATA_KEYS, FAMILY_OPTIONS, MODEL_KEYS, check_missing_values, check_ranges
 from ..data.sitefiles import (PARTIAL, SiteDataError, SiteTable, check_within_ranges, close_matches, join_problems,
-                              read_rows, read_table)
+                              list_names, read_rows, read_table)
 from ..protocol.scaling import SCALES
 from ..utils.io import atomic_write_text, markdown_table, write_json
 from ..utils.untrusted import check_site_name
@@ -143,16 +143,17 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
     else:
         tables, inputs, layout = _site_files(sites, source, base, missing)
     if id_column is not None:
-        lacking = [t.site for t in tables if not t.has(id_column)]
-        if lacking:
-            raise ValueError(f"{source}: id column {id_column!r} missing at site(s) {lacking}"
-                             f"{close_matches(id_column, tables[0].header)}; columns: {tables[0].header}")
+        lacking = [t for t in tables if not t.has(id_column)]
+        if lacking:  # the suggestion and the columns of the sites that lack it
+            header = list(dict.fromkeys(name for t in lacking for name in t.header))
+            raise ValueError(f"{source}: id column {id_column!r} missing at site(s) {[t.site for t in lacking]}"
+                             f"{close_matches(id_column, header)}; columns there: {list_names(header)}")
     data = SiteData(tables, id_column, scale, partial, inputs, layout, raw.get("site_column") if file is not None else None,
                     ranges, outside)
     unknown = [f"{c!r}{close_matches(c, data.columns())}" for c in ranges if c not in data.columns()]
     if unknown:
         raise ValueError(f"{source}: [ranges] names column(s) no site's file has: {'; '.join(unknown)} "
-                         f"(columns: {data.columns()})")
+                         f"(columns: {list_names(data.columns())})")
     return data
 
 
@@ -184,7 +185,7 @@ def _split_by_site_column(raw: Mapping[str, Any], source: str, path: Path, missi
     pooled = read_table(path, path.name, missing)
     if not pooled.has(column):
         raise ValueError(f"{path.name}: no site column {column!r}{close_matches(column, pooled.header)}; "
-                         f"columns: {pooled.header}")
+                         f"columns: {list_names(pooled.header)}")
     labels = pooled.text(column)
     empty = [i for i, v in enumerate(labels) if not v]
     if empty:
@@ -210,7 +211,7 @@ def check_columns(data: SiteData, groups: Mapping[str, Sequence[str]], *, exclud
             if not any(t.has(c) for t in data.tables):
                 problems.append(f"{label}: column {c!r} not found in any site's file{close_matches(c, available)}")
     if problems:
-        raise ValueError(join_problems(problems) + f" (columns: {available})")
+        raise ValueError(join_problems(problems) + f" (columns: {list_names(available)})")
 
 
 def complete_rows(data: SiteData, columns: Sequence[str], what: str, notes: list[str], min_rows: int = 1

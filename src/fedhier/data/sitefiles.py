@@ -30,7 +30,7 @@ import numpy as np
 
 from ..protocol.base import SiteError
 
-__all__ = ["SiteDataError", "SiteTable", "read_table", "read_site_table", "parse_column", "check_within_ranges", "close_matches",
+__all__ = ["SiteDataError", "SiteTable", "read_table", "list_names", "read_site_table", "parse_column", "check_within_ranges", "close_matches",
            "PARTIAL", "MISSING_CELLS", "BOOLEAN_CELLS"]
 
 #: cells read as missing (compared case-insensitively after stripping spaces)
@@ -41,6 +41,8 @@ BOOLEAN_CELLS = {"true": 1.0, "false": 0.0, "yes": 1.0, "no": 0.0}
 PARTIAL = ("missing", "refuse")
 #: problems listed in one message before "and N more"
 _MAX_LISTED = 6
+#: column names listed in one message before "… and N more"
+_MAX_NAMES = 20
 
 
 class SiteDataError(SiteError, ValueError):
@@ -54,12 +56,19 @@ def join_problems(problems: Sequence[str]) -> str:
     return shown + (f" (and {len(problems) - _MAX_LISTED} more)" if len(problems) > _MAX_LISTED else "")
 
 
+def list_names(names: Sequence[str]) -> str:
+    """``['a', 'b', ...]`` with at most 20 names, then ``… and N more`` (a file may have thousands of columns)."""
+    shown = repr(list(names[:_MAX_NAMES]))
+    return shown + (f" … and {len(names) - _MAX_NAMES} more" if len(names) > _MAX_NAMES else "")
+
+
 def close_matches(name: str, available: Sequence[str]) -> str:
     """``; did you mean 'x'?`` for the closest of ``available`` (case-insensitive), or ``""``."""
     lowered = {a.lower(): a for a in available}
     low = name.lower()
     hits = difflib.get_close_matches(low, list(lowered), n=3, cutoff=0.6)
     hits += [a for a in lowered if a not in hits and min(len(a), len(low)) >= 3 and (low.startswith(a) or a.startswith(low))]
+    hits = hits[:3]
     return f"; did you mean {', '.join(repr(lowered[h]) for h in hits)}?" if hits else ""
 
 
