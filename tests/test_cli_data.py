@@ -479,3 +479,12 @@ def test_lists_of_columns_in_a_message_are_bounded(tmp_path, capsys):
     err = _error(capsys, toml, "fit")
     assert "view 'genes': column 'gene_12' not found in any site's file; did you mean" in err
     assert "… and 2988 more)" in err and len(err) < 1000, (len(err), err[:300])
+
+
+@pytest.mark.parametrize("command", [["fit"], ["fit", "linear"], ["collab", "fit"]])
+def test_ids_repeated_within_a_site_are_counted_without_showing_them(command, tmp_path, capsys):
+    toml = _small(tmp_path, lambda n, t: t.replace("A002,", "A000,").replace("A005,", "A004,").replace("A006,", "A004,")
+                  if n == "site_a.csv" else t)
+    err = _error(capsys, toml, *command)
+    assert "site 'a': 2 id(s) in column 'pid' appear on more than one row of site_a.csv; each subject needs its own id" in err
+    assert "A00" not in err, err

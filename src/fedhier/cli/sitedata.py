@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections import Counter
 import tomllib
 import warnings
 from contextlib import contextmanager
@@ -148,6 +149,15 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
             header = list(dict.fromkeys(name for t in lacking for name in t.header))
             raise ValueError(f"{source}: id column {id_column!r} missing at site(s) {[t.site for t in lacking]}"
                              f"{close_matches(id_column, header)}; columns there: {list_names(header)}")
+        repeated = []
+        for t in tables:  # an id is data: counted, never shown
+            counts = Counter(v for v in t.text(id_column) if v)
+            twice = sum(1 for n in counts.values() if n > 1)
+            if twice:
+                repeated.append(f"site {t.site!r}: {twice} id(s) in column {id_column!r} appear on more than one row "
+                                f"of {t.path.name}; each subject needs its own id")
+        if repeated:
+            raise SiteDataError(join_problems(repeated))
     data = SiteData(tables, id_column, scale, partial, inputs, layout, raw.get("site_column") if file is not None else None,
                     ranges, outside)
     unknown = [f"{c!r}{close_matches(c, data.columns())}" for c in ranges if c not in data.columns()]
