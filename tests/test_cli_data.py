@@ -488,3 +488,12 @@ def test_ids_repeated_within_a_site_are_counted_without_showing_them(command, tm
     err = _error(capsys, toml, *command)
     assert "site 'a': 2 id(s) in column 'pid' appear on more than one row of site_a.csv; each subject needs its own id" in err
     assert "A00" not in err, err
+
+
+@pytest.mark.parametrize("command", [["fit"], ["fit", "linear"], ["collab", "fit"]])
+def test_a_column_named_in_another_case_at_one_site_is_an_error_with_the_fix(command, tmp_path, capsys):
+    toml = _small(tmp_path, lambda n, t: t.replace(",age,", ",Age,", 1) if n == "site_b.csv" else t)
+    err = _error(capsys, toml, *command)
+    assert "column 'age' not found at site 'b'; did you mean 'Age'?" in err and "rename it in site_b.csv" in err, err
+    spaced = _small(tmp_path, lambda n, t: t.replace(",bmi,", ", B MI ,", 1) if n == "site_c.csv" else t)
+    assert "column 'bmi' not found at site 'c'; did you mean 'B MI'?" in _error(capsys, spaced, *command)

@@ -215,13 +215,25 @@ def check_columns(data: SiteData, groups: Mapping[str, Sequence[str]], *, exclud
     closest existing column and lists the available ones.
     """
     available = [c for c in data.columns() if c not in exclude]
-    problems = []
+    problems, nowhere = [], False
     for label, columns in groups.items():
         for c in columns:
             if not any(t.has(c) for t in data.tables):
                 problems.append(f"{label}: column {c!r} not found in any site's file{close_matches(c, available)}")
+                nowhere = True
+                continue
+            for t in data.tables:  # a name differing only in case or spaces is a mistake, not an unmeasured column
+                near = [] if t.has(c) else [h for h in t.header if _folded(h) == _folded(c)]
+                if near:
+                    problems.append(f"{label}: column {c!r} not found at site {t.site!r}; did you mean {near[0]!r}? "
+                                    f"(names must match exactly, case included: rename it in {t.path.name})")
     if problems:
-        raise ValueError(join_problems(problems) + f" (columns: {list_names(available)})")
+        raise ValueError(join_problems(problems) + (f" (columns: {list_names(available)})" if nowhere else ""))
+
+
+def _folded(name: str) -> str:
+    """A column name without case or spaces, to catch ``Age`` for ``age`` and ``body mass`` for ``bodymass``."""
+    return "".join(name.split()).lower()
 
 
 def complete_rows(data: SiteData, columns: Sequence[str], what: str, notes: list[str], min_rows: int = 1
