@@ -497,3 +497,17 @@ def test_a_column_named_in_another_case_at_one_site_is_an_error_with_the_fix(com
     assert "column 'age' not found at site 'b'; did you mean 'Age'?" in err and "rename it in site_b.csv" in err, err
     spaced = _small(tmp_path, lambda n, t: t.replace(",bmi,", ", B MI ,", 1) if n == "site_c.csv" else t)
     assert "column 'bmi' not found at site 'c'; did you mean 'B MI'?" in _error(capsys, spaced, *command)
+
+
+def test_a_site_lacking_a_whole_view_is_noted_in_the_summary(tmp_path, capsys):
+    def without_clin(name: str, text: str) -> str:
+        if name != "site_c.csv":
+            return text
+        return "".join(",".join(f for j, f in enumerate(line.split(",")) if j not in (5, 6, 7)) + "\n"
+                       for line in text.splitlines())
+
+    toml = _small(tmp_path, without_clin)
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    note = "site 'c', view 'clin': column(s) ['age', 'bmi', 'crp'] not in site_c.csv, so the view is not measured there"
+    assert note in json.loads((tmp_path / "o" / "summary.json").read_text())["notes"]
+    assert note in (tmp_path / "o" / "summary.md").read_text()

@@ -309,6 +309,9 @@ def read_site_table(path: str | Path | SiteTable, views: dict[str, list[str]], s
             if empty:
                 notes.append(f"site {site_name!r}, view {view!r}: column(s) {empty} empty or missing at every row, so "
                              "the view is not measured there")
+            else:
+                notes.append(f"site {site_name!r}, view {view!r}: column(s) {list(columns)} not in {table.path.name}, "
+                             "so the view is not measured there")
             continue
         where = f", view {view!r}"
         values = np.column_stack([parse_column(table, c, problems, where) for c in columns])
