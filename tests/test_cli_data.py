@@ -511,3 +511,18 @@ def test_a_site_lacking_a_whole_view_is_noted_in_the_summary(tmp_path, capsys):
     note = "site 'c', view 'clin': column(s) ['age', 'bmi', 'crp'] not in site_c.csv, so the view is not measured there"
     assert note in json.loads((tmp_path / "o" / "summary.json").read_text())["notes"]
     assert note in (tmp_path / "o" / "summary.md").read_text()
+
+
+def test_missing_values_for_a_column_no_file_has_is_refused_with_the_closest_name(tmp_path, capsys):
+    toml = _small(tmp_path, toml_edit=lambda t: 'missing_values = { agee = ["?"] }\n' + t)
+    err = _error(capsys, toml, "fit")
+    assert "missing_values names column(s) no site's file has: 'agee'; did you mean 'age'?" in err, err
+
+
+def test_a_text_cell_suggests_missing_values_without_showing_it_and_missing_values_then_reads_it(tmp_path, capsys):
+    toml = _small(tmp_path, lambda n, t: _line(t, 3, lambda s: ",".join(f if j != 5 else "?" for j, f in enumerate(s.split(",")))) if n == "site_a.csv" else t)
+    err = _error(capsys, toml, "fit")
+    assert ("site 'a', view 'clin': non-numeric value in column 'age', row 3 (if it marks a missing value, add it to "
+            "the configuration: missing_values = { age = [...] })") in err and "?" not in err.replace("[...] })", ""), err
+    toml.write_text('missing_values = { age = ["?"] }\n' + toml.read_text())
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "o"), "--quiet"]) == 0

@@ -160,10 +160,11 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
             raise SiteDataError(join_problems(repeated))
     data = SiteData(tables, id_column, scale, partial, inputs, layout, raw.get("site_column") if file is not None else None,
                     ranges, outside)
-    unknown = [f"{c!r}{close_matches(c, data.columns())}" for c in ranges if c not in data.columns()]
-    if unknown:
-        raise ValueError(f"{source}: [ranges] names column(s) no site's file has: {'; '.join(unknown)} "
-                         f"(columns: {list_names(data.columns())})")
+    for key, named in (("[ranges]", ranges), ("missing_values", missing)):
+        unknown = [f"{c!r}{close_matches(c, data.columns())}" for c in named if c not in data.columns()]
+        if unknown:
+            raise ValueError(f"{source}: {key} names column(s) no site's file has: {'; '.join(unknown)} "
+                             f"(columns: {list_names(data.columns())})")
     return data
 
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 import csv
 import difflib
 import gzip
+import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -156,16 +158,17 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int], list[i
 
 def _check_header(site: str, path: Path, header: list[str]) -> None:
     """Refuse a first line that is not a comma-separated header: one field holding ';' or a tab (a file saved with
-    another separator), or mostly numbers (a file without a header, whose first subject would be read as the column
-    names).  The message never quotes the line: it may be a subject's data."""
+    another separator), or mostly cells (a file without a header, whose first subject would be read as the column
+    names: more than half its fields are numbers or booleans).  The message never quotes the line: it may be a
+    subject's data."""
     if len(header) == 1:
         for mark, name in ((";", "';'"), ("\t", "a tab")):
             if mark in header[0]:
                 raise SiteDataError(f"site {site!r}: {path.name} seems to use {name} as separator; fedhier reads "
                                     "comma-separated files (save as CSV UTF-8 with commas)")
     named = [name.strip() for name in header if name.strip()]
-    numbers = sum(1 for name in named if _is_number(name))
-    if named and numbers > len(named) / 2:
+    cells = sum(1 for name in named if _is_number(name) or name.lower() in BOOLEAN_CELLS)
+    if named and cells > len(named) / 2:
         raise SiteDataError(f"site {site!r}: the first line of {path.name} looks like data, not a header naming the "
                             "columns; add a first line with the column names")
 
@@ -262,10 +265,13 @@ def parse_column(table: SiteTable, column: str, problems: list[str], where: str 
                 out[i] = np.nan
                 infinite.append(i)
     prefix = f"site {table.site!r}{where}: "
-    for rows, what in ((bad, "non-numeric value"), (infinite, "infinite value")):
+    key = column if re.fullmatch(r"[A-Za-z0-9_-]+", column) else json.dumps(column)  # as a TOML key
+    for rows, what, hint in ((bad, "non-numeric value", f" (if it marks a missing value, add it to the configuration: "
+                                                         f"missing_values = {{ {key} = [...] }})"),
+                             (infinite, "infinite value", "")):
         if rows:
             more = f" and {len(rows) - 1} more row(s)" if len(rows) > 1 else ""
-            problems.append(f"{prefix}{what} in column {column!r}, row {table.row_numbers[rows[0]]}{more}")
+            problems.append(f"{prefix}{what} in column {column!r}, row {table.row_numbers[rows[0]]}{more}{hint}")
     return out
 
 
