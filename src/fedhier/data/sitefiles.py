@@ -1,7 +1,9 @@
 """Reading a site's data file as a user has it: one reader for every command line and deployment.
 
-A site's file is a CSV (optionally gzip-compressed, ``.csv.gz``) or Parquet table with a header
-row.  A cell is read as
+A site's file is a comma-separated CSV (optionally gzip-compressed, ``.csv.gz``) or Parquet table
+with a header row and at least one data row, every row with one field per column (empty fields
+after the last column aside).  A file saved with ';' or tabs, a first line that looks like data
+and a row with a field missing or extra are refused, by file and line.  A cell is read as
 
 * a number (``12``, ``-0.5``, ``1e3``);
 * a boolean, as 0/1: ``True``/``False``/``true``/``false``/``yes``/``no`` (any capitalisation);
