@@ -381,3 +381,179 @@ def test_the_sigma2_prior_warning_advises_what_the_configuration_lacks(tmp_path,
     assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "minmax-fit"), "--quiet"]) == 0
     warned = [line for line in capsys.readouterr().err.splitlines() if "prior on sigma2" in line]
     assert warned and all('set scale = "standard" in the configuration' in line for line in warned), warned
+
+
+_SMALL_TOML = """id = "pid"
+n_components = 2
+n_rounds = 3
+target = "y"
+features = ["g1", "age", "bmi"]
+variables = ["g1", "g2", "age", "bmi"]
+max_iter = 3
+
+[views]
+genes = ["g1", "g2", "g3", "g4"]
+clin = ["age", "bmi", "crp"]
+
+[sites]
+a = "site_a.csv"
+b = "site_b.csv"
+c = "site_c.csv"
+"""
+
+
+def _small(tmp: Path, edit=None, toml_edit=None) -> Path:
+    """Three sites' files of 12 subjects (id pid, views genes and clin, target y); ``edit(name, text) -> text``."""
+    rng = np.random.default_rng(0)
+    header = ["pid", "g1", "g2", "g3", "g4", "age", "bmi", "crp", "y"]
+    for site in "abc":
+        lines = [",".join(header)] + [",".join([f"{site.upper()}{i:03d}", *(f"{v:.4f}" for v in rng.normal(size=8))])
+                                      for i in range(12)]
+        text = "\n".join(lines) + "\n"
+        name = f"site_{site}.csv"
+        (tmp / name).write_text(edit(name, text) if edit else text)
+    toml = tmp / "fit.toml"
+    toml.write_text(toml_edit(_SMALL_TOML) if toml_edit else _SMALL_TOML)
+    return toml
+
+
+def _error(capsys, toml: Path, *command: str) -> str:
+    """The one line a refused command prints (exit status 2, no traceback)."""
+    capsys.readouterr()
+    assert main([*command, "--config", str(toml), "--out", str(toml.parent / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fedhier: error: ") and "Traceback" not in err, err
+    assert not (toml.parent / "out").exists()
+    return err
+
+
+def _line(text: str, k: int, new) -> str:
+    lines = text.splitlines()
+    lines[k] = new(lines[k])
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("command", [["fit"], ["fit", "linear"], ["collab", "fit"]])
+def test_a_row_with_a_field_missing_or_extra_is_refused_by_line_without_values(command, tmp_path, capsys):
+    def drop_second_field(line: str) -> str:
+        fields = line.split(",")
+        return ",".join(fields[:1] + fields[2:])
+
+    drop = _small(tmp_path, lambda n, t: _line(t, 4, drop_second_field) if n == "site_a.csv" else t)
+    err = _error(capsys, drop, *command)
+    assert "site 'a': site_a.csv, line 5: 8 fields, the header has 9" in err
+    assert "A003" not in err and "." not in err.split("line 5")[1], err
+    extra = _small(tmp_path, lambda n, t: _line(t, 2, lambda s: s + ",7.5") if n == "site_b.csv" else t)
+    assert "site 'b': site_b.csv, line 3: 10 fields, the header has 9" in _error(capsys, extra, *command)
+
+
+def test_trailing_empty_fields_and_lines_of_commas_are_still_read(tmp_path, capsys):
+    toml = _small(tmp_path, lambda n, t: "".join(line + ",\n" for line in t.splitlines()) + ",,,,,,,,,\n")
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "o1"), "--quiet"]) == 0
+    toml = _small(tmp_path, lambda n, t: _line(t, 0, lambda s: s + ",,") + ",,,,\n")  # empty header fields, short rows
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "o2"), "--quiet"]) == 0
+    assert len(_rows(tmp_path / "o2" / "latent_a.csv")) == 12
+
+
+@pytest.mark.parametrize("command", [["fit"], ["fit", "linear"], ["collab", "fit"]])
+def test_a_file_without_header_is_named_without_printing_its_first_row(command, tmp_path, capsys):
+    toml = _small(tmp_path, lambda n, t: t.split("\n", 1)[1] if n == "site_a.csv" else t)
+    err = _error(capsys, toml, *command)
+    assert "site 'a': the first line of site_a.csv looks like data, not a header naming the columns" in err
+    assert "A000" not in err and "columns:" not in err and not any(ch.isdigit() for ch in err.split("site_a.csv")[1]), err
+
+
+@pytest.mark.parametrize("separator, named", [(";", "';'"), ("\t", "a tab")])
+def test_a_file_with_another_separator_is_named_with_the_fix(separator, named, tmp_path, capsys):
+    european = (lambda t: t.replace(",", ";").replace(".", ",")) if separator == ";" else (lambda t: t.replace(",", "\t"))
+    toml = _small(tmp_path, lambda n, t: european(t) if n == "site_b.csv" else t)
+    err = _error(capsys, toml, "fit")
+    assert (f"site 'b': site_b.csv seems to use {named} as separator; fedhier reads comma-separated files "
+            "(save as CSV UTF-8 with commas)") in err
+    assert "columns:" not in err and "did you mean" not in err, err
+
+
+def test_a_file_with_only_a_header_is_named_as_such(tmp_path, capsys):
+    toml = _small(tmp_path, lambda n, t: t.split("\n", 1)[0] + "\n" if n == "site_c.csv" else t)
+    err = _error(capsys, toml, "fit")
+    assert "site 'c': site_c.csv has a header but no data rows" in err and "measures none" not in err, err
+
+
+def test_an_id_column_missing_at_one_site_is_suggested_from_that_sites_header(tmp_path, capsys):
+    toml = _small(tmp_path, lambda n, t: t.replace("pid,", "PID,", 1) if n == "site_b.csv" else t)
+    err = _error(capsys, toml, "fit")
+    assert "id column 'pid' missing at site(s) ['b']; did you mean 'PID'?" in err
+    assert "['PID', 'g1'" in err and "'pid'," not in err, err
+
+
+def test_lists_of_columns_in_a_message_are_bounded(tmp_path, capsys):
+    many = [f"gene{j}" for j in range(3000)]
+    toml = _small(tmp_path, lambda n, t: "\n".join(f"{line},{','.join(many if k == 0 else ['1.5'] * len(many))}"
+                                                     for k, line in enumerate(t.splitlines())) + "\n",
+                  lambda t: t.replace('"g4"]', '"g4", "gene_12"]'))
+    err = _error(capsys, toml, "fit")
+    assert "view 'genes': column 'gene_12' not found in any site's file; did you mean" in err
+    assert "… and 2988 more)" in err and len(err) < 1000, (len(err), err[:300])
+
+
+@pytest.mark.parametrize("command", [["fit"], ["fit", "linear"], ["collab", "fit"]])
+def test_ids_repeated_within_a_site_are_counted_without_showing_them(command, tmp_path, capsys):
+    toml = _small(tmp_path, lambda n, t: t.replace("A002,", "A000,").replace("A005,", "A004,").replace("A006,", "A004,")
+                  if n == "site_a.csv" else t)
+    err = _error(capsys, toml, *command)
+    assert "site 'a': 2 id(s) in column 'pid' appear on more than one row of site_a.csv; each subject needs its own id" in err
+    assert "A00" not in err, err
+
+
+@pytest.mark.parametrize("command", [["fit"], ["fit", "linear"], ["collab", "fit"]])
+def test_a_column_named_in_another_case_at_one_site_is_an_error_with_the_fix(command, tmp_path, capsys):
+    toml = _small(tmp_path, lambda n, t: t.replace(",age,", ",Age,", 1) if n == "site_b.csv" else t)
+    err = _error(capsys, toml, *command)
+    assert "column 'age' not found at site 'b'; did you mean 'Age'?" in err and "rename it in site_b.csv" in err, err
+    spaced = _small(tmp_path, lambda n, t: t.replace(",bmi,", ", B MI ,", 1) if n == "site_c.csv" else t)
+    assert "column 'bmi' not found at site 'c'; did you mean 'B MI'?" in _error(capsys, spaced, *command)
+
+
+def test_a_site_lacking_a_whole_view_is_noted_in_the_summary(tmp_path, capsys):
+    def without_clin(name: str, text: str) -> str:
+        if name != "site_c.csv":
+            return text
+        return "".join(",".join(f for j, f in enumerate(line.split(",")) if j not in (5, 6, 7)) + "\n"
+                       for line in text.splitlines())
+
+    toml = _small(tmp_path, without_clin)
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    note = "site 'c', view 'clin': column(s) ['age', 'bmi', 'crp'] not in site_c.csv, so the view is not measured there"
+    assert note in json.loads((tmp_path / "o" / "summary.json").read_text())["notes"]
+    assert note in (tmp_path / "o" / "summary.md").read_text()
+
+
+def test_missing_values_for_a_column_no_file_has_is_refused_with_the_closest_name(tmp_path, capsys):
+    toml = _small(tmp_path, toml_edit=lambda t: 'missing_values = { agee = ["?"] }\n' + t)
+    err = _error(capsys, toml, "fit")
+    assert "missing_values names column(s) no site's file has: 'agee'; did you mean 'age'?" in err, err
+
+
+def test_a_text_cell_suggests_missing_values_without_showing_it_and_missing_values_then_reads_it(tmp_path, capsys):
+    toml = _small(tmp_path, lambda n, t: _line(t, 3, lambda s: ",".join(f if j != 5 else "?" for j, f in enumerate(s.split(",")))) if n == "site_a.csv" else t)
+    err = _error(capsys, toml, "fit")
+    assert ("site 'a', view 'clin': non-numeric value in column 'age', row 3 (if it marks a missing value, add it to "
+            "the configuration: missing_values = { age = [...] })") in err and "?" not in err.replace("[...] })", ""), err
+    toml.write_text('missing_values = { age = ["?"] }\n' + toml.read_text())
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+
+
+def test_numbers_as_column_names_are_a_header_when_the_configuration_names_them(tmp_path, capsys):
+    """Gene ids as column names look like a row of data; a configuration that names them makes them a header."""
+    ids = {"g1": "7157", "g2": "672", "g3": "675", "g4": "1956", "crp": "1401"}  # 5 of the 9 columns
+
+    def numbered(name: str, text: str) -> str:
+        header, rest = text.split("\n", 1)
+        return ",".join(ids.get(c, c) for c in header.split(",")) + "\n" + rest
+
+    toml = _small(tmp_path, numbered, lambda t: t.replace('genes = ["g1", "g2", "g3", "g4"]', 'genes = ["7157", "672", "675", "1956"]')
+                  .replace('"g1", "age"', '"7157", "age"').replace('"g1", "g2", "age"', '"7157", "672", "age"')
+                  .replace('"crp"]', '"1401"]'))
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    columns = json.loads((tmp_path / "o" / "summary.json").read_text())["columns"]
+    assert columns["genes"] == list(ids.values())[:4] and columns["clin"] == ["age", "bmi", "1401"]

@@ -209,6 +209,41 @@ CASES = [
      lambda t: ["collab", "score", "--model", str(_fitted(t, ["fit"])), "--csv", str(t / "motes" / "motes.csv"), "--site", "1",
                 "--out", str(t / "s.csv")],
      2, ["a Fed-mv-PPCA model", "collab score needs the model.npz of a `fedhier collab fit` result folder"]),
+    ("file", "any command: a row with a field missing",
+     lambda t: ["fit", "--config", str(_heart(t, csv_edit=lambda name, text: text.replace(",Male,", ",", 1)
+                                              if name == "hungary.csv" else text)), "--out", str(t / "o")],
+     2, ["site 'hungary': hungary.csv, line 2: 15 fields, the header has 16"]),
+    ("file", "any command: a file without its header line",
+     lambda t: ["fit", "--config", str(_heart(t, csv_edit=lambda name, text: text.split("\n", 1)[1]
+                                              if name == "cleveland.csv" else text)), "--out", str(t / "o")],
+     2, ["site 'cleveland': the first line of cleveland.csv looks like data, not a header naming the columns"]),
+    ("file", "any command: a file saved with ';' as separator (European Excel)",
+     lambda t: ["fit", "--config", str(_heart(t, csv_edit=lambda name, text: text.replace(",", ";")
+                                              if name == "switzerland.csv" else text)), "--out", str(t / "o")],
+     2, ["site 'switzerland': switzerland.csv seems to use ';' as separator", "save as CSV UTF-8 with commas"]),
+    ("file", "any command: a file with a header but no rows",
+     lambda t: ["fit", "--config", str(_heart(t, csv_edit=lambda name, text: text.split("\n", 1)[0] + "\n"
+                                              if name == "va_long_beach.csv" else text)), "--out", str(t / "o")],
+     2, ["site 'va_long_beach': va_long_beach.csv has a header but no data rows"]),
+    ("file", "any command: a subject's row twice in a site's file",
+     lambda t: ["fit", "--config", str(_heart(t, csv_edit=lambda name, text: text + text.splitlines()[1] + "\n"
+                                              if name == "cleveland.csv" else text)), "--out", str(t / "o")],
+     2, ["site 'cleveland': 1 id(s) in column 'id' appear on more than one row of cleveland.csv"]),
+    ("file", "any command: the id column in another case at one site",
+     lambda t: ["fit", "--config", str(_heart(t, csv_edit=lambda name, text: "ID" + text[2:]
+                                              if name == "hungary.csv" else text)), "--out", str(t / "o")],
+     2, ["id column 'id' missing at site(s) ['hungary']; did you mean 'ID'?"]),
+    ("file", "`fedhier fit`: a view's column in another case at one site",
+     lambda t: ["fit", "--config", str(_heart(t, csv_edit=lambda name, text: text.replace(",chol,", ",Chol,", 1)
+                                              if name == "hungary.csv" else text)), "--out", str(t / "o")],
+     2, ["view 'lab': column 'chol' not found at site 'hungary'; did you mean 'Chol'?"]),
+    ("file", "`fedhier fit linear`: a feature in another case at one site",
+     lambda t: ["fit", "linear", "--config", str(_heart(t, csv_edit=lambda name, text: text.replace(",age,", ",Age,", 1)
+                                                         if name == "hungary.csv" else text)), "--out", str(t / "o")],
+     2, ["features: column 'age' not found at site 'hungary'; did you mean 'Age'?"]),
+    ("file", "any command: missing_values for a column no file has",
+     lambda t: ["fit", "--config", str(_heart(t, _sub("missing_values = { chol", "missing_values = { chool"))), "--out", str(t / "o")],
+     2, ["missing_values names column(s) no site's file has: 'chool'", "did you mean 'chol'"]),
     ("3", "`fedhier experiment fedlin-radon` without statsmodels",
      lambda t: ["experiment", "fedlin-radon", "--quick", "--out", str(t / "o")],
      2, ["`fedhier experiment fedlin-radon` needs the optional package statsmodels", 'pip install -e ".[stats]"']),

@@ -23,7 +23,7 @@ def _write_sites(folder: Path, sites=("a", "b", "c")) -> Path:
     rng = np.random.default_rng(0)
     header = ["pid", "g1", "g2", "g3", "age", "bmi", "y"]
     for k, site in enumerate(sites):
-        X = rng.normal(size=(30, 6))
+        X = rng.normal(size=(30, 5))  # g1, g2, g3, age, bmi
         y = X[:, 0] - 0.5 * X[:, 3] + 0.1 * rng.normal(size=30)
         rows = [",".join([f"{site}{i}", *(f"{v:.4f}" for v in x), f"{t:.4f}"]) for i, (x, t) in enumerate(zip(X, y))]
         (folder / f"site_{site}.csv").write_text(",".join(header) + "\n" + "\n".join(rows) + "\n")

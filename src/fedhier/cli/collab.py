@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..data.scaling import ColumnScaling
-from ..data.sitefiles import SiteDataError, close_matches, join_problems, parse_column, read_table
+from ..data.sitefiles import SiteDataError, close_matches, join_problems, list_names, parse_column, read_table
 from ..deploy._toml import refuse_privacy_keys
 from ..utils.io import write_csv
 from ..utils.results import REPORT_FILES, check_inputs_outside, check_output_folder, result_folder
@@ -287,7 +287,7 @@ def _score(args: argparse.Namespace) -> int:
     problems: list[str] = []
     lacking = [c for c in columns if not table.has(c)]
     if lacking:
-        raise ValueError(f"{args.csv}: column(s) {lacking} missing{close_matches(lacking[0], table.header)}; columns: {table.header}")
+        raise ValueError(f"{args.csv}: column(s) {lacking} missing{close_matches(lacking[0], table.header)}; columns: {list_names(table.header)}")
     X = np.column_stack([parse_column(table, c, problems) for c in columns])
     if problems:
         raise SiteDataError(join_problems(problems))

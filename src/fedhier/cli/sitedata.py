@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections import Counter
 import tomllib
 import warnings
 from contextlib import contextmanager
@@ -36,7 +37,7 @@ import numpy as np
 from ..data.scaling import ColumnScaling
 from ..deploy._toml import CONFIG_KEYS, DATA_KEYS, FAMILY_OPTIONS, MODEL_KEYS, check_missing_values, check_ranges
 from ..data.sitefiles import (PARTIAL, SiteDataError, SiteTable, check_within_ranges, close_matches, join_problems,
-                              read_rows, read_table)
+                              list_names, read_rows, read_table)
 from ..protocol.scaling import SCALES
 from ..utils.io import atomic_write_text, markdown_table, write_json
 from ..utils.untrusted import check_site_name
@@ -138,25 +139,47 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
     if (sites is None) == (file is None):
         raise ValueError(f"{source}: name the data either with a [sites] table (site name = \"file.csv\") "
                          "or with file = \"data.csv\" and site_column = \"...\"")
+    named = _named_columns(raw)
     if file is not None:
-        tables, inputs, layout = _split_by_site_column(raw, source, base / str(file), missing)
+        tables, inputs, layout = _split_by_site_column(raw, source, base / str(file), missing, named)
     else:
-        tables, inputs, layout = _site_files(sites, source, base, missing)
+        tables, inputs, layout = _site_files(sites, source, base, missing, named)
     if id_column is not None:
-        lacking = [t.site for t in tables if not t.has(id_column)]
-        if lacking:
-            raise ValueError(f"{source}: id column {id_column!r} missing at site(s) {lacking}"
-                             f"{close_matches(id_column, tables[0].header)}; columns: {tables[0].header}")
+        lacking = [t for t in tables if not t.has(id_column)]
+        if lacking:  # the suggestion and the columns of the sites that lack it
+            header = list(dict.fromkeys(name for t in lacking for name in t.header))
+            raise ValueError(f"{source}: id column {id_column!r} missing at site(s) {[t.site for t in lacking]}"
+                             f"{close_matches(id_column, header)}; columns there: {list_names(header)}")
+        repeated = []
+        for t in tables:  # an id is data: counted, never shown
+            counts = Counter(v for v in t.text(id_column) if v)
+            twice = sum(1 for n in counts.values() if n > 1)
+            if twice:
+                repeated.append(f"site {t.site!r}: {twice} id(s) in column {id_column!r} appear on more than one row "
+                                f"of {t.path.name}; each subject needs its own id")
+        if repeated:
+            raise SiteDataError(join_problems(repeated))
     data = SiteData(tables, id_column, scale, partial, inputs, layout, raw.get("site_column") if file is not None else None,
                     ranges, outside)
-    unknown = [f"{c!r}{close_matches(c, data.columns())}" for c in ranges if c not in data.columns()]
-    if unknown:
-        raise ValueError(f"{source}: [ranges] names column(s) no site's file has: {'; '.join(unknown)} "
-                         f"(columns: {data.columns()})")
+    for key, named in (("[ranges]", ranges), ("missing_values", missing)):
+        unknown = [f"{c!r}{close_matches(c, data.columns())}" for c in named if c not in data.columns()]
+        if unknown:
+            raise ValueError(f"{source}: {key} names column(s) no site's file has: {'; '.join(unknown)} "
+                             f"(columns: {list_names(data.columns())})")
     return data
 
 
-def _site_files(sites: Any, source: str, base: Path, missing: dict[str, list[str]]) -> tuple[list[SiteTable], list[Path], str]:
+def _named_columns(raw: Mapping[str, Any]) -> set[str]:
+    """Every column a configuration names (id, site column, views, target, features, variables, label)."""
+    single = [raw.get(key) for key in ("id", "site_column", "target", "label")]
+    lists = [raw.get(key) for key in ("features", "variables")]
+    views = raw.get("views")
+    lists += list(views.values()) if isinstance(views, dict) else []
+    return {c for c in single + [c for cs in lists if isinstance(cs, list) for c in cs] if isinstance(c, str)}
+
+
+def _site_files(sites: Any, source: str, base: Path, missing: dict[str, list[str]], named: set[str]
+                ) -> tuple[list[SiteTable], list[Path], str]:
     if isinstance(sites, dict) and sites and all(isinstance(v, str) for v in sites.values()):
         entries = list(sites.items())
     elif isinstance(sites, list) and sites and all(isinstance(s, dict) and "path" in s for s in sites):  # [[sites]] name/path
@@ -170,21 +193,21 @@ def _site_files(sites: Any, source: str, base: Path, missing: dict[str, list[str
     absent = [f"site {n!r}: file {p} does not exist" for n, p in zip(names, paths) if not p.is_file()]
     if absent:
         raise FileNotFoundError(f"{source}: " + join_problems(absent))
-    return [read_table(p, n, missing) for n, p in zip(names, paths)], paths, "one file per site"
+    return [read_table(p, n, missing, named) for n, p in zip(names, paths)], paths, "one file per site"
 
 
-def _split_by_site_column(raw: Mapping[str, Any], source: str, path: Path, missing: dict[str, list[str]]
-                          ) -> tuple[list[SiteTable], list[Path], str]:
+def _split_by_site_column(raw: Mapping[str, Any], source: str, path: Path, missing: dict[str, list[str]],
+                          named: set[str]) -> tuple[list[SiteTable], list[Path], str]:
     column = raw.get("site_column")
     if not isinstance(column, str) or not column:
         raise ValueError(f"{source}: file = \"{path.name}\" needs site_column = \"...\", the column naming each row's site")
     path = path.resolve()
     if not path.is_file():
         raise FileNotFoundError(f"{source}: file {path} does not exist")
-    pooled = read_table(path, path.name, missing)
+    pooled = read_table(path, path.name, missing, named)
     if not pooled.has(column):
         raise ValueError(f"{path.name}: no site column {column!r}{close_matches(column, pooled.header)}; "
-                         f"columns: {pooled.header}")
+                         f"columns: {list_names(pooled.header)}")
     labels = pooled.text(column)
     empty = [i for i, v in enumerate(labels) if not v]
     if empty:
@@ -204,13 +227,25 @@ def check_columns(data: SiteData, groups: Mapping[str, Sequence[str]], *, exclud
     closest existing column and lists the available ones.
     """
     available = [c for c in data.columns() if c not in exclude]
-    problems = []
+    problems, nowhere = [], False
     for label, columns in groups.items():
         for c in columns:
             if not any(t.has(c) for t in data.tables):
                 problems.append(f"{label}: column {c!r} not found in any site's file{close_matches(c, available)}")
+                nowhere = True
+                continue
+            for t in data.tables:  # a name differing only in case or spaces is a mistake, not an unmeasured column
+                near = [] if t.has(c) else [h for h in t.header if _folded(h) == _folded(c)]
+                if near:
+                    problems.append(f"{label}: column {c!r} not found at site {t.site!r}; did you mean {near[0]!r}? "
+                                    f"(names must match exactly, case included: rename it in {t.path.name})")
     if problems:
-        raise ValueError(join_problems(problems) + f" (columns: {available})")
+        raise ValueError(join_problems(problems) + (f" (columns: {list_names(available)})" if nowhere else ""))
+
+
+def _folded(name: str) -> str:
+    """A column name without case or spaces, to catch ``Age`` for ``age`` and ``body mass`` for ``bodymass``."""
+    return "".join(name.split()).lower()
 
 
 def complete_rows(data: SiteData, columns: Sequence[str], what: str, notes: list[str], min_rows: int = 1

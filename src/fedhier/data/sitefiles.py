@@ -1,7 +1,9 @@
 """Reading a site's data file as a user has it: one reader for every command line and deployment.
 
-A site's file is a CSV (optionally gzip-compressed, ``.csv.gz``) or Parquet table with a header
-row.  A cell is read as
+A site's file is a comma-separated CSV (optionally gzip-compressed, ``.csv.gz``) or Parquet table
+with a header row and at least one data row, every row with one field per column (empty fields
+after the last column aside).  A file saved with ';' or tabs, a first line that looks like data
+and a row with a field missing or extra are refused, by file and line.  A cell is read as
 
 * a number (``12``, ``-0.5``, ``1e3``);
 * a boolean, as 0/1: ``True``/``False``/``true``/``false``/``yes``/``no`` (any capitalisation);
@@ -21,16 +23,18 @@ from __future__ import annotations
 import csv
 import difflib
 import gzip
+import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
 from ..protocol.base import SiteError
 
-__all__ = ["SiteDataError", "SiteTable", "read_table", "read_site_table", "parse_column", "check_within_ranges", "close_matches",
+__all__ = ["SiteDataError", "SiteTable", "read_table", "list_names", "read_site_table", "parse_column", "check_within_ranges", "close_matches",
            "PARTIAL", "MISSING_CELLS", "BOOLEAN_CELLS"]
 
 #: cells read as missing (compared case-insensitively after stripping spaces)
@@ -41,6 +45,8 @@ BOOLEAN_CELLS = {"true": 1.0, "false": 0.0, "yes": 1.0, "no": 0.0}
 PARTIAL = ("missing", "refuse")
 #: problems listed in one message before "and N more"
 _MAX_LISTED = 6
+#: column names listed in one message before "… and N more"
+_MAX_NAMES = 20
 
 
 class SiteDataError(SiteError, ValueError):
@@ -54,12 +60,19 @@ def join_problems(problems: Sequence[str]) -> str:
     return shown + (f" (and {len(problems) - _MAX_LISTED} more)" if len(problems) > _MAX_LISTED else "")
 
 
+def list_names(names: Sequence[str]) -> str:
+    """``['a', 'b', ...]`` with at most 20 names, then ``… and N more`` (a file may have thousands of columns)."""
+    shown = repr(list(names[:_MAX_NAMES]))
+    return shown + (f" … and {len(names) - _MAX_NAMES} more" if len(names) > _MAX_NAMES else "")
+
+
 def close_matches(name: str, available: Sequence[str]) -> str:
     """``; did you mean 'x'?`` for the closest of ``available`` (case-insensitive), or ``""``."""
     lowered = {a.lower(): a for a in available}
     low = name.lower()
     hits = difflib.get_close_matches(low, list(lowered), n=3, cutoff=0.6)
     hits += [a for a in lowered if a not in hits and min(len(a), len(low)) >= 3 and (low.startswith(a) or a.startswith(low))]
+    hits = hits[:3]
     return f"; did you mean {', '.join(repr(lowered[h]) for h in hits)}?" if hits else ""
 
 
@@ -122,14 +135,19 @@ class SiteTable:
                          self.missing)
 
 
-def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
-    """Header, rows and their 1-based data row numbers; a UTF-8 byte-order mark is dropped, blank lines skipped."""
+def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int], list[int]]:
+    """Header, rows, their 1-based data row numbers and the file line each ends on; a UTF-8 byte-order mark is
+    dropped, blank lines (also lines of only commas) skipped."""
     opener = gzip.open if path.suffix == ".gz" else open
     reader = None
+    rows, lines = [], []
     try:
         with opener(path, "rt", newline="", encoding="utf-8-sig") as fh:
             reader = csv.reader(fh)
-            rows = [row for row in reader if any(cell.strip() for cell in row)]
+            for row in reader:
+                if any(cell.strip() for cell in row):
+                    rows.append(row)
+                    lines.append(reader.line_num)
     except UnicodeDecodeError as exc:  # its own text quotes the file's bytes: not repeated
         raise SiteDataError(f"{path}: not UTF-8 text (undecodable byte at offset {exc.start})") from None
     except (csv.Error, gzip.BadGzipFile, EOFError) as exc:
@@ -137,7 +155,53 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
         raise SiteDataError(f"{path}: not a readable CSV file ({line}{type(exc).__name__})") from None
     if not rows:
         raise SiteDataError(f"{path}: empty file")
-    return rows[0], rows[1:], list(range(1, len(rows)))
+    return rows[0], rows[1:], list(range(1, len(rows))), lines[1:]
+
+
+def _check_header(site: str, path: Path, header: list[str], expected: Collection[str] = ()) -> None:
+    """Refuse a first line that is not a comma-separated header: one field holding ';' or a tab (a file saved with
+    another separator), or mostly cells (a file without a header, whose first subject would be read as the column
+    names: more than half its fields are numbers or booleans, and none is a column the configuration names in
+    ``expected``, so that numbers as column names, e.g. gene ids, are read when configured).  The message never
+    quotes the line: it may be a subject's data."""
+    if len(header) == 1:
+        for mark, name in ((";", "';'"), ("\t", "a tab")):
+            if mark in header[0]:
+                raise SiteDataError(f"site {site!r}: {path.name} seems to use {name} as separator; fedhier reads "
+                                    "comma-separated files (save as CSV UTF-8 with commas)")
+    named = [name.strip() for name in header if name.strip()]
+    cells = sum(1 for name in named if _is_number(name) or name.lower() in BOOLEAN_CELLS)
+    if named and cells > len(named) / 2 and not set(named) & set(expected):
+        raise SiteDataError(f"site {site!r}: the first line of {path.name} looks like data, not a header naming the "
+                            "columns; add a first line with the column names")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_widths(site: str, path: Path, header: list[str], body: list[list[str]], lines: list[int]) -> None:
+    """Refuse a row with fewer or more fields than the header (its values would land in the wrong columns), naming
+    the file's line and the counts, never a value.  Tolerated: fields beyond the header that are empty (a trailing
+    comma) and, under header fields that are themselves empty (a trailing comma in the header), absent fields."""
+    width = len(header)
+    named = width
+    while named and not header[named - 1].strip():
+        named -= 1
+    wrong = [i for i, row in enumerate(body)
+             if len(row) < named or any(cell.strip() for cell in row[width:])]
+    if wrong:
+        first = body[wrong[0]]
+        count = len(first)
+        while count > width and not first[count - 1].strip():  # trailing empty fields are not counted
+            count -= 1
+        more = f" (and {len(wrong) - 1} more line(s))" if len(wrong) > 1 else ""
+        raise SiteDataError(f"site {site!r}: {path.name}, line {lines[wrong[0]]}: {count} fields, the header has {named}"
+                            f"{more}; every row needs one field per column")
 
 
 def _read_parquet(path: Path, site: str) -> tuple[list[str], list[list[str]], list[int]]:
@@ -152,17 +216,26 @@ def _read_parquet(path: Path, site: str) -> tuple[list[str], list[list[str]], li
     return header, body, list(range(1, len(body) + 1))
 
 
-def read_table(path: str | Path, site: str, missing: Mapping[str, Sequence[str]] | None = None) -> SiteTable:
+def read_table(path: str | Path, site: str, missing: Mapping[str, Sequence[str]] | None = None,
+               expected: Collection[str] = ()) -> SiteTable:
     """Read a whole file as text; a column named twice in the header is an error.
 
-    ``missing``: column -> cells that also mean missing there (see :attr:`SiteTable.missing`).
+    ``missing``: column -> cells that also mean missing there (see :attr:`SiteTable.missing`); ``expected``: the
+    columns the configuration names (a first line naming one of them is a header, however numeric).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
-    header, body, numbers = _read_parquet(path, site) if path.suffix == ".parquet" else _read_csv(path)
+    if path.suffix == ".parquet":
+        header, body, numbers = _read_parquet(path, site)
+    else:
+        header, body, numbers, lines = _read_csv(path)
+        _check_header(site, path, header, expected)
+        _check_widths(site, path, header, body, lines)
     header = [name.strip() for name in header]
-    repeated = sorted({name for name in header if header.count(name) > 1})
+    if not body:
+        raise SiteDataError(f"site {site!r}: {path.name} has a header but no data rows")
+    repeated = sorted({name for name in header if name and header.count(name) > 1})  # unnamed: trailing commas
     if repeated:
         raise SiteDataError(f"site {site!r}: column(s) {repeated} appear more than once in the header of {path.name}")
     marks = {c: frozenset(str(v).strip().lower() for v in values) for c, values in (missing or {}).items()}
@@ -197,10 +270,13 @@ def parse_column(table: SiteTable, column: str, problems: list[str], where: str 
                 out[i] = np.nan
                 infinite.append(i)
     prefix = f"site {table.site!r}{where}: "
-    for rows, what in ((bad, "non-numeric value"), (infinite, "infinite value")):
+    key = column if re.fullmatch(r"[A-Za-z0-9_-]+", column) else json.dumps(column)  # as a TOML key
+    for rows, what, hint in ((bad, "non-numeric value", f" (if it marks a missing value, add it to the configuration: "
+                                                         f"missing_values = {{ {key} = [...] }})"),
+                             (infinite, "infinite value", "")):
         if rows:
             more = f" and {len(rows) - 1} more row(s)" if len(rows) > 1 else ""
-            problems.append(f"{prefix}{what} in column {column!r}, row {table.row_numbers[rows[0]]}{more}")
+            problems.append(f"{prefix}{what} in column {column!r}, row {table.row_numbers[rows[0]]}{more}{hint}")
     return out
 
 
@@ -244,6 +320,9 @@ def read_site_table(path: str | Path | SiteTable, views: dict[str, list[str]], s
             if empty:
                 notes.append(f"site {site_name!r}, view {view!r}: column(s) {empty} empty or missing at every row, so "
                              "the view is not measured there")
+            else:
+                notes.append(f"site {site_name!r}, view {view!r}: column(s) {list(columns)} not in {table.path.name}, "
+                             "so the view is not measured there")
             continue
         where = f", view {view!r}"
         values = np.column_stack([parse_column(table, c, problems, where) for c in columns])
