@@ -557,3 +557,27 @@ def test_numbers_as_column_names_are_a_header_when_the_configuration_names_them(
     assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "o"), "--quiet"]) == 0
     columns = json.loads((tmp_path / "o" / "summary.json").read_text())["columns"]
     assert columns["genes"] == list(ids.values())[:4] and columns["clin"] == ["age", "bmi", "1401"]
+
+
+@pytest.mark.parametrize("model", ["fed-mv-ppca", "fedlin-hm2"])
+def test_a_deployed_site_reads_numbers_as_column_names_it_is_configured_with_and_refuses_a_headerless_file(model, tmp_path):
+    """Over Flower each site reads its own file: numeric column names it is configured with are a header; a file
+    without a header is refused without quoting its first row."""
+    from fedhier.data.sitefiles import SiteDataError
+    from fedhier.deploy import fit_from_toml
+
+    rng = np.random.default_rng(0)
+    header = ["7157", "672", "675", "1956", "y"]
+    rows = [",".join(f"{v:.4f}" for v in row) for row in rng.normal(size=(12, 5))]
+    (tmp_path / "a.csv").write_text(",".join(header) + "\n" + "\n".join(rows) + "\n")
+    (tmp_path / "bare.csv").write_text("\n".join(rows) + "\n")
+    names = '["7157", "672", "675", "1956"]'
+    text = (f'model = "{model}"\n' + ('n_components = 2\n[views]\ngenes = ' + names + "\n" if model == "fed-mv-ppca"
+                                      else f'target = "y"\nfeatures = {names}\n') + '[flower]\nsites = ["a", "b"]\n')
+    config = fit_from_toml(text)
+    loaded = config.load_site("a", tmp_path / "a.csv")  # refused as a headerless file before
+    if model == "fed-mv-ppca":
+        assert loaded["genes"].shape == (12, 4)
+    with pytest.raises(SiteDataError, match="the first line of bare.csv looks like data") as refused:
+        config.load_site("a", tmp_path / "bare.csv")
+    assert rows[0].split(",")[0] not in str(refused.value)

@@ -218,7 +218,7 @@ class FedLinFitConfig(TomlFit, Deployment):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
-        table = read_table(path, site, self.missing_values)
+        table = read_table(path, site, self.missing_values, expected=[*self.features, self.target])
         values, _ = read_rows(table, [*self.features, self.target], partial=self.partial, what="target and features")
         check_within_ranges([table], self.ranges)
         values = self.scaling().transform([*self.features, self.target], values)

@@ -250,7 +250,7 @@ class FlowerFitConfig(TomlFit, Deployment):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
-        table = read_table(path, site, self.missing_values)
+        table = read_table(path, site, self.missing_values, expected={c for cols in self.views.values() for c in cols})
         check_within_ranges([table], self.ranges)
         views = read_site_table(table, {v: list(c) for v, c in self.views.items()}, site, partial=self.partial)
         scaling = self.scaling()
