@@ -581,3 +581,13 @@ def test_a_deployed_site_reads_numbers_as_column_names_it_is_configured_with_and
     with pytest.raises(SiteDataError, match="the first line of bare.csv looks like data") as refused:
         config.load_site("a", tmp_path / "bare.csv")
     assert rows[0].split(",")[0] not in str(refused.value)
+
+
+def test_a_data_path_may_start_at_home_and_a_folder_is_named_as_one(tmp_path, monkeypatch, capsys):
+    toml = _small(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    toml.write_text(toml.read_text().replace('a = "site_a.csv"', 'a = "~/site_a.csv"'))
+    assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    (tmp_path / "folder").mkdir()
+    toml.write_text(toml.read_text().replace('b = "site_b.csv"', 'b = "folder"'))
+    assert f"site 'b': {tmp_path / 'folder'} is a folder, not a data file" in _error(capsys, toml, "fit")

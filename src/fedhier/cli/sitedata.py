@@ -141,7 +141,7 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
                          "or with file = \"data.csv\" and site_column = \"...\"")
     named = _named_columns(raw)
     if file is not None:
-        tables, inputs, layout = _split_by_site_column(raw, source, base / str(file), missing, named)
+        tables, inputs, layout = _split_by_site_column(raw, source, _data_path(base, file), missing, named)
     else:
         tables, inputs, layout = _site_files(sites, source, base, missing, named)
     if id_column is not None:
@@ -169,6 +169,15 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
     return data
 
 
+def _data_path(base: Path, given: Any) -> Path:
+    """A data file named in a configuration: ``~`` is the user's home; a relative path is relative to ``base``."""
+    return (base / Path(str(given)).expanduser()).resolve()
+
+
+def _not_a_file(path: Path) -> str:
+    return f"{path} is a folder, not a data file" if path.is_dir() else f"file {path} does not exist"
+
+
 def _named_columns(raw: Mapping[str, Any]) -> set[str]:
     """Every column a configuration names (id, site column, views, target, features, variables, label)."""
     single = [raw.get(key) for key in ("id", "site_column", "target", "label")]
@@ -189,8 +198,8 @@ def _site_files(sites: Any, source: str, base: Path, missing: dict[str, list[str
     names = [check_site_name(str(name), f"{source}: site {i}") for i, (name, _) in enumerate(entries)]
     if len(set(names)) != len(names):
         raise ValueError(f"{source}: site names must be unique, got {names}")
-    paths = [(base / str(p)).resolve() for _, p in entries]
-    absent = [f"site {n!r}: file {p} does not exist" for n, p in zip(names, paths) if not p.is_file()]
+    paths = [_data_path(base, p) for _, p in entries]
+    absent = [f"site {n!r}: {_not_a_file(p)}" for n, p in zip(names, paths) if not p.is_file()]
     if absent:
         raise FileNotFoundError(f"{source}: " + join_problems(absent))
     return [read_table(p, n, missing, named) for n, p in zip(names, paths)], paths, "one file per site"
@@ -201,9 +210,8 @@ def _split_by_site_column(raw: Mapping[str, Any], source: str, path: Path, missi
     column = raw.get("site_column")
     if not isinstance(column, str) or not column:
         raise ValueError(f"{source}: file = \"{path.name}\" needs site_column = \"...\", the column naming each row's site")
-    path = path.resolve()
     if not path.is_file():
-        raise FileNotFoundError(f"{source}: file {path} does not exist")
+        raise FileNotFoundError(f"{source}: {_not_a_file(path)}")
     pooled = read_table(path, path.name, missing, named)
     if not pooled.has(column):
         raise ValueError(f"{path.name}: no site column {column!r}{close_matches(column, pooled.header)}; "
