@@ -270,8 +270,8 @@ def _score(args: argparse.Namespace) -> int:
     columns = [c for c in args.columns.split(",") if c] if args.columns else saved.get("variables")
     if not columns:
         raise ValueError(f"{model_path.parent}: no summary.json with the model's variables; name them with --columns")
-    table = read_table(args.csv, Path(args.csv).name, expected=[*columns, *([saved["site_column"]] if saved.get("site_column") else [])])
     site_column = saved.get("site_column")
+    table = read_table(args.csv, Path(args.csv).name, expected=[*columns, *([site_column] if site_column else [])])
     if args.site is not None:
         site = _site_index(args.site, names, model_path)
         which = np.full(len(table), site)

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import re
 import sys
-from collections import Counter
 import tomllib
 import warnings
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -360,10 +360,6 @@ def _scaling_statistics(kind: str, aggregation: str, columns: Sequence[str]) -> 
     return f"every site's exact per-column counts, sums and sums of squares of column(s) {list(columns)}, in the clear"
 
 
-_API_ADVICE = ("The defaults assume data on a unit scale: scale the data first (e.g. fedhier.data.MinMaxScaling, as the "
-               "experiments do) or pass sigma2_prior=None.")
-
-
 def _advice(scale: str) -> str:
     """The library's advice on a view whose variance is below the sigma2 prior's floor, as a configuration says it."""
     if scale == "standard":  # the data are already on a unit scale: the site's entries of the view hardly vary
@@ -380,11 +376,13 @@ def site_warnings(names: Sequence[str], scale: str = "none"):
     with the library's advice in the words of a configuration file scaled by ``scale``."""
     with warnings.catch_warnings(record=True) as caught:
         yield
+    if caught:
+        from ..protocol.mvppca import SCALE_ADVICE  # the protocol's model math, imported only to reword its advice
     seen = set()
     for w in caught:
         text = re.sub(r"\bsite (\d+)\b",
                       lambda m: f"site {names[int(m.group(1))]!r}" if int(m.group(1)) < len(names) else m.group(0), str(w.message))
-        text = text.replace(_API_ADVICE, _advice(scale))
+        text = text.replace(SCALE_ADVICE, _advice(scale))
         if text not in seen:
             seen.add(text)
             print(f"fedhier: warning: {text}", file=sys.stderr)

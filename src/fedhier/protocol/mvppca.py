@@ -64,6 +64,10 @@ class DataScaleWarning(UserWarning):
 
 #: variance per entry above which a view is far above unit scale (sd 100; examples/mvppca_data_scale.py)
 LARGE_VARIANCE = 1e4
+#: the advice closing the warning of a view whose variance is below the sigma2 prior's floor (the command line
+#: says it in the words of a configuration file)
+SCALE_ADVICE = ("The defaults assume data on a unit scale: scale the data first (e.g. fedhier.data.MinMaxScaling, "
+                "as the experiments do) or pass sigma2_prior=None.")
 
 
 GLOBAL_FIELDS = ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta", "noise_var", "var_sigma")
@@ -418,5 +422,4 @@ class MVPPCAProtocol(RoundProtocol):
                 f"site {site}, view {view!r}: the round-1 IG({alpha:g}, {beta:g}) prior on sigma2 keeps this view's "
                 f"noise variance at {implied:.3g} or more for its {size} entries, above their variance "
                 f"({variance:.3g}): the prior, not the data, sets the noise, and the fit may explain the view as "
-                f"noise. The defaults assume data on a unit scale: scale the data first (e.g. "
-                f"fedhier.data.MinMaxScaling, as the experiments do) or pass sigma2_prior=None."), stacklevel=3)
+                f"noise. {SCALE_ADVICE}"), stacklevel=3)
