@@ -150,6 +150,28 @@ def test_collab_score_by_site_name_with_the_models_columns_and_scaling(tmp_path,
     np.testing.assert_allclose([float(r["score"]) for r in scored if r["site"] == "1"], [float(r["score"]) for r in fitted])
 
 
+def test_collab_score_reads_a_cell_as_missing_where_the_fit_did(tmp_path, capsys):
+    """A cell the fit's missing_values calls missing (a sensor's -1) is missing when scoring too: its row scores NaN,
+    not as an extreme humidity."""
+    toml = _copy(tmp_path, "motes")
+    toml.write_text(toml.read_text().replace("[views]", 'missing_values = { humidity = ["-1"] }\n\n[views]'))
+    data = tmp_path / "motes" / "motes.csv"
+    lines = data.read_text().splitlines()
+    header = lines[0].split(",")
+    first = lines[1].split(",")
+    first[header.index("humidity")] = "-1"
+    lines[1] = ",".join(first)
+    data.write_text("\n".join(lines) + "\n")
+    assert main(["collab", "fit", "--config", str(toml), "--out", str(tmp_path / "c"), "--quiet"]) == 0
+    assert main(["collab", "score", "--model", str(tmp_path / "c" / "model.npz"), "--csv", str(data),
+                 "--out", str(tmp_path / "s.csv")]) == 0
+    assert "1 row(s) with an empty cell scored NaN" in capsys.readouterr().out
+    scored = [r for r in _rows(tmp_path / "s.csv") if r["site"] == first[header.index("mote_id")]]
+    assert np.isnan(float(scored[0]["score"]))
+    fitted = _rows(tmp_path / "c" / f"scores_{scored[0]['site']}.csv")  # the fit left that row out
+    np.testing.assert_allclose([float(r["score"]) for r in scored[1:]], [float(r["score"]) for r in fitted])
+
+
 def test_the_flower_fit_toml_is_the_same_file_plus_a_flower_table(tmp_path, capsys):
     from fedhier.deploy import fit_from_toml
 

@@ -65,6 +65,20 @@ def _heart_pooled(tmp: Path) -> Path:
     return path
 
 
+def _motes_with_text(tmp: Path) -> Path:
+    """Readings of the motes slice to score, one humidity written as a word."""
+    lines = (HERE / "cli_data" / "motes" / "motes.csv").read_text().splitlines()[:4]
+    lines[2] = lines[2].replace(",43.79,", ",high,")
+    path = tmp / "new.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _semicolons(path: Path) -> Path:
+    path.write_text(path.read_text().replace(",", ";"))
+    return path
+
+
 def _heart_with_male(tmp: Path) -> Path:
     """The whole bundled heart table in raw units with a 0/1 column `male`, as the newcomer made it."""
     import csv
@@ -209,6 +223,13 @@ CASES = [
      lambda t: ["collab", "score", "--model", str(_fitted(t, ["fit"])), "--csv", str(t / "motes" / "motes.csv"), "--site", "1",
                 "--out", str(t / "s.csv")],
      2, ["a Fed-mv-PPCA model", "collab score needs the model.npz of a `fedhier collab fit` result folder"]),
+    ("—", "`fedhier collab score`: a text cell in the file to score",
+     lambda t: ["collab", "score", "--model", str(_fitted(t)), "--csv", str(_motes_with_text(t)), "--site", "1",
+                "--out", str(t / "s.csv")],
+     2, ["fedhier: error: new.csv: non-numeric value in column 'humidity', row 2"]),
+    ("file", "`fedhier collab fit`: a file of all sites saved with ';' as separator",
+     lambda t: ["collab", "fit", "--csv", str(_semicolons(_heart_pooled(t))), "--site-column", "dataset", "--out", str(t / "o")],
+     2, ["fedhier: error: heart.csv seems to use ';' as separator"]),
     ("file", "any command: a row with a field missing",
      lambda t: ["fit", "--config", str(_heart(t, csv_edit=lambda name, text: text.replace(",Male,", ",", 1)
                                               if name == "hungary.csv" else text)), "--out", str(t / "o")],

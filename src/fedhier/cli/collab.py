@@ -23,7 +23,7 @@ import numpy as np
 
 from ..data.scaling import ColumnScaling
 from ..data.sitefiles import SiteDataError, close_matches, join_problems, list_names, parse_column, read_table
-from ..deploy._toml import refuse_privacy_keys
+from ..deploy._toml import check_missing_values, refuse_privacy_keys
 from ..utils.io import write_csv
 from ..utils.results import REPORT_FILES, check_inputs_outside, check_output_folder, result_folder
 from ..utils.untrusted import check_outputs_spare_inputs
@@ -211,6 +211,7 @@ def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_p
         summary = {"model_family": "collab", "sites": names, "rows": {n: len(x) for n, x in zip(names, sites)},
                    "data": data.layout, "site_column": config.get("site_column"), "variables": variables, "label": label,
                    "id": data.id, "scale": data.scale, "scaling": scaling.to_dict(), "partial": data.partial,
+                   "missing_values": {c: sorted(cells) for c, cells in data.tables[0].missing.items()},
                    "patterns": int(model.active_.sum()), "rounds_run": int(model.n_iter_), "model": str(out),
                    "report": str(report)}
         write_summary(staging, summary, title="fedhier collab fit", notes=notes)
@@ -271,7 +272,8 @@ def _score(args: argparse.Namespace) -> int:
     if not columns:
         raise ValueError(f"{model_path.parent}: no summary.json with the model's variables; name them with --columns")
     site_column = saved.get("site_column")
-    table = read_table(args.csv, Path(args.csv).name, expected=[*columns, *([site_column] if site_column else [])])
+    missing = check_missing_values(saved.get("missing_values", {}), str(model_path.parent / "summary.json"))
+    table = read_table(args.csv, None, missing, expected=[*columns, *([site_column] if site_column else [])])
     if args.site is not None:
         site = _site_index(args.site, names, model_path)
         which = np.full(len(table), site)

@@ -212,7 +212,7 @@ def _split_by_site_column(raw: Mapping[str, Any], source: str, path: Path, missi
         raise ValueError(f"{source}: file = \"{path.name}\" needs site_column = \"...\", the column naming each row's site")
     if not path.is_file():
         raise FileNotFoundError(f"{source}: {_not_a_file(path)}")
-    pooled = read_table(path, path.name, missing, named)
+    pooled = read_table(path, None, missing, named)
     if not pooled.has(column):
         raise ValueError(f"{path.name}: no site column {column!r}{close_matches(column, pooled.header)}; "
                          f"columns: {list_names(pooled.header)}")

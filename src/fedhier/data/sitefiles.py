@@ -54,6 +54,11 @@ class SiteDataError(SiteError, ValueError):
     cell's value, so a site may send it to the coordinator."""
 
 
+def _at(site: str | None) -> str:
+    """A message's opening naming the site, if the file is a site's."""
+    return f"site {site!r}: " if site is not None else ""
+
+
 def join_problems(problems: Sequence[str]) -> str:
     """Several problems as one line: ``p1; p2; ... (and N more)``."""
     shown = "; ".join(problems[:_MAX_LISTED])
@@ -82,8 +87,9 @@ class SiteTable:
 
     Attributes
     ----------
-    site : str
-        The site's name (used in every message).
+    site : str or None
+        The site's name (used in every message); None for a file that is no site's (e.g. rows to score), whose
+        messages then name the file.
     path : Path
         The file the rows come from (a pooled file for a site column).
     header : list of str
@@ -97,7 +103,7 @@ class SiteTable:
         (e.g. ``{"chol": {"0", "0.0"}}`` where a zero cholesterol is a missing measurement).
     """
 
-    site: str
+    site: str | None
     path: Path
     header: list[str]
     rows: list[list[str]]
@@ -111,6 +117,11 @@ class SiteTable:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    @property
+    def label(self) -> str:
+        """How messages name the rows: the site, or the file when it is no site's."""
+        return f"site {self.site!r}" if self.site is not None else self.path.name
 
     def has(self, column: str) -> bool:
         return column in self._position
@@ -158,7 +169,7 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int], list[i
     return rows[0], rows[1:], list(range(1, len(rows))), lines[1:]
 
 
-def _check_header(site: str, path: Path, header: list[str], expected: Collection[str] = ()) -> None:
+def _check_header(site: str | None, path: Path, header: list[str], expected: Collection[str] = ()) -> None:
     """Refuse a first line that is not a comma-separated header: one field holding ';' or a tab (a file saved with
     another separator), or mostly cells (a file without a header, whose first subject would be read as the column
     names: more than half its fields are numbers or booleans, and none is a column the configuration names in
@@ -167,12 +178,12 @@ def _check_header(site: str, path: Path, header: list[str], expected: Collection
     if len(header) == 1:
         for mark, name in ((";", "';'"), ("\t", "a tab")):
             if mark in header[0]:
-                raise SiteDataError(f"site {site!r}: {path.name} seems to use {name} as separator; fedhier reads "
+                raise SiteDataError(f"{_at(site)}{path.name} seems to use {name} as separator; fedhier reads "
                                     "comma-separated files (save as CSV UTF-8 with commas)")
     named = [name.strip() for name in header if name.strip()]
     cells = sum(1 for name in named if _is_number(name) or name.lower() in BOOLEAN_CELLS)
     if named and cells > len(named) / 2 and not set(named) & set(expected):
-        raise SiteDataError(f"site {site!r}: the first line of {path.name} looks like data, not a header naming the "
+        raise SiteDataError(f"{_at(site)}the first line of {path.name} looks like data, not a header naming the "
                             "columns; add a first line with the column names")
 
 
@@ -184,7 +195,7 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _check_widths(site: str, path: Path, header: list[str], body: list[list[str]], lines: list[int]) -> None:
+def _check_widths(site: str | None, path: Path, header: list[str], body: list[list[str]], lines: list[int]) -> None:
     """Refuse a row with fewer or more fields than the header (its values would land in the wrong columns), naming
     the file's line and the counts, never a value.  Tolerated: fields beyond the header that are empty (a trailing
     comma) and, under header fields that are themselves empty (a trailing comma in the header), absent fields."""
@@ -200,15 +211,15 @@ def _check_widths(site: str, path: Path, header: list[str], body: list[list[str]
         while count > width and not first[count - 1].strip():  # trailing empty fields are not counted
             count -= 1
         more = f" (and {len(wrong) - 1} more line(s))" if len(wrong) > 1 else ""
-        raise SiteDataError(f"site {site!r}: {path.name}, line {lines[wrong[0]]}: {count} fields, the header has {named}"
+        raise SiteDataError(f"{_at(site)}{path.name}, line {lines[wrong[0]]}: {count} fields, the header has {named}"
                             f"{more}; every row needs one field per column")
 
 
-def _read_parquet(path: Path, site: str) -> tuple[list[str], list[list[str]], list[int]]:
+def _read_parquet(path: Path, site: str | None) -> tuple[list[str], list[list[str]], list[int]]:
     try:
         import pandas as pd
     except ImportError:  # pragma: no cover - depends on the installation
-        raise SiteDataError(f'site {site!r}: reading Parquet needs pandas and pyarrow: pip install -e ".[stats]" pyarrow') from None
+        raise SiteDataError(f'{_at(site)}reading Parquet needs pandas and pyarrow: pip install -e ".[stats]" pyarrow') from None
     frame = pd.read_parquet(path)
     header = [str(c) for c in frame.columns]
     body = [["" if (isinstance(v, float) and math.isnan(v)) or v is None else str(v) for v in row]
@@ -216,7 +227,7 @@ def _read_parquet(path: Path, site: str) -> tuple[list[str], list[list[str]], li
     return header, body, list(range(1, len(body) + 1))
 
 
-def read_table(path: str | Path, site: str, missing: Mapping[str, Sequence[str]] | None = None,
+def read_table(path: str | Path, site: str | None, missing: Mapping[str, Sequence[str]] | None = None,
                expected: Collection[str] = ()) -> SiteTable:
     """Read a whole file as text; a column named twice in the header is an error.
 
@@ -225,7 +236,7 @@ def read_table(path: str | Path, site: str, missing: Mapping[str, Sequence[str]]
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
+        raise FileNotFoundError(f"{_at(site)}data file {path} does not exist")
     if path.suffix == ".parquet":
         header, body, numbers = _read_parquet(path, site)
     else:
@@ -234,10 +245,10 @@ def read_table(path: str | Path, site: str, missing: Mapping[str, Sequence[str]]
         _check_widths(site, path, header, body, lines)
     header = [name.strip() for name in header]
     if not body:
-        raise SiteDataError(f"site {site!r}: {path.name} has a header but no data rows")
+        raise SiteDataError(f"{_at(site)}{path.name} has a header but no data rows")
     repeated = sorted({name for name in header if name and header.count(name) > 1})  # unnamed: trailing commas
     if repeated:
-        raise SiteDataError(f"site {site!r}: column(s) {repeated} appear more than once in the header of {path.name}")
+        raise SiteDataError(f"{_at(site)}column(s) {repeated} appear more than once in the header of {path.name}")
     marks = {c: frozenset(str(v).strip().lower() for v in values) for c, values in (missing or {}).items()}
     return SiteTable(site, path, header, body, numbers, marks)
 
@@ -269,7 +280,7 @@ def parse_column(table: SiteTable, column: str, problems: list[str], where: str 
             if not math.isfinite(out[i]):
                 out[i] = np.nan
                 infinite.append(i)
-    prefix = f"site {table.site!r}{where}: "
+    prefix = f"{table.label}{where}: "
     key = column if re.fullmatch(r"[A-Za-z0-9_-]+", column) else json.dumps(column)  # as a TOML key
     for rows, what, hint in ((bad, "non-numeric value", f" (if it marks a missing value, add it to the configuration: "
                                                          f"missing_values = {{ {key} = [...] }})"),
@@ -290,7 +301,7 @@ def check_within_ranges(tables: Sequence[SiteTable], ranges: Mapping[str, tuple[
             values = parse_column(table, column, [])
             outside = np.flatnonzero((values < low) | (values > high))
             if outside.size:
-                problems.append(f"site {table.site!r}: column {column!r}: {outside.size} value(s) outside its declared "
+                problems.append(f"{table.label}: column {column!r}: {outside.size} value(s) outside its declared "
                                 f"range in [ranges], first at row {table.row_numbers[outside[0]]}")
     if problems:
         raise SiteDataError(join_problems(problems))
@@ -368,7 +379,7 @@ def read_rows(table: SiteTable, columns: Sequence[str], *, partial: str = "missi
     unmeasured = [c for c in columns if not table.measures(c)]
     if unmeasured:
         raise SiteDataError(
-            f"site {table.site!r}: column(s) {unmeasured} not measured there (absent or empty at every row); "
+            f"{table.label}: column(s) {unmeasured} not measured there (absent or empty at every row); "
             f"every site needs all the {what}: remove them from {what} or leave the site out")
     values = np.column_stack([parse_column(table, c, problems) for c in columns])
     if problems:
@@ -378,10 +389,10 @@ def read_rows(table: SiteTable, columns: Sequence[str], *, partial: str = "missi
         first = int(np.flatnonzero(empty)[0])
         column = columns[int(np.flatnonzero(np.isnan(values[first]))[0])]
         if partial == "refuse":
-            raise SiteDataError(f"site {table.site!r}: {int(empty.sum())} row(s) with an empty cell, first in column "
+            raise SiteDataError(f"{table.label}: {int(empty.sum())} row(s) with an empty cell, first in column "
                                 f"{column!r}, row {table.row_numbers[first]}; with partial = \"refuse\" every cell is needed")
         if notes is not None:
-            notes.append(f"site {table.site!r}: {int(empty.sum())} row(s) with an empty cell left out (first: column "
+            notes.append(f"{table.label}: {int(empty.sum())} row(s) with an empty cell left out (first: column "
                          f"{column!r}, row {table.row_numbers[first]})")
     kept = np.flatnonzero(~empty)
     return values[kept], kept
