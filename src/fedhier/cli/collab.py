@@ -192,7 +192,8 @@ def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_p
     model.save(out if staging is None else staging / model_path.name)
     lost = getattr(model, "lost_sites_", [])
     print(f"fitted CollabDict on {len(sites)} sites ({', '.join(names)}); variables {variables}; "
-          f"{int(model.active_.sum())} patterns; {model.n_iter_} rounds; wrote {out}"
+          f"{int(model.active_.sum())} patterns; {model.n_iter_ + 1} rounds (one sharing the variables' means and "
+          f"spreads, {model.n_iter_} learning the patterns); wrote {out}"
           + (f"; sites {[names[s] for s in lost]} stopped answering and were left out from then on" if lost else ""), flush=True)
     if args.runtime != "mpi":  # under MPI each process holds only its own site's weights
         for k, (table, X, rows) in enumerate(zip(data.tables, sites, kept)):
