@@ -485,6 +485,23 @@ def test_a_file_without_header_is_named_without_printing_its_first_row(command, 
     assert "A000" not in err and "columns:" not in err and not any(ch.isdigit() for ch in err.split("site_a.csv")[1]), err
 
 
+def test_a_file_of_text_without_header_is_refused_and_a_header_of_words_is_read(tmp_path):
+    """The first subject of a file of categories has no numbers to give it away, but its cells recur in their
+    columns; a header of words does not, and a column named like a category elsewhere in the file is still read."""
+    from fedhier.data.sitefiles import SiteDataError, read_table
+
+    text = ["sex,dataset,cp,restecg,slope,thal", "Male,Cleveland,typical angina,lv hypertrophy,downsloping,fixed defect",
+            "Male,Cleveland,asymptomatic,lv hypertrophy,flat,normal", "Female,Cleveland,asymptomatic,normal,flat,normal"]
+    (tmp_path / "bare.csv").write_text("\n".join(text[1:] * 3) + "\n")
+    with pytest.raises(SiteDataError, match="the first line of bare.csv looks like data") as refused:
+        read_table(tmp_path / "bare.csv", "a")
+    assert "Male" not in str(refused.value) and "Cleveland" not in str(refused.value)
+    (tmp_path / "named.csv").write_text("\n".join(text) + "\n")
+    assert read_table(tmp_path / "named.csv", "a").header == text[0].split(",")
+    (tmp_path / "normal.csv").write_text("\n".join(["normal,flat", "fixed,flat", "reversible,up"]) + "\n")  # one name recurs
+    assert read_table(tmp_path / "normal.csv", "a").header == ["normal", "flat"]
+
+
 @pytest.mark.parametrize("separator, named", [(";", "';'"), ("\t", "a tab")])
 def test_a_file_with_another_separator_is_named_with_the_fix(separator, named, tmp_path, capsys):
     european = (lambda t: t.replace(",", ";").replace(".", ",")) if separator == ";" else (lambda t: t.replace(",", "\t"))

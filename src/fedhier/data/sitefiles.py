@@ -47,6 +47,8 @@ PARTIAL = ("missing", "refuse")
 _MAX_LISTED = 6
 #: column names listed in one message before "… and N more"
 _MAX_NAMES = 20
+#: data rows searched for a first line's fields when telling a header from a first row of data
+_ROWS_COMPARED = 1000
 
 
 class SiteDataError(SiteError, ValueError):
@@ -169,20 +171,26 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int], list[i
     return rows[0], rows[1:], list(range(1, len(rows))), lines[1:]
 
 
-def _check_header(site: str | None, path: Path, header: list[str], expected: Collection[str] = ()) -> None:
+def _check_header(site: str | None, path: Path, header: list[str], body: list[list[str]],
+                  expected: Collection[str] = ()) -> None:
     """Refuse a first line that is not a comma-separated header: one field holding ';' or a tab (a file saved with
-    another separator), or mostly cells (a file without a header, whose first subject would be read as the column
-    names: more than half its fields are numbers or booleans, and none is a column the configuration names in
-    ``expected``, so that numbers as column names, e.g. gene ids, are read when configured).  The message never
-    quotes the line: it may be a subject's data."""
+    another separator), or cells (a file without a header, whose first subject would be read as the column names).
+    A first line reads as cells when none of its fields is a column the configuration names in ``expected`` (so
+    that numbers as column names, e.g. gene ids, are read when configured) and either more than half its fields
+    are numbers or booleans, or more than half are values of their own column further down (a file of mostly text,
+    e.g. ``Male`` under a column of ``Male``/``Female``; a real column name is not among its own column's cells).
+    The message never quotes the line: it may be a subject's data."""
     if len(header) == 1:
         for mark, name in ((";", "';'"), ("\t", "a tab")):
             if mark in header[0]:
                 raise SiteDataError(f"{_at(site)}{path.name} seems to use {name} as separator; fedhier reads "
                                     "comma-separated files (save as CSV UTF-8 with commas)")
-    named = [name.strip() for name in header if name.strip()]
-    cells = sum(1 for name in named if _is_number(name) or name.lower() in BOOLEAN_CELLS)
-    if named and cells > len(named) / 2 and not set(named) & set(expected):
+    named = [(j, name.strip()) for j, name in enumerate(header) if name.strip()]
+    if not named or {name for _, name in named} & set(expected):
+        return
+    cells = sum(1 for _, name in named if _is_number(name) or name.lower() in BOOLEAN_CELLS)
+    recurring = sum(1 for j, name in named if any(j < len(row) and row[j].strip() == name for row in body[:_ROWS_COMPARED]))
+    if cells > len(named) / 2 or recurring > len(named) / 2:
         raise SiteDataError(f"{_at(site)}the first line of {path.name} looks like data, not a header naming the "
                             "columns; add a first line with the column names")
 
@@ -241,7 +249,7 @@ def read_table(path: str | Path, site: str | None, missing: Mapping[str, Sequenc
         header, body, numbers = _read_parquet(path, site)
     else:
         header, body, numbers, lines = _read_csv(path)
-        _check_header(site, path, header, expected)
+        _check_header(site, path, header, body, expected)
         _check_widths(site, path, header, body, lines)
     header = [name.strip() for name in header]
     if not body:
