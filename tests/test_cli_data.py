@@ -213,8 +213,8 @@ def test_flower_accepts_minmax_with_public_ranges_for_every_column_and_each_site
         fit_from_toml(text.replace('scale = "minmax"', 'scale = "none"') + ranges, "fit.toml")
     # each site scales its own file: (x - low) / (high - low), computed here by hand from the file
     rows = [r for r in _rows(tmp_path / "radon" / "radon.csv") if r["county.name"] == "ANOKA"]
-    (tmp_path / "anoka.csv").write_text("log.radon,basement,uranium\n" + "".join(
-        f"{r['log.radon']},{r['basement']},{r['uranium']}\n" for r in rows))
+    (tmp_path / "anoka.csv").write_text("rownames,log.radon,basement,uranium\n" + "".join(
+        f"{r['rownames']},{r['log.radon']},{r['basement']},{r['uranium']}\n" for r in rows))
     site = config.load_site("ANOKA", tmp_path / "anoka.csv")
     raw = np.array([[float(r["log.radon"]), float(r["basement"]), float(r["uranium"])] for r in rows])
     np.testing.assert_allclose(site["home"], (raw[:, :2] - [-3, 0]) / [7, 1], rtol=1e-12)
@@ -229,6 +229,32 @@ def test_flower_accepts_minmax_with_public_ranges_for_every_column_and_each_site
                                             r"\[ranges\], first at row \d+$") as caught:
         tight.load_site("ANOKA", tmp_path / "anoka.csv")
     assert rows[0]["uranium"] not in str(caught.value)
+
+
+@pytest.mark.parametrize("model", ["fed-mv-ppca", "fedlin-hm2"])
+def test_a_flower_site_checks_the_id_column_as_the_command_line_does(model, tmp_path):
+    """A deployed site refuses a file without the configured id column or with an id on two rows (a subject counted
+    twice), naming how many and never an id; the id travels in the run's configuration."""
+    from fedhier.data.sitefiles import SiteDataError
+    from fedhier.deploy import fit_from_toml
+
+    text = f'model = "{model}"\n' + _copy(tmp_path, "radon").read_text() + '\n[flower]\nsites = ["ANOKA", "DAKOTA"]\n'
+    config = fit_from_toml(text, "fit.toml")
+    assert config.id == "rownames" and type(config).from_json(config.to_json()) == config
+    rows = [r for r in _rows(tmp_path / "radon" / "radon.csv") if r["county.name"] == "ANOKA"]
+    columns = ["rownames", "log.radon", "basement", "uranium"]
+    lines = [",".join(columns)] + [",".join(r[c] for c in columns) for r in rows]
+    (tmp_path / "anoka.csv").write_text("\n".join(lines) + "\n")
+    config.load_site("ANOKA", tmp_path / "anoka.csv")
+    (tmp_path / "twice.csv").write_text("\n".join(lines + lines[1:3]) + "\n")
+    with pytest.raises(SiteDataError, match=r"^site 'ANOKA': 2 id\(s\) in column 'rownames' appear on more than one row "
+                                            r"of twice.csv; each subject needs its own id$"):
+        config.load_site("ANOKA", tmp_path / "twice.csv")
+    (tmp_path / "bare.csv").write_text("\n".join(line.split(",", 1)[1] for line in lines) + "\n")
+    with pytest.raises(SiteDataError, match=r"^site 'ANOKA': id column 'rownames' missing in bare.csv; columns: "):
+        config.load_site("ANOKA", tmp_path / "bare.csv")
+    with pytest.raises(ValueError, match="id must name a column"):
+        fit_from_toml(text.replace('id = "rownames"', "id = 3"), "fit.toml")
 
 
 def test_one_file_per_site_and_a_site_column_give_the_same_fit(tmp_path, capsys):

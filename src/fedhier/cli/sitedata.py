@@ -26,7 +26,6 @@ import re
 import sys
 import tomllib
 import warnings
-from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,7 @@ import numpy as np
 from ..data.scaling import ColumnScaling
 from ..deploy._toml import CONFIG_KEYS, DATA_KEYS, FAMILY_OPTIONS, MODEL_KEYS, check_missing_values, check_ranges
 from ..data.sitefiles import (PARTIAL, SiteDataError, SiteTable, check_within_ranges, close_matches, join_problems,
-                              list_names, read_rows, read_table)
+                              list_names, read_rows, read_table, repeated_ids)
 from ..protocol.scaling import SCALES
 from ..utils.io import atomic_write_text, markdown_table, write_json
 from ..utils.untrusted import check_site_name
@@ -150,13 +149,7 @@ def site_data(raw: Mapping[str, Any], source: str | Path, base: str | Path | Non
             header = list(dict.fromkeys(name for t in lacking for name in t.header))
             raise ValueError(f"{source}: id column {id_column!r} missing at site(s) {[t.site for t in lacking]}"
                              f"{close_matches(id_column, header)}; columns there: {list_names(header)}")
-        repeated = []
-        for t in tables:  # an id is data: counted, never shown
-            counts = Counter(v for v in t.text(id_column) if v)
-            twice = sum(1 for n in counts.values() if n > 1)
-            if twice:
-                repeated.append(f"site {t.site!r}: {twice} id(s) in column {id_column!r} appear on more than one row "
-                                f"of {t.path.name}; each subject needs its own id")
+        repeated = [problem for t in tables if (problem := repeated_ids(t, id_column))]
         if repeated:
             raise SiteDataError(join_problems(repeated))
     data = SiteData(tables, id_column, scale, partial, inputs, layout, raw.get("site_column") if file is not None else None,

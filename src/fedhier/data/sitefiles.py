@@ -26,6 +26,7 @@ import gzip
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Collection, Mapping, Sequence
@@ -297,6 +298,30 @@ def parse_column(table: SiteTable, column: str, problems: list[str], where: str 
             more = f" and {len(rows) - 1} more row(s)" if len(rows) > 1 else ""
             problems.append(f"{prefix}{what} in column {column!r}, row {table.row_numbers[rows[0]]}{more}{hint}")
     return out
+
+
+def repeated_ids(table: SiteTable, column: str) -> str | None:
+    """The problem of ids in ``column`` that appear on more than one row of ``table`` (a subject counted twice), or
+    None.  An id is data: the message counts them, never shows one."""
+    counts = Counter(v for v in table.text(column) if v)
+    twice = sum(1 for n in counts.values() if n > 1)
+    if not twice:
+        return None
+    return (f"{table.label}: {twice} id(s) in column {column!r} appear on more than one row of {table.path.name}; "
+            "each subject needs its own id")
+
+
+def check_id_column(table: SiteTable, column: str | None) -> None:
+    """Refuse a site's file that lacks the configured id column or repeats an id (a deployed site's own check; the
+    command line checks every site's file at once)."""
+    if column is None:
+        return
+    if not table.has(column):
+        raise SiteDataError(f"{table.label}: id column {column!r} missing in {table.path.name}"
+                            f"{close_matches(column, table.header)}; columns: {list_names(table.header)}")
+    problem = repeated_ids(table, column)
+    if problem:
+        raise SiteDataError(problem)
 
 
 def check_within_ranges(tables: Sequence[SiteTable], ranges: Mapping[str, tuple[float, float]]) -> None:

@@ -38,10 +38,11 @@ CONFIG_KEYS = DATA_KEYS | {"model", "flower", "secure"} | frozenset().union(*MOD
 def deployment_keys(raw: dict[str, Any], source: str, family: str,
                     own: frozenset[str] | set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A parsed ``fit.toml`` without the command line's data keys and the keys only other families read, and how
-    each site reads its file: ``{"partial": ..., "missing_values": ..., "ranges": ...}``.
+    each site reads its file: ``{"partial": ..., "missing_values": ..., "ranges": ..., "id": ...}``.
 
-    The Flower deployment reads the same file as ``fedhier fit``: ``[sites]``, ``file``, ``site_column`` and
-    ``id`` are the command line's (each SuperNode names its own file).  ``scale = "minmax"`` needs public
+    The Flower deployment reads the same file as ``fedhier fit``: ``[sites]``, ``file`` and ``site_column`` are
+    the command line's (each SuperNode names its own file); ``id``, when set, is checked at each site (the column
+    is there, no id repeats).  ``scale = "minmax"`` needs public
     ``[ranges]`` (each site applies them to its own file, nothing is sent; the deployment checks that every
     column has one); a scaling fitted on the sites' data (``"standard"``, or ``"minmax"`` without ranges) is
     refused.  ``own``: the keys the deployment itself reads.
@@ -65,9 +66,12 @@ def deployment_keys(raw: dict[str, Any], source: str, family: str,
     if partial not in ("missing", "refuse"):
         raise ValueError(f"{source}: partial must be 'missing' or 'refuse', got {partial!r}")
     missing = check_missing_values(raw.get("missing_values", {}), source)
+    id_column = raw.get("id")
+    if id_column is not None and not (isinstance(id_column, str) and id_column):
+        raise ValueError(f"{source}: id must name a column, e.g. id = \"patient_id\"")
     for key in CONFIG_KEYS - set(own) - FAMILY_OPTIONS[family] - MODEL_KEYS[family] - {"model", "flower", "secure"}:
         raw.pop(key, None)
-    return raw, {"partial": partial, "missing_values": missing, "ranges": ranges}
+    return raw, {"partial": partial, "missing_values": missing, "ranges": ranges, "id": id_column}
 
 
 def refuse_privacy_keys(raw: dict[str, Any], source: str, fit: str, spent: str = "") -> None:

@@ -85,6 +85,9 @@ class FedLinFitConfig(TomlFit, Deployment):
         ``scale = "minmax"`` with public bounds for the target and every feature: each site scales
         its own file (a value outside its bound is refused) and the coefficients are in the scaled
         units; nothing is sent for it.  Empty: the files' own units.
+    id : str or None
+        The column that identifies a subject: each site refuses its file if the column is absent or an
+        id repeats (a subject counted twice).  Never read into the model.
     """
 
     model: str
@@ -106,6 +109,7 @@ class FedLinFitConfig(TomlFit, Deployment):
     partial: str = "missing"
     missing_values: Mapping[str, list[str]] = field(default_factory=dict)
     ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    id: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "features", tuple(self.features))
@@ -213,12 +217,13 @@ class FedLinFitConfig(TomlFit, Deployment):
         column is min-max scaled with its declared bounds (a value outside them is refused); errors name the site,
         column and row, never a value (:class:`~fedhier.data.sitefiles.SiteDataError`).
         """
-        from ..data.sitefiles import SiteDataError, check_within_ranges, read_rows, read_table
+        from ..data.sitefiles import SiteDataError, check_id_column, check_within_ranges, read_rows, read_table
 
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
         table = read_table(path, site, self.missing_values, expected=[*self.features, self.target])
+        check_id_column(table, self.id)
         values, _ = read_rows(table, [*self.features, self.target], partial=self.partial, what="target and features")
         check_within_ranges([table], self.ranges)
         values = self.scaling().transform([*self.features, self.target], values)

@@ -74,14 +74,17 @@ class FlowerFitConfig(TomlFit, Deployment):
         :class:`fedhier.privacy.secure_round.SecureAggregator`.
     partial : "missing" or "refuse"
         A subject observed in only part of a view lacks the view, or the site's file is refused
-        (as ``fedhier fit``; the file's other data keys -- ``[sites]``, ``file``, ``id`` -- are the
-        command line's).
+        (as ``fedhier fit``; the file's other data keys -- ``[sites]``, ``file`` -- are the command
+        line's).
     missing_values : mapping column -> cells
         Cells that also mean "missing" in a column (``docs/cli.md``).
     ranges : mapping column -> (low, high)
         ``scale = "minmax"`` with public bounds for every column: each site scales its own file
         ``z = (x - low) / (high - low)`` and refuses a value outside its bound; nothing is sent for
         it.  Empty: the files are used in their own units.
+    id : str or None
+        The column that identifies a subject: each site refuses its file if the column is absent or an
+        id repeats (a subject counted twice).  Never read into the model.
     """
 
     views: Mapping[str, tuple[str, ...]]
@@ -110,6 +113,7 @@ class FlowerFitConfig(TomlFit, Deployment):
     partial: str = "missing"
     missing_values: Mapping[str, list[str]] = field(default_factory=dict)
     ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    id: str | None = None
 
     model = "fed-mv-ppca"
 
@@ -245,12 +249,13 @@ class FlowerFitConfig(TomlFit, Deployment):
         column and row of a problem, never a value.
         """
         from ..data.validation import check_sites
-        from ..data.sitefiles import SiteDataError, check_within_ranges, read_site_table, read_table
+        from ..data.sitefiles import SiteDataError, check_id_column, check_within_ranges, read_site_table, read_table
 
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"site {site!r}: data file {path} does not exist")
         table = read_table(path, site, self.missing_values, expected={c for cols in self.views.values() for c in cols})
+        check_id_column(table, self.id)
         check_within_ranges([table], self.ranges)
         views = read_site_table(table, {v: list(c) for v, c in self.views.items()}, site, partial=self.partial)
         scaling = self.scaling()
