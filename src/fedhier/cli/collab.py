@@ -192,7 +192,7 @@ def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_p
     model.save(out if staging is None else staging / model_path.name)
     lost = getattr(model, "lost_sites_", [])
     print(f"fitted CollabDict on {len(sites)} sites ({', '.join(names)}); variables {variables}; "
-          f"{int(model.active_.sum())} patterns; {model.n_iter_ + 1} rounds (one sharing the variables' means and "
+          f"{_count(int(model.active_.sum()), 'pattern')}; {model.n_iter_ + 1} rounds (one sharing the variables' means and "
           f"spreads, {model.n_iter_} learning the patterns); wrote {out}"
           + (f"; sites {[names[s] for s in lost]} stopped answering and were left out from then on" if lost else ""), flush=True)
     if args.runtime != "mpi":  # under MPI each process holds only its own site's weights
@@ -222,6 +222,10 @@ def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_p
         sys.stderr.flush()
         os._exit(0)  # MPI_Finalize would wait for the lost peers
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _check_default_variables(data, variables: list[str]) -> None:
