@@ -388,15 +388,17 @@ def test_a_record_level_private_fit_releases_once_per_site_and_protects_subjects
     assert json.loads((tmp_path / "site" / "privacy-report.json").read_text())["unit"] == "site"
 
 
-def test_record_level_privacy_refuses_secure_summation_and_flower(tmp_path):
+def test_record_level_privacy_refuses_secure_summation_and_needs_public_ranges_over_flower(tmp_path):
     from fedhier.deploy.mvppca import FlowerFitConfig
 
     toml = _heart_minmax(tmp_path, HEART_RANGES, 'privacy_unit = "record"\nepsilon = 2.0\naggregation = "secure"')
     assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 2
     assert not (tmp_path / "fit").exists()
     flower = 'n_components = 1\nepsilon = 2.0\nprivacy_unit = "record"\n[views]\nclinical = ["age", "trestbps"]\n[flower]\nsites = ["cleveland", "hungary"]\n'
-    with pytest.raises(ValueError, match="record-level privacy.*runs with fedhier fit only"):
+    with pytest.raises(ValueError, match="record-level privacy.*set scale = \"minmax\" with public bounds in a \\[ranges\\] table"):
         FlowerFitConfig.from_toml(flower)
+    ranges = '[ranges]\nage = [0, 120]\ntrestbps = [0, 250]\n'
+    assert FlowerFitConfig.from_toml('scale = "minmax"\n' + flower + ranges).privacy_unit == "record"
     FlowerFitConfig.from_toml(flower.replace('"record"', '"site"'))  # the default unit is accepted
 
 

@@ -175,21 +175,29 @@ def test_round_loop_equals_simulate(demo):
     assert [r.metrics for r in result.history] == [r.metrics for r in reference.history]
 
 
-def test_public_ranges_scale_each_site_s_own_file_and_equal_simulate_on_files_scaled_by_hand(demo):
-    """``scale = "minmax"`` with ``[ranges]``: the ClientApp scales its file from the run configuration; no other message."""
-    folder, config, _ = demo
+def _public_ranges(folder, config):
+    """The sites' files in their own units, public ranges a little wider than every column's values, and the files
+    scaled by hand with them: ``(raw sites, ranges, scaled sites)``."""
     raw = [config.load_site(name, folder / f"{name}.csv") for name in SITES]  # no ranges: the files' own units
     columns = [c for cols in config.views.values() for c in cols]
     pooled = {c: np.concatenate([s[v][:, config.views[v].index(c)] for s in raw for v in s if c in config.views[v]])
               for c in columns}
     ranges = {c: (float(np.floor(np.nanmin(x))) - 1.0, float(np.ceil(np.nanmax(x))) + 1.0) for c, x in pooled.items()}
+    by_hand = [{v: (X - np.array([ranges[c][0] for c in config.views[v]]))
+                / (np.array([ranges[c][1] for c in config.views[v]]) - np.array([ranges[c][0] for c in config.views[v]]))
+                for v, X in s.items()} for s in raw]
+    return raw, ranges, by_hand
+
+
+def test_public_ranges_scale_each_site_s_own_file_and_equal_simulate_on_files_scaled_by_hand(demo):
+    """``scale = "minmax"`` with ``[ranges]``: the ClientApp scales its file from the run configuration; no other message."""
+    folder, config, _ = demo
+    raw, ranges, by_hand = _public_ranges(folder, config)
+    columns = [c for cols in config.views.values() for c in cols]
     scaled = config.replace(ranges=ranges)
     assert type(scaled).from_json(scaled.to_json()) == scaled  # the ranges travel in the run configuration
     grid, _ = _grid(folder, scaled)
     result = _run(grid, scaled)
-    by_hand = [{v: (X - np.array([ranges[c][0] for c in config.views[v]]))
-                / (np.array([ranges[c][1] for c in config.views[v]]) - np.array([ranges[c][0] for c in config.views[v]]))
-                for v, X in s.items()} for s in raw]
     reference = simulate(scaled.protocol(), by_hand, n_rounds=scaled.n_rounds, random_state=scaled.seed)
     assert _max_diff(result.broadcast, reference.broadcast) <= 1e-10
     unscaled = simulate(config.protocol(), raw, n_rounds=config.n_rounds, random_state=config.seed)
@@ -224,6 +232,60 @@ def test_round_loop_with_client_level_dp_equals_simulate(demo, tmp_path):
                         connect_timeout=1.0, poll_interval=0.01, aggregator=config.aggregator())
     reference = simulate(protocol, sites, n_rounds=1, random_state=config.seed, aggregation="secure", aggregator=config.aggregator())
     assert _max_diff(result.broadcast, reference.broadcast) == 0
+
+
+def test_record_level_dp_over_flower_is_one_noisy_release_per_site_and_equals_the_estimator(demo, tmp_path):
+    """privacy_unit = "record": one round in which each site releases its noisy moments, the noise drawn from the
+    site's own seed; the saved model equals FedMVPPCA(privacy=RecordDP) on the files scaled by hand, and summary.json
+    states what each site spent."""
+    from fedhier.estimators.mvppca import FedMVPPCA
+    from fedhier.privacy.analyze_gauss import RecordDP
+
+    folder, config, _ = demo
+    _, ranges, by_hand = _public_ranges(folder, config)
+    record = config.replace(ranges=ranges, epsilon=10.0, delta=1e-5, privacy_unit="record", out=str(tmp_path / "out"))
+    assert record.n_rounds == 1 and type(record).from_json(record.to_json()) == record
+    assert record.reply_spec() == record.protocol().reply_spec and record.reply_spec().fields["moments"].disclosure == "release"
+    grid, _ = _grid(folder, record)
+    result = _run(grid, record)
+    assert len(grid.sent) == len(SITES) and [r.sites for r in result.history] == [[0, 1, 2]]  # one release per site
+    write_result(record.out, record, result)
+    saved = FedMVPPCA.load(Path(record.out) / "model.npz")
+    estimator = FedMVPPCA(n_components=record.n_components, privacy=RecordDP(10.0, 1e-5), random_state=record.seed,
+                          ig_solver=record.ig_solver).fit(by_hand)
+    for site in by_hand:
+        np.testing.assert_allclose(saved.transform(site), estimator.transform(site), rtol=0, atol=1e-10)
+    summary = json.loads((Path(record.out) / "summary.json").read_text())
+    assert summary["privacy_unit"] == "record"
+    for k, name in enumerate(SITES):
+        assert summary["privacy_spent"][name]["epsilon"] == pytest.approx(estimator.privacy_spent_[k]["epsilon"], rel=1e-12)
+        assert 9.0 < summary["privacy_spent"][name]["epsilon"] <= 10.0 + 1e-9
+    # a site whose own policy protects only whole data sets refuses before it reads its file
+    from fedhier.privacy.policy import SitePolicy
+    from fedhier.runtime.flower import site_round
+    from fedhier.runtime.guard import SiteGuard
+
+    refused, _ = site_round(record, SITES[0], folder / f"{SITES[0]}.csv", {"round": 1, "broadcast": b""}, {},
+                            guard=SiteGuard(SitePolicy(unit="site", modes=("dp",)), "flower-run-1"))
+    assert refused == {"site": SITES[0], "status": "error",
+                       "error": "PolicyRefusal: the site requires DP protecting each site; the analysis protects each record"}
+    # the noise is the site's: other site seeds, the same coordinator seed, another model
+    grid.node_seed = {"seed": str(record.seed + 1)}
+    other = _run(grid, record)
+    assert _max_diff(other.broadcast, result.broadcast) > 1e-3
+    text = (Path(folder) / "fit.toml").read_text()
+    ranges_table = "\n[ranges]\n" + "".join(f'"{c}" = [{lo}, {hi}]\n' for c, (lo, hi) in ranges.items())
+
+    def read(keys: str, public: bool = True):
+        return FlowerFitConfig.from_toml(text.replace("[views]", keys + "[views]", 1) + (ranges_table if public else ""))
+
+    assert "n_rounds = 3" in text and read('scale = "minmax"\nepsilon = 10.0\nprivacy_unit = "record"\n').n_rounds == 1
+    with pytest.raises(ValueError, match="privacy_unit = 'record' needs a privacy budget"):
+        read('scale = "minmax"\nprivacy_unit = "record"\n')
+    with pytest.raises(ValueError, match="nothing to sum securely"):
+        read('scale = "minmax"\nepsilon = 10.0\nprivacy_unit = "record"\naggregation = "secure"\n')
+    with pytest.raises(ValueError, match=r"set scale = \"minmax\" with public bounds in a \[ranges\] table"):
+        read('epsilon = 10.0\nprivacy_unit = "record"\n', public=False)
 
 
 @pytest.mark.parametrize("how, reason", [("silent", "no reply within 0.3 s"), ("unreachable", "Flower error 3: Message Unavailable")])

@@ -26,7 +26,7 @@ __all__ = ["FlowerFitConfig"]
 _ALLOWED_KEYS = {
     "n_components", "n_rounds", "n_local_iter", "n_first_iter", "tol", "init", "local_tol", "seed", "ig_solver",
     "sigma2_prior", "prior_update", "views",
-    "epsilon", "delta", "aggregation",
+    "epsilon", "delta", "privacy_unit", "aggregation",
 }
 
 
@@ -63,7 +63,14 @@ class FlowerFitConfig(TomlFit, Deployment):
         Folder, on the machine that runs the ServerApp (the SuperLink host), that
         receives ``model.npz``, ``broadcast.fhm``, ``history.json`` and ``summary.json``.
     epsilon, delta : float
-        Total client-level DP budget per site (``epsilon`` None = no DP).
+        Total DP budget per site (``epsilon`` None = no DP).
+    privacy_unit : "site" or "record"
+        What a private fit protects.  ``"site"`` (default): a site's whole data set, by noise
+        in every round's reply (client-level DP, calibrated for ``n_rounds`` rounds).
+        ``"record"``: one subject, by one release of the site's noisy moments
+        (:class:`fedhier.privacy.analyze_gauss.RecordDP`); the fit is that one round
+        (``n_rounds`` is 1) and the coordinator's post-processing.  Needs ``scale = "minmax"``
+        with ``[ranges]`` (a record's bound is on the [0, 1] scale) and ``aggregation = "plain"``.
     aggregation : "plain" or "secure"
         "secure": the server only learns the sum of the replies (Bonawitz et al. secure
         summation, ``docs/secure-aggregation.md``), with the ``[secure]`` settings:
@@ -107,6 +114,7 @@ class FlowerFitConfig(TomlFit, Deployment):
     out: str = "fedhier-flower-fit"
     epsilon: float | None = None
     delta: float = 1e-5
+    privacy_unit: str = "site"
     aggregation: str = "plain"
     threshold: int | None = None
     frac_bits: int = 30
@@ -121,6 +129,8 @@ class FlowerFitConfig(TomlFit, Deployment):
         object.__setattr__(self, "views", {str(v): tuple(c) for v, c in dict(self.views).items()})
         object.__setattr__(self, "sites", tuple(self.sites))
         object.__setattr__(self, "ranges", {str(c): (float(lo), float(hi)) for c, (lo, hi) in dict(self.ranges).items()})
+        if self.privacy_unit == "record":  # one release per site: the fit is one round
+            object.__setattr__(self, "n_rounds", 1)
         self._check()
 
     def _check(self) -> None:
@@ -166,7 +176,23 @@ class FlowerFitConfig(TomlFit, Deployment):
             raise ValueError(f"fit configuration: epsilon must be a positive number, got {self.epsilon!r}")
         if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not 0 < self.delta < 1:
             raise ValueError(f"fit configuration: delta must be in (0, 1), got {self.delta!r}")
+        self._check_privacy_unit()
         check_secure_settings(self)
+
+    def _check_privacy_unit(self) -> None:
+        """Record-level privacy: a budget, public ranges and plain aggregation (as ``fedhier fit`` requires)."""
+        if self.privacy_unit not in ("site", "record"):
+            raise ValueError(f"fit configuration: privacy_unit must be 'site' or 'record', got {self.privacy_unit!r}")
+        if self.privacy_unit == "site":
+            return
+        if self.epsilon is None:
+            raise ValueError("fit configuration: privacy_unit = 'record' needs a privacy budget: set epsilon")
+        if not self.ranges:
+            raise ValueError("fit configuration: record-level privacy (privacy_unit = 'record') bounds each subject's row "
+                             "on data min-max scaled to [0, 1]: set scale = \"minmax\" with public bounds in a [ranges] table")
+        if self.aggregation != "plain":
+            raise ValueError("fit configuration: record-level privacy (privacy_unit = 'record') sends one noisy release "
+                             "per site, with nothing to sum securely: remove aggregation = \"secure\"")
 
     # ------------------------------------------------------------------ reading / writing
     @classmethod
@@ -178,10 +204,6 @@ class FlowerFitConfig(TomlFit, Deployment):
             raise ValueError(f"{source}: invalid TOML: {exc}") from exc
         if raw.get("model", cls.model) != cls.model:
             raise ValueError(f"{source}: model = {raw['model']!r} is not a {cls.model} fit")
-        unit = raw.pop("privacy_unit", "site")
-        if unit != "site":
-            raise ValueError(f"{source}: privacy_unit = {unit!r}: a private fit over Flower protects each site's whole "
-                             "data set (privacy_unit = \"site\"); record-level privacy (\"record\") runs with fedhier fit only")
         raw, reading = deployment_keys(raw, source, "fed-mv-ppca", _ALLOWED_KEYS)
         raw, flower, secure = read_fit_tables(raw, source, _ALLOWED_KEYS)
         views = raw.pop("views", None)
@@ -202,13 +224,20 @@ class FlowerFitConfig(TomlFit, Deployment):
         return ViewSchema(tuple(self.views), tuple(len(c) for c in self.views.values()))
 
     def protocol(self) -> RoundProtocol:
-        """The Fed-mv-PPCA round, built as :class:`fedhier.estimators.mvppca.FedMVPPCA` builds it."""
+        """The Fed-mv-PPCA round, built as :class:`fedhier.estimators.mvppca.FedMVPPCA` builds it: with record-level
+        privacy the one-shot release of noisy moments (:class:`fedhier.protocol.record_dp.MVPPCARecordDPProtocol`)."""
+        if self.privacy_unit == "record":
+            from ..protocol.record_dp import MVPPCARecordDPProtocol
+
+            return MVPPCARecordDPProtocol(self.schema(), self.n_components, self.privacy(), ig_solver=self.ig_solver)
         from ..protocol.mvppca import MVPPCAProtocol
 
         return MVPPCAProtocol.from_settings(self.schema(), self, self.privacy())
 
     def reply_spec(self) -> MessageSpec:
         """A site's declared reply, ``protocol().reply_spec``, without calibrating the DP noise (it does not depend on it)."""
+        if self.privacy_unit == "record":
+            return self.protocol().reply_spec
         from ..protocol.mvppca import MVPPCAProtocol
 
         return MVPPCAProtocol(self.schema(), self.n_components, prior_update=self.prior_update).reply_spec
@@ -228,11 +257,16 @@ class FlowerFitConfig(TomlFit, Deployment):
     def privacy(self):
         """The DP configuration of a fit with a total budget (``epsilon``, ``delta``), else None.
 
-        Calibrated for ``n_rounds`` rounds of releases of every view, so each site's
-        end-to-end epsilon is at most ``epsilon`` (client-level DP, docs/privacy.md).
+        Site-level: calibrated for ``n_rounds`` rounds of releases of every view, so each site's
+        end-to-end epsilon is at most ``epsilon`` (client-level DP, docs/privacy.md).  Record-level:
+        the :class:`~fedhier.privacy.analyze_gauss.RecordDP` of the site's one release.
         """
         if self.epsilon is None:
             return None
+        if self.privacy_unit == "record":
+            from ..privacy.analyze_gauss import RecordDP
+
+            return RecordDP(float(self.epsilon), float(self.delta))
         from ..models.mvppca.dp import DPConfig
 
         return DPConfig.total(float(self.epsilon), float(self.delta), n_rounds=self.n_rounds, n_views=len(self.views),
@@ -298,6 +332,12 @@ class FlowerFitConfig(TomlFit, Deployment):
         """Epsilon spent per site, counting every view as released (an upper bound for sites lacking views)."""
         if self.epsilon is None:
             return {}
+        if self.privacy_unit == "record":
+            from ..record_dp import ledger_of
+
+            ledger = ledger_of(self.privacy(), result.history)
+            return {"privacy_unit": "record",
+                    "privacy_spent": {self.sites[s]: v for s, v in ledger.spent(self.delta).items()}}
         from ..models.mvppca.dp import ledger_from_history
 
         ledger = ledger_from_history(self.privacy(), [list(self.views)] * len(self.sites), result.history,
