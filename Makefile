@@ -22,6 +22,11 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed-core
 	$(BIN)/fedhier demo
 
+# The tests run with one BLAS thread per process: on a machine whose cores are busy, OpenBLAS's threads wait for
+# each other at every call (benchmarks/bench_blas_threads.py: a fit of many small products takes 2-4 x as long
+# with a thread per core as with one), and the integration tests run several processes at once anyway.
+test test-integration: export OPENBLAS_NUM_THREADS = 1
+
 ## make test: the whole default test suite (pytest exits non-zero, including 5 = no tests)
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
