@@ -48,8 +48,8 @@ PARTIAL = ("missing", "refuse")
 _MAX_LISTED = 6
 #: column names listed in one message before "… and N more"
 _MAX_NAMES = 20
-#: data rows searched for a first line's fields when telling a header from a first row of data
-_ROWS_COMPARED = 1000
+#: data rows searched for a first line's fields when telling a header from a first row of data (a category recurs early)
+_ROWS_COMPARED = 100
 
 
 class SiteDataError(SiteError, ValueError):
@@ -189,9 +189,12 @@ def _check_header(site: str | None, path: Path, header: list[str], body: list[li
     named = [(j, name.strip()) for j, name in enumerate(header) if name.strip()]
     if not named or {name for _, name in named} & set(expected):
         return
-    cells = sum(1 for _, name in named if _is_number(name) or name.lower() in BOOLEAN_CELLS)
-    recurring = sum(1 for j, name in named if any(j < len(row) and row[j].strip() == name for row in body[:_ROWS_COMPARED]))
-    if cells > len(named) / 2 or recurring > len(named) / 2:
+    half = len(named) / 2
+    numbers = sum(1 for _, name in named if _is_number(name) or name.lower() in BOOLEAN_CELLS)
+    first = body[:_ROWS_COMPARED]
+    recurring = 0 if numbers > half else sum(
+        1 for j, name in named if any(j < len(row) and row[j].strip() == name for row in first))
+    if numbers > half or recurring > half:
         raise SiteDataError(f"{_at(site)}the first line of {path.name} looks like data, not a header naming the "
                             "columns; add a first line with the column names")
 
