@@ -39,6 +39,7 @@ import numpy as np
 
 from .cli.sitedata import SiteData, check_columns, load_config, scale_sites, site_data, site_warnings, write_summary
 from .data.sitefiles import SiteDataError, join_problems, read_site_table
+from .deploy._toml import check_privacy_unit
 from .utils.io import write_csv, write_json
 from .utils.results import check_inputs_outside, result_folder
 from .utils.untrusted import check_outputs_spare_inputs
@@ -223,19 +224,11 @@ def _privacy_unit(config: dict[str, Any], source: str, *, private: bool, scale: 
     """What a private fit protects: ``"site"`` (the default: a site's whole data set, over every round) or
     ``"record"`` (one subject, by one release of noisy moments per site); None for a fit without privacy."""
     unit = config.get("privacy_unit", "site")
-    if unit not in ("site", "record"):
-        raise ValueError(f"{source}: privacy_unit must be 'site' or 'record', got {unit!r}")
-    if not private:
-        if "privacy_unit" in config:
-            raise ValueError(f"{source}: privacy_unit = {unit!r} needs a privacy budget: set epsilon (or pass --dp)")
-        return None
-    if unit == "record" and scale != "minmax":
-        raise ValueError(f"{source}: record-level privacy (privacy_unit = 'record') bounds each subject's row on data "
-                         "min-max scaled to [0, 1]: set scale = \"minmax\" with public bounds in a [ranges] table")
-    if unit == "record" and config.get("aggregation", "plain") != "plain":
-        raise ValueError(f"{source}: record-level privacy (privacy_unit = 'record') sends one noisy release per site, "
-                         "with nothing to sum securely: remove aggregation = \"secure\"")
-    return unit
+    if not private and "privacy_unit" in config and unit in ("site", "record"):
+        raise ValueError(f"{source}: privacy_unit = {unit!r} needs a privacy budget: set epsilon (or pass --dp)")
+    check_privacy_unit(unit, source, private=private, minmax=scale == "minmax",
+                       aggregation=config.get("aggregation", "plain"), budget="set epsilon (or pass --dp)")
+    return unit if private else None
 
 
 def _all_columns(site: dict[str, np.ndarray], views: dict[str, list[str]]) -> np.ndarray:

@@ -87,6 +87,25 @@ def refuse_privacy_keys(raw: dict[str, Any], source: str, fit: str, spent: str =
                          f"takes one){spent}; remove {', '.join(asked)} to run it")
 
 
+def check_privacy_unit(unit: Any, source: str, *, private: bool, minmax: bool, aggregation: str,
+                       budget: str = "set epsilon") -> None:
+    """``privacy_unit``: ``"site"`` (a site's whole data set, over every round) or ``"record"`` (one subject, by one
+    release of noisy moments per site), which needs a budget (``budget`` says how to set one), data min-max scaled to
+    [0, 1] (``minmax``) and plain aggregation.  The rules of ``fedhier fit`` and of the Flower deployment."""
+    if unit not in ("site", "record"):
+        raise ValueError(f"{source}: privacy_unit must be 'site' or 'record', got {unit!r}")
+    if unit != "record":
+        return
+    if not private:
+        raise ValueError(f"{source}: privacy_unit = 'record' needs a privacy budget: {budget}")
+    if not minmax:
+        raise ValueError(f"{source}: record-level privacy (privacy_unit = 'record') bounds each subject's row on data "
+                         "min-max scaled to [0, 1]: set scale = \"minmax\" with public bounds in a [ranges] table")
+    if aggregation != "plain":
+        raise ValueError(f"{source}: record-level privacy (privacy_unit = 'record') sends one noisy release per site, "
+                         "with nothing to sum securely: remove aggregation = \"secure\"")
+
+
 def check_ranges(value: Any, source: str) -> dict[str, tuple[float, float]]:
     """``[ranges]``: a table column = [low, high] of public bounds (e.g. an assay's range), finite with low < high."""
     if not isinstance(value, dict):

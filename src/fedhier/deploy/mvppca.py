@@ -18,7 +18,7 @@ import numpy as np
 
 from ..protocol.base import RoundProtocol
 from ..protocol.messages import MessageSpec
-from ._toml import TomlFit, check_range_columns, deployment_keys
+from ._toml import TomlFit, check_privacy_unit, check_range_columns, deployment_keys
 from ..runtime.flower import Deployment, FitHooks, FlowerFitResult, check_flower_settings, check_secure_settings, read_fit_tables
 
 __all__ = ["FlowerFitConfig"]
@@ -176,23 +176,9 @@ class FlowerFitConfig(TomlFit, Deployment):
             raise ValueError(f"fit configuration: epsilon must be a positive number, got {self.epsilon!r}")
         if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not 0 < self.delta < 1:
             raise ValueError(f"fit configuration: delta must be in (0, 1), got {self.delta!r}")
-        self._check_privacy_unit()
+        check_privacy_unit(self.privacy_unit, "fit configuration", private=self.epsilon is not None,
+                           minmax=bool(self.ranges), aggregation=self.aggregation)  # over Flower, min-max needs [ranges]
         check_secure_settings(self)
-
-    def _check_privacy_unit(self) -> None:
-        """Record-level privacy: a budget, public ranges and plain aggregation (as ``fedhier fit`` requires)."""
-        if self.privacy_unit not in ("site", "record"):
-            raise ValueError(f"fit configuration: privacy_unit must be 'site' or 'record', got {self.privacy_unit!r}")
-        if self.privacy_unit == "site":
-            return
-        if self.epsilon is None:
-            raise ValueError("fit configuration: privacy_unit = 'record' needs a privacy budget: set epsilon")
-        if not self.ranges:
-            raise ValueError("fit configuration: record-level privacy (privacy_unit = 'record') bounds each subject's row "
-                             "on data min-max scaled to [0, 1]: set scale = \"minmax\" with public bounds in a [ranges] table")
-        if self.aggregation != "plain":
-            raise ValueError("fit configuration: record-level privacy (privacy_unit = 'record') sends one noisy release "
-                             "per site, with nothing to sum securely: remove aggregation = \"secure\"")
 
     # ------------------------------------------------------------------ reading / writing
     @classmethod
