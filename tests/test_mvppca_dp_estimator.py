@@ -4,6 +4,7 @@ import dp_accounting
 import numpy as np
 import pytest
 from dp_accounting import dp_event
+from sklearn.exceptions import ConvergenceWarning
 
 from fedhier import FedMVPPCA
 from fedhier.models.mvppca.dp import DPConfig, denoise_global
@@ -81,6 +82,16 @@ def test_paper_semantics_true_cumulative_epsilon(sites):
     assert_pld_close(m.privacy_spent_[0]["epsilon"], pld_epsilon(events, 1e-5, interval=1e-2))
     # the paper's theorem would claim 3 K eps = 60 per round; the true cumulative figure is larger
     assert m.privacy_spent_[0]["epsilon"] > 60
+
+
+def test_a_private_fit_that_does_not_settle_is_not_told_to_run_more_rounds(sites):
+    """Per-release DP: every further round spends more budget, so the warning must not advise raising n_rounds."""
+    config = DPConfig.per_release(10.0, 0.01)
+    with pytest.warns(ConvergenceWarning, match="privacy budget") as caught:
+        FedMVPPCA(privacy=config, **{**KW, "tol": 1e-9}).fit(sites)
+    assert not any("raise n_rounds" in str(w.message) for w in caught)
+    with pytest.warns(ConvergenceWarning, match="raise n_rounds"):  # the same fit without privacy
+        FedMVPPCA(**{**KW, "tol": 1e-9}).fit(sites)
 
 
 def test_dp_fit_is_deterministic_and_pool_independent(sites):

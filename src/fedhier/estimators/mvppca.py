@@ -156,7 +156,8 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         Show a progress bar over rounds.
 
     A fit whose ``tol`` rule has not stopped it after ``n_rounds`` rounds issues scikit-learn's
-    ``ConvergenceWarning``.
+    ``ConvergenceWarning``; without privacy it advises more rounds, with privacy released per round it
+    does not (the noise can keep the model moving, and every round spends budget).
 
     Attributes
     ----------
@@ -384,8 +385,11 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         if stop is not None and self.n_rounds > 1 and self.n_rounds_ >= self.n_rounds and not last < self.tol:
             import warnings
 
+            # with noise in every round's release more rounds need not settle the model, and each spends budget
+            advice = ("the privacy noise released every round can keep them from settling, and every further round "
+                      "spends more of the privacy budget") if self.privacy is not None else "raise n_rounds"
             warnings.warn(f"Fed-mv-PPCA ran all n_rounds={self.n_rounds} rounds and its predictions still changed by "
-                          f"{last:.3g} in the last one, above tol={self.tol}; raise n_rounds", ConvergenceWarning, stacklevel=2)
+                          f"{last:.3g} in the last one, above tol={self.tol}; {advice}", ConvergenceWarning, stacklevel=2)
         self.init_seeds_ = [r.seed for r in results]
         self.init_scores_ = scores
         if self.privacy is not None:
