@@ -85,6 +85,10 @@ def test_quick_run(tmp_path, name):
         from fedhier.baselines import torch_available
 
         assert fedprox == (name == "mvppca-alzheimer" and torch_available())  # the mfeat extension has no FedProx sweep
+        # the protocol describes the baselines this design runs (quick runs: linear only), and the tuning's time
+        assert ("FedProx uses the setting of its FedAvg baseline" in report) == fedprox
+        assert "width 64" not in report
+        assert ("Wall time of the tuning fits" in report) == torch_available()
     if name == "mvppca-dp":
         sweeps = {r["sweep"] for r in rows}
         assert sweeps == {"none", "epsilon per release", "kappa", "epsilon total", "UNSAFE round 1 in the clear"}

@@ -516,13 +516,14 @@ def _tuning_cell(design: TableDesign, seed: int, task: Task) -> list[dict[str, A
 
 
 def _tune_baselines(design: TableDesign, out_dir: Path, *, name: str, quick: bool, seed: int, run_cells: bool):
-    """Run (or resume) the tuning cells in ``out_dir/tuning``; return the choices and the report table.
+    """Run (or resume) the tuning cells in ``out_dir/tuning``; return the choices, the report table
+    and the tuning's wall time in seconds (summed over sessions).
 
     Choice per baseline: the grid point with the lowest validation MAE averaged over the folds.
     """
     tasks = _tuning_tasks(design)
     if not tasks:
-        return {}, []
+        return {}, [], 0.0
     runner = Runner(out_dir / "tuning", name=f"{name}-tuning", seed=seed, quick=quick, design=_design_json(design),
                     key_columns=("repeat", "fold", "setting"), n_processes=1 if quick else FULL_PROCESSES, progress=run_cells)
     rows = runner.run(tasks, functools.partial(_tuning_cell, design, seed), execute=run_cells)
@@ -540,7 +541,7 @@ def _tune_baselines(design: TableDesign, out_dir: Path, *, name: str, quick: boo
         choices[method] = best
         table += [{"baseline": method, "setting": _setting_name(*p), "validation MAE": f"{score:.4f}", "chosen": "yes" if p == best else ""}
                   for p, score in scores.items()]
-    return choices, table
+    return choices, table, runner.wall_seconds
 
 
 def _design_json(design) -> dict[str, Any]:
@@ -702,25 +703,39 @@ def _protocol_md(design: TableDesign) -> str:
         f"mini-batch size and Adam learning rate chosen per baseline from the grid {{{grid}}}: each grid point is fitted on 80% "
         f"of every site's training subjects and scored by the reconstruction MAE of the other 20%, in the IID scenario with "
         f"C = {design.tuning_cell[1]}, over the {_folds_per_repeat(design)} folds of repetition 0; the lowest mean validation MAE "
-        "wins (table \"Tuning the baselines\"), and FedProx uses the setting of its FedAvg baseline"
+        "wins (table \"Tuning the baselines\")" + (", and FedProx uses the setting of its FedAvg baseline" if design.fedprox_methods else "")
         if design.vae_grid else
         f"Adam learning rate {sch.baseline_learning_rate:g}, "
         f"{'full-batch' if sch.baseline_batch is None else f'mini-batches of {sch.baseline_batch}'}"
     )
+    from ..estimators.mvppca import FedMVPPCA
+
+    defaults = FedMVPPCA(design.n_components).get_params()
+    default_tol = defaults["tol"]
+    paper_iter = PAPER_LOCAL_ITER if sch.n_local_iter is None else sch.n_local_iter
+    default_iter = (f"up to {defaults['n_local_iter']} MAP-EM iterations (until the site's parameters settle)" if sch.n_local_iter is None
+                    else f"{sch.n_local_iter} MAP-EM iterations")
+    widths = dict.fromkeys(m.option("hidden") for m in design.methods if m.kind == "vae")
+    architectures = " or ".join("linear" if h is None else f"with one hidden layer of width {h}" for h in widths)
     return (
         f"- {design.n_repeats} x stratified {design.n_splits}-fold cross-validation ({folds} folds run). In each fold the training "
         "subjects are split over C sites according to the scenario (IID: at random; G: sites hold different groups of subjects; "
         "K: sites B and C lack views 2 and 3; G/K: both), and the held-out fold, pooled, is the test set (in K and G/K random "
         "thirds of it lack view 2 or view 3).\n"
         "- Min-max scaling fitted federatedly on the training sites and applied everywhere; all MAEs are on the scaled data.\n"
-        f"- Fed-mv-PPCA: q = {design.n_components}, {sch.n_rounds} rounds x {_local_iterations(sch)} MAP-EM iterations "
-        f"({sch.n_first_iter} in round 1); C = 1 is the centralised fit (1 round x {sch.central_iter} EM iterations).\n"
-        "- DP-Fed-mv-PPCA: the paper's per-release setting, (ε, δ) = (10, 0.01) for every block of every view in every round, "
+        f"- Fed-mv-PPCA: q = {design.n_components}, {sch.n_first_iter} EM iterations at each site in round 1; C = 1 is the "
+        f"centralised fit (1 round x {sch.central_iter} EM iterations). `Fed-mv-PPCA` is the library's default: the EM update "
+        f"of the prior's between-site variances, {default_iter} per round at each site, and at most {sch.n_rounds} rounds, "
+        f"stopping once a round changes the model's predictions by less than {default_tol:g}. `{FED_MVPPCA_PAPER.name}` is the "
+        f"paper's method: its update of the variances, {paper_iter} MAP-EM iterations per round and all {sch.n_rounds} rounds.\n"
+        "- DP-Fed-mv-PPCA: Fed-mv-PPCA as above with the paper's per-release privacy setting, (ε, δ) = (10, 0.01) for every block "
+        "of every view in every round, including the two posterior spreads per view that the default update of the prior "
+        "releases; "
         "clipping constant κ = 1, Zhao calibration of the Gaussian noise, Laplace noise on σ²; round 1 is privatised too, "
         "starting from a public data-independent prior (our default; the paper appears to send round 1 in the clear). The "
         "column `ε per site` is what each site spends end to end over all rounds and blocks (privacy-loss-distribution "
         "accountant, δ = 1e-5).\n"
-        "- Baselines: a VAE on the concatenated views and the multi-channel VAE, linear or with one hidden layer of width 64, "
+        f"- Baselines: a VAE on the concatenated views and the multi-channel VAE, {architectures}, "
         f"FedAvg weighted by site size, {sch.baseline_rounds} rounds x {sch.baseline_epochs} local epochs, latent size q, {tuned}. "
         "They cannot handle missing views and are reported n/a in K and G/K.  Pooled scikit-learn PCA / FactorAnalysis "
         "(q components on the concatenated views) are the centralised anchors (C = 1 only).  `Training mean (each feature)` "
@@ -777,7 +792,7 @@ def _run_table(
     name: str, title: str, design: TableDesign, out_dir: Path, *, quick: bool, seed: int, run_cells: bool, full_cells: int, notes: str = ""
 ) -> None:
     out_dir = Path(out_dir)
-    choices, tuning = _tune_baselines(design, out_dir, name=name, quick=quick, seed=seed, run_cells=run_cells)
+    choices, tuning, tuning_seconds = _tune_baselines(design, out_dir, name=name, quick=quick, seed=seed, run_cells=run_cells)
     runner = _runner(out_dir, name, quick=quick, seed=seed, design=design, key_columns=("repeat", "fold", "scenario", "n_sites"))
     tasks = _table_tasks(design)
     if design.vae_grid:  # the baselines run only once they are tuned
@@ -804,7 +819,8 @@ def _run_table(
         scenario, n_sites = design.fedprox_cell
         md += [f"\n## FedProx sweep ({ {'iid': 'IID', 'GK': 'G/K'}.get(scenario, scenario)}, C = {n_sites})\n\n", markdown_table(_pretty(prox))]
     if tuning:
-        md += ["\n## Tuning the baselines\n\nValidation MAE of every grid point, mean over the tuning folds (see Protocol).\n\n",
+        md += ["\n## Tuning the baselines\n\nValidation MAE of every grid point, mean over the tuning folds (see Protocol). "
+               f"Wall time of the tuning fits: {tuning_seconds / 60:.1f} min, besides the run's time above.\n\n",
                markdown_table(tuning)]
     md += ["\n## Paired comparisons\n\n", _claims_md(out_dir, design, rows, _folds_per_repeat(design))]
     md += ["\n## Figures\n\n", _figure_md(figures, out_dir)]
