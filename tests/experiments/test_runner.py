@@ -140,3 +140,48 @@ def test_summarise_leaves_out_unfinished_repetitions():
 
 def test_format_mean_std_keeps_huge_values_readable():
     assert format_mean_std(2.5e40, 1e39) == "2.500e+40 ± 1.0e+39"
+
+
+def test_time_left_carries_the_measured_cost_of_each_kind_of_cell_to_the_cells_still_to_run(tmp_path):
+    runner = _runner(tmp_path, key_columns=("repeat", "fold", "scenario"), n_processes=2)
+    rows = (
+        [{"repeat": r, "fold": 0, "scenario": "iid", "method": "mean", "seconds": 0.01} for r in range(3)]
+        + [{"repeat": r, "fold": 0, "scenario": "iid", "method": "vae", "seconds": s} for r, s in enumerate((100.0, 140.0, 120.0))]
+        + [{"repeat": r, "fold": 0, "scenario": "K", "method": "vae", "status": "n/a"} for r in range(2)]
+    )
+    to_run = {("iid", "vae"): 4, ("K", "vae"): 2, ("G", "vae"): 1, ("iid", "mean"): 10, ("G", "mean"): 0}
+    # same method and scenario: median 120 s (iid) and 0 s (K, reported n/a); G falls back to the
+    # median over all of the method's cells (0, 0, 100, 120, 140); two processes share the work
+    assert runner.seconds_left(rows, to_run) == pytest.approx((4 * 120 + 2 * 0 + 1 * 100 + 10 * 0.01) / 2)
+    assert runner.seconds_left(rows, {**to_run, ("iid", "fa"): 1}) is None  # a method not measured yet
+
+
+def test_a_resumed_run_reports_the_time_left_of_its_slow_cells_not_of_the_cheap_ones_done(tmp_path, monkeypatch):
+    import fedhier.experiments.runner as runner_module
+
+    def timed_work(task):
+        return [{**task.key, "method": m, "seconds": {"cheap": 0.01, "slow": 100.0, "slower": 300.0}[m]} for m in task.methods]
+
+    lefts = []
+
+    class Recorder:
+        def __init__(self, total, description):
+            pass
+
+        def advance(self, n=1, info="", *, left=None):
+            lefts.append(left)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(runner_module, "StepProgress", Recorder)
+    tasks = lambda methods: [Task({"repeat": r, "fold": 0}, methods) for r in range(4)]  # noqa: E731
+    _runner(tmp_path, progress=True).run(tasks(("cheap",)), timed_work)
+    lefts.clear()
+    _runner(tmp_path, progress=True).run(tasks(("cheap", "slow")), timed_work)  # the cheap cells are done
+    assert lefts == pytest.approx([300.0, 200.0, 100.0, 0.0])
+    lefts.clear()
+    # "slower" runs after every "slow" cell: until one of its cells is done, no estimate
+    later = [Task({"repeat": r, "fold": 1}, ("slow",)) for r in range(2)] + [Task({"repeat": r, "fold": 1}, ("slower",)) for r in range(2)]
+    _runner(tmp_path, progress=True).run(later, timed_work)
+    assert lefts[:2] == [None, None] and lefts[2:] == pytest.approx([300.0, 0.0])

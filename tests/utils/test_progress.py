@@ -23,6 +23,19 @@ def test_every_step_logged_with_zero_interval_and_remaining_time_extrapolated(ca
     assert bar.line(60.0) == "toy: 1/4 (25%), 1.0 min elapsed, about 3.0 min left"
 
 
+def test_the_callers_estimate_of_the_time_left_replaces_the_extrapolation(capsys):
+    from fedhier.utils.progress import _TimeLeft
+
+    bar = StepProgress(4, "toy", log_every=3600.0)
+    bar.advance(1, left=600.0)  # the steps still to run are slower than the one done
+    assert bar.line(60.0) == "toy: 1/4 (25%), 1.0 min elapsed, about 10.0 min left"
+    bar.advance(1)  # no estimate: extrapolated again
+    assert bar.line(60.0) == "toy: 2/4 (50%), 1.0 min elapsed, about 1.0 min left"
+    # on a terminal, the bar's remaining-time column shows the estimate the same way
+    task = SimpleNamespace(fields={"left": 3725.0}, finished=False)
+    assert _TimeLeft().render(task).plain == "1:02:05"
+
+
 def test_round_progress_reports_the_expected_log_likelihood_and_site_count(capsys):
     bar = RoundProgress(1, "fit")
     bar(SimpleNamespace(metrics={"expected_ll": -12.5}, failed=[1], absent=[], sites=[0, 2]), None)

@@ -21,6 +21,14 @@ depend on resuming nor on the number of processes.
 
 Parallel cells: at most ``n_processes`` worker processes (each limited to one BLAS /
 torch thread); the parent alone writes files.
+
+Progress: the time left is the measured ``seconds`` of finished cells carried over to the
+cells still to run -- the median over finished cells of the same method and the same key
+apart from its repetition and fold, else of the same method -- summed and divided by
+``n_processes``.  Cells differ in cost by orders of magnitude (a training mean against a
+VAE), so extrapolating from the count of cells done would be far off in a resumed run whose
+cheap cells are done.  While some method to run has no finished cell yet, the count is
+extrapolated.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import math
 import os
 import time
 import zlib
+from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +62,8 @@ __all__ = [
 
 RESULTS = "results.csv"
 RUN = "run.json"
+#: key columns over which a cell repeats the same work (its cost does not depend on them)
+REPLICATE_COLUMNS = ("repeat", "fold")
 
 
 def cell_seed(seed: int, *key: Any) -> int:
@@ -233,17 +244,19 @@ class Runner:
         if not todo or not execute:
             return rows
         bar = StepProgress(sum(len(t.methods) for t in todo), f"{self.name} cells") if self.progress else None
+        to_run = Counter(self._cost_key({**t.key, "method": m}) for t in todo for m in t.methods)
         started = time.perf_counter()
         try:
             for new in self._results(todo, work):
                 self._check_rows(new)
                 rows.extend(new)
+                to_run.subtract(self._cost_key(row) for row in new)
                 write_csv(self.out_dir / RESULTS, rows, self._csv_columns(rows))
                 self._meta["seconds"] = float(self._meta["seconds"]) + (time.perf_counter() - started)
                 started = time.perf_counter()
                 self._write_meta(rows)
                 if bar is not None:
-                    bar.advance(len(new))
+                    bar.advance(len(new), left=self.seconds_left(rows, to_run))
         finally:
             if bar is not None:
                 bar.close()
@@ -264,6 +277,30 @@ class Runner:
                 finished, running = wait(running, return_when=FIRST_COMPLETED)
                 for fut in finished:
                     yield fut.result()
+
+    def _cost_key(self, row: Mapping[str, Any]) -> tuple[str, ...]:
+        return _cell_id(row, [c for c in self.columns if c not in REPLICATE_COLUMNS])
+
+    def seconds_left(self, rows: Sequence[Mapping[str, Any]], to_run: Mapping[tuple[str, ...], int]) -> float | None:
+        """Estimated wall time of the cells ``to_run`` (``{cost key: count}``) from the finished ``rows``
+        (module docstring); None while a method to run has no finished cell.  A row without ``seconds``
+        (a cell reported n/a) costs nothing."""
+        by_key: dict[tuple[str, ...], list[float]] = {}
+        by_method: dict[str, list[float]] = {}
+        for row in rows:
+            seconds = _number(row.get("seconds"))
+            seconds = 0.0 if math.isnan(seconds) else seconds
+            by_key.setdefault(self._cost_key(row), []).append(seconds)
+            by_method.setdefault(str(row["method"]), []).append(seconds)
+        total = 0.0
+        for key, count in to_run.items():
+            if count <= 0:
+                continue
+            measured = by_key.get(key) or by_method.get(key[-1])
+            if measured is None:
+                return None
+            total += count * float(np.median(measured))
+        return total / self.n_processes
 
     def _check_rows(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:

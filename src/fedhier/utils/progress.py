@@ -4,6 +4,9 @@ On a terminal: a rich bar (count, elapsed, remaining).  Otherwise (a run in the
 background with its output sent to a log file) a bar would print nothing until the end,
 so a plain line is written instead, at most once a minute and at the last step:
 ``mvppca-sd cells: 1200/2070 (58%), 41.0 min elapsed, about 29.7 min left``.
+The time left is extrapolated from the steps done, unless the caller knows better: steps
+of very different cost (an experiment's cheap cells done first, its slow ones still to
+run) pass their own estimate to :meth:`StepProgress.advance`.
 
 Displays opened while another is shown (the rounds of a fit inside an experiment's cells) share
 its live area on a terminal: one line each, as rich allows only one live display at a time.
@@ -18,11 +21,24 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
 
 __all__ = ["FitsProgress", "RoundProgress", "StepProgress"]
 
 #: the live rich display shared by the open bars, and how many are open
 _live: dict[str, Any] = {"progress": None, "users": 0}
+
+
+class _TimeLeft(TimeRemainingColumn):
+    """rich's remaining time, or the caller's estimate when the task carries one (field ``left``)."""
+
+    def render(self, task) -> Text:
+        left = task.fields.get("left")
+        if left is None or task.finished:
+            return super().render(task)
+        minutes, seconds = divmod(int(left), 60)
+        hours, minutes = divmod(minutes, 60)
+        return Text(f"{hours}:{minutes:02d}:{seconds:02d}", style="progress.remaining")
 
 
 class StepProgress:
@@ -44,6 +60,7 @@ class StepProgress:
         self.description = description
         self.log_every = float(log_every)
         self.done = 0
+        self._left: float | None = None
         self._started = self._logged = time.monotonic()
         self._logged_done = 0
         self._progress = None
@@ -61,7 +78,7 @@ class StepProgress:
                     BarColumn(),
                     MofNCompleteColumn(),
                     TimeElapsedColumn(),
-                    TimeRemainingColumn(),
+                    _TimeLeft(),
                     TextColumn("{task.fields[info]}"),
                     console=Console(stderr=True),
                     transient=self._transient,
@@ -70,13 +87,15 @@ class StepProgress:
             _live["users"] += 1
             self._progress = _live["progress"]
             self._nested = _live["users"] > 1
-            self._task = self._progress.add_task(self.description, total=total, info="")
+            self._task = self._progress.add_task(self.description, total=total, info="", left=None)
 
-    def advance(self, n: int = 1, info: str = "") -> None:
+    def advance(self, n: int = 1, info: str = "", *, left: float | None = None) -> None:
+        """``n`` more steps done; ``left``: the caller's estimate of the seconds still to go (None: extrapolate)."""
         self.done += n
+        self._left = left
         if self._terminal:
             if self._progress is not None:
-                self._progress.update(self._task, advance=n, info=info)
+                self._progress.update(self._task, advance=n, info=info, left=left)
             return
         now = time.monotonic()
         if now - self._logged >= self.log_every or self.done >= self.total:
@@ -87,11 +106,13 @@ class StepProgress:
         print(self.line(now - self._started, info), file=sys.stderr, flush=True)
 
     def line(self, elapsed: float, info: str = "") -> str:
-        """The plain progress line after ``elapsed`` seconds (remaining time by linear extrapolation)."""
+        """The plain progress line after ``elapsed`` seconds (time left: the last estimate given to
+        :meth:`advance`, else extrapolated linearly from the steps done)."""
         text = f"{self.description}: {self.done}/{self.total} ({100 * self.done / max(self.total, 1):.0f}%), "
         text += f"{elapsed / 60:.1f} min elapsed"
         if 0 < self.done < self.total:
-            text += f", about {elapsed / self.done * (self.total - self.done) / 60:.1f} min left"
+            left = elapsed / self.done * (self.total - self.done) if self._left is None else self._left
+            text += f", about {left / 60:.1f} min left"
         return text + (f"  {info}" if info else "")
 
     def close(self) -> None:
