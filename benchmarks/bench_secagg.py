@@ -8,7 +8,7 @@ times one aggregation round, all sites and the server run sequentially in this p
 
 * plain  -- every site encodes its reply as a declared float64 message, the server
   decodes and adds them;
-* secure -- :func:`fedhier.privacy.secagg.secure_sum` with cryptographic randomness,
+* secure -- :func:`fedhier.secure.secagg.secure_sum` with cryptographic randomness,
   without drops and with one site dropping after masking.
 
 It prints bytes each site uploads and downloads for the aggregation (encoded message
@@ -35,8 +35,8 @@ import time
 
 import numpy as np
 
-from fedhier.privacy.fixedpoint import FixedPoint
-from fedhier.privacy.secagg import SecAggParams, SecAggServer, SecAggSite, secure_sum, to_site
+from fedhier.secure.fixedpoint import FixedPoint
+from fedhier.secure.secagg import SecAggParams, SecAggServer, SecAggSite, secure_sum, to_site
 from fedhier.protocol.messages import Field, MessageSpec, decode, encode
 from fedhier.utils.io import markdown_table, write_csv
 

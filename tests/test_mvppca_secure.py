@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedhier import FedMVPPCA
-from fedhier.privacy.secure_round import SecureAggregator
+from fedhier.secure.secure_round import SecureAggregator
 from fedhier.runtime import RoundFailed
 
 KW = dict(n_components=2, n_rounds=3, n_local_iter=4, n_first_iter=8, random_state=11)

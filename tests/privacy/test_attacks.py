@@ -291,7 +291,7 @@ def test_c_every_field_of_every_private_reply_is_public_or_a_release(monkeypatch
     monkeypatch.setattr(simulate_module, "run_site_step", recorded_step)
     kw = {}
     if aggregation == "secure":
-        from fedhier.privacy.secure_round import SecureAggregator
+        from fedhier.secure.secure_round import SecureAggregator
 
         kw = dict(aggregation="secure", aggregator=SecureAggregator(len(sites)))
     simulate(protocol, sites, n_rounds=3, random_state=4, **kw)

@@ -328,7 +328,7 @@ def test_other_readers_name_column_and_row_never_the_value(tmp_path, capsys):
 
 
 def test_a_secure_mode_overflow_names_the_site_and_bound_never_the_value():
-    from fedhier.privacy.secure_round import SecureAggregator
+    from fedhier.secure.secure_round import SecureAggregator
 
     spec = MessageSpec("r", {"s": Field((3,))})
     aggregator = SecureAggregator(3)

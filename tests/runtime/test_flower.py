@@ -40,7 +40,7 @@ from fedhier.cli.flower import (  # noqa: E402
     supernode_command,
     write_demo_sites,
 )
-from fedhier.privacy.secure_round import SecureAggregator  # noqa: E402
+from fedhier.secure.secure_round import SecureAggregator  # noqa: E402
 from fedhier.protocol.messages import decode  # noqa: E402
 from fedhier.deploy.apps import client_app, server_app  # noqa: E402
 from fedhier.deploy.mvppca import FlowerFitConfig  # noqa: E402
@@ -1170,5 +1170,5 @@ def test_a_secure_step_imports_neither_the_model_nor_dp_accounting(demo):
         "print(' '.join(sorted(sys.modules)))\n"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert "fedhier.privacy.secagg" in loaded
+    assert "fedhier.secure.secagg" in loaded
     assert not [m for m in loaded if m.split(".")[0] in ("scipy", "dp_accounting", "sklearn") or m.startswith("fedhier.models")]

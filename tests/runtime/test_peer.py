@@ -127,7 +127,7 @@ def test_graph_size_mismatch_refused():
 def test_shamir_t_minus_one_colluding_holders_learn_nothing():
     # Field test in GF(13): for every secret, the t-1 = 2 shares seen by a coalition are uniformly
     # distributed over all polynomial coefficients, so their distribution does not depend on the secret.
-    from fedhier.privacy.shamir import evaluate_shares, reconstruct
+    from fedhier.secure.shamir import evaluate_shares, reconstruct
 
     q, t, coalition = 13, 3, np.array([2, 5])
     histograms = []

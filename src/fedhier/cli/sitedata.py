@@ -292,7 +292,7 @@ def fit_scaling(kind: str, columns: Sequence[str], site_arrays: Sequence[np.ndar
     secure = aggregation == "secure" and kind == "standard"
     aggregator = None
     if secure:
-        from ..privacy.secure_round import SecureAggregator
+        from ..secure.secure_round import SecureAggregator
 
         aggregator = SecureAggregator(len(site_arrays))
     result = simulate(ColumnScalingProtocol(len(columns), kind), list(site_arrays), n_rounds=1, random_state=seed,

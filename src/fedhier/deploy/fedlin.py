@@ -80,7 +80,7 @@ class FedLinFitConfig(TomlFit, Deployment):
         The ``[flower]`` table (:func:`fedhier.runtime.flower.check_flower_settings`).
     aggregation : "plain" or "secure"; threshold, frac_bits
         HM2 only: secure summation of the EP deltas, as
-        :class:`fedhier.privacy.secure_round.SecureAggregator`.
+        :class:`fedhier.secure.secure_round.SecureAggregator`.
     ranges : mapping column -> (low, high)
         ``scale = "minmax"`` with public bounds for the target and every feature: each site scales
         its own file (a value outside its bound is refused) and the coefficients are in the scaled
@@ -201,10 +201,10 @@ class FedLinFitConfig(TomlFit, Deployment):
         return self.estimator().protocol(d)
 
     def aggregator(self):
-        """The :class:`~fedhier.privacy.secure_round.SecureAggregator` of a secure HM2 fit, else None."""
+        """The :class:`~fedhier.secure.secure_round.SecureAggregator` of a secure HM2 fit, else None."""
         if self.aggregation == "plain":
             return None
-        from ..privacy.secure_round import SecureAggregator
+        from ..secure.secure_round import SecureAggregator
 
         return SecureAggregator(len(self.sites), threshold=self.threshold, frac_bits=self.frac_bits)
 

@@ -78,7 +78,7 @@ class FlowerFitConfig(TomlFit, Deployment):
         Shamir threshold t (``[secure] threshold``); default ``len(sites) // 2 + 1``.
     frac_bits : int
         Fixed-point fractional bits (``[secure] frac_bits``), default 30.  Both as
-        :class:`fedhier.privacy.secure_round.SecureAggregator`.
+        :class:`fedhier.secure.secure_round.SecureAggregator`.
     partial : "missing" or "refuse"
         A subject observed in only part of a view lacks the view, or the site's file is refused
         (as ``fedhier fit``; the file's other data keys -- ``[sites]``, ``file`` -- are the command
@@ -229,14 +229,14 @@ class FlowerFitConfig(TomlFit, Deployment):
         return MVPPCAProtocol(self.schema(), self.n_components, prior_update=self.prior_update).reply_spec
 
     def aggregator(self):
-        """The :class:`~fedhier.privacy.secure_round.SecureAggregator` of a secure fit, else None.
+        """The :class:`~fedhier.secure.secure_round.SecureAggregator` of a secure fit, else None.
 
         Built as :class:`fedhier.estimators.mvppca.FedMVPPCA` builds it for ``simulate()`` (one site per
         listed name), so both runtimes sum with the same fixed point and threshold.
         """
         if self.aggregation == "plain":
             return None
-        from ..privacy.secure_round import SecureAggregator
+        from ..secure.secure_round import SecureAggregator
 
         return SecureAggregator(len(self.sites), threshold=self.threshold, frac_bits=self.frac_bits)
 

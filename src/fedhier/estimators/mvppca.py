@@ -144,7 +144,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         its noisy moments once and the fit is post-processing (:mod:`fedhier.record_dp`).
     aggregation : {"plain", "secure"} or SecureAggregator, default "plain"
         "secure": the server only ever sees the sum of masked replies (secure summation
-        with dropout recovery, :class:`fedhier.privacy.secure_round.SecureAggregator`
+        with dropout recovery, :class:`fedhier.secure.secure_round.SecureAggregator`
         with its defaults); pass an aggregator instance to set the threshold or the
         fixed-point precision.
     n_jobs : int, default 1
@@ -289,7 +289,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
             return self.aggregation
         if self.aggregation == "plain":
             return None
-        from ..privacy.secure_round import SecureAggregator
+        from ..secure.secure_round import SecureAggregator
 
         return SecureAggregator(n_sites)
 

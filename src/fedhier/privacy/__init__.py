@@ -10,7 +10,7 @@ gives the end-to-end (epsilon, delta).
 
 from importlib import import_module
 
-#: name -> submodule, imported on first use: a secure-summation step (``fedhier.privacy.secagg``) then does not
+#: name -> submodule, imported on first use: a secure-summation step (``fedhier.secure``) does not
 #: import dp_accounting, which the DP modules need and which takes seconds to import on a loaded machine
 _LAZY = {
     **dict.fromkeys(["PerReleaseBudget", "PrivacyBudgetExhausted", "TotalBudget", "check_budget"], "budget"),

@@ -53,7 +53,7 @@ Robustness:
 
 Secure summation (``aggregation = "secure"``, ``docs/flower.md``): a site keeps its reply
 in the ClientApp's ``context.state`` and answers the round request with "held"; the
-server then runs the four steps of Bonawitz et al. (:mod:`fedhier.privacy.secagg`) as
+server then runs the four steps of Bonawitz et al. (:mod:`fedhier.secure.secagg`) as
 Flower messages ``train.advertise_keys``, ``train.share_keys``, ``train.masked_input``
 and ``train.unmask`` (:func:`_secure_sum`), and the global step gets the decoded sum, as
 :func:`fedhier.runtime.simulate` with ``aggregation="secure"``.  A site's secrets between
@@ -192,7 +192,7 @@ class Deployment(ABC):
         return self.protocol().reply_spec
 
     def aggregator(self) -> Any:
-        """The secure summation of a secure fit (:class:`fedhier.privacy.secure_round.SecureAggregator`), else None."""
+        """The secure summation of a secure fit (:class:`fedhier.secure.secure_round.SecureAggregator`), else None."""
         return None
 
     @abstractmethod
@@ -409,10 +409,10 @@ def _secure_sum(
 ) -> tuple[Message, list[int], dict[int, int], dict[int, int], dict[int, str], list[int]]:
     """Secure sum of the ``spec`` replies that the sites ``nodes`` (site -> node) keep in round ``rnd``.
 
-    The four steps of :mod:`fedhier.privacy.secagg` (advertise keys, share keys, masked
+    The four steps of :mod:`fedhier.secure.secagg` (advertise keys, share keys, masked
     input, unmask), each one Flower message of type ``train.<step>`` per site still taking
     part, carrying the bytes of the previous server step.  The server half is a
-    :class:`~fedhier.privacy.secagg.SecAggServer` with ``aggregator.params(spec, rnd)``: it
+    :class:`~fedhier.secure.secagg.SecAggServer` with ``aggregator.params(spec, rnd)``: it
     receives public keys, ciphertexts, masked vectors (of which it keeps the running sum)
     and Shamir shares, never a reply.  A site that does not answer a step is left out of
     the later ones; its masked input, if sent, stays in the sum.
@@ -437,7 +437,7 @@ def _secure_sum(
         Fewer than ``aggregator.threshold`` sites remained at some step, or a message broke
         the protocol; no sum is released.
     """
-    from ..privacy.secagg import InsufficientSitesError, SecAggProtocolError, SecAggServer, to_site
+    from ..secure.secagg import InsufficientSitesError, SecAggProtocolError, SecAggServer, to_site
 
     server = SecAggServer(aggregator.params(spec, rnd))
     site_of_node = {n: s for s, n in nodes.items()}
@@ -775,7 +775,7 @@ def secure_site_step(deployment: Deployment, site: str, step: str, request: Mapp
         What the site keeps for this round and never sends: ``round``, ``reply`` (its
         encoded reply, from the site step), ``spec`` (the reply's declaration; without it
         ``deployment.reply_spec()`` is built) and, from ``advertise_keys`` on, ``secagg``
-        (its secrets, :meth:`fedhier.privacy.secagg.SecAggSite.to_state`).
+        (its secrets, :meth:`fedhier.secure.secagg.SecAggSite.to_state`).
 
     Returns
     -------
@@ -784,7 +784,7 @@ def secure_site_step(deployment: Deployment, site: str, step: str, request: Mapp
     site's input to ``masked_input`` is ``reply_spec.flatten(reply)``.  A failed step and
     the last step erase what the site kept: it never answers a step of a round twice.
     """
-    from ..privacy.secagg import InsufficientSitesError, SecAggProtocolError, SecAggSite
+    from ..secure.secagg import InsufficientSitesError, SecAggProtocolError, SecAggSite
 
     rnd = int(request["round"])
     try:

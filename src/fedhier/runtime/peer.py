@@ -350,8 +350,8 @@ def _agree(transport: Transport, adjacency: np.ndarray, values: dict[int, np.nda
 
 def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray],
                  aggregation: PeerAggregation) -> dict[int, np.ndarray]:
-    from ..privacy.fixedpoint import PRIME, FixedPoint
-    from ..privacy.shamir import reconstruct, share
+    from ..secure.fixedpoint import PRIME, FixedPoint
+    from ..secure.shamir import reconstruct, share
 
     n_sites, alive = transport.n_sites, transport.alive
     size = next(iter(vectors.values())).size

@@ -386,7 +386,7 @@ def simulate(
         callback adds to ``record.metrics`` are saved with it).
     aggregation : "plain" or "secure"
         "secure" replaces the plain sum by the secure summation of ``aggregator``
-        (e.g. :class:`fedhier.privacy.secure_round.SecureAggregator`, an object with
+        (e.g. :class:`fedhier.secure.secure_round.SecureAggregator`, an object with
         ``sum(spec, replies, round, rng) -> (sum, bytes sent per site, contributing
         sites)``); only for ``combine == "sum"`` protocols.  The recorded bytes are then
         those of the whole secure-sum exchange.

@@ -77,7 +77,7 @@ def test_fedavg_is_the_unweighted_mean_of_local_runs():
 
 
 def test_ep_with_secure_aggregation_matches_plain_sum():
-    from fedhier.privacy.secure_round import SecureAggregator
+    from fedhier.secure.secure_round import SecureAggregator
 
     rng = np.random.default_rng(4)
     stats = _stats(rng, 5)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedhier.privacy.field import PRIME, PrimeField, is_prime
-from fedhier.privacy.fixedpoint import FixedPoint
-from fedhier.privacy.shamir import (
+from fedhier.secure.field import PRIME, PrimeField, is_prime
+from fedhier.secure.fixedpoint import FixedPoint
+from fedhier.secure.shamir import (
     evaluate_shares, lagrange_weights, reconstruct, reconstruct_vector, share, share_vector,
 )
 

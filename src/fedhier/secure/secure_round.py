@@ -1,6 +1,6 @@
 """Secure summation as the combine step of a sum-protocol round (``aggregation="secure"``).
 
-Adapter between the runtime and :mod:`fedhier.privacy.secagg`: every reply is flattened
+Adapter between the runtime and :mod:`fedhier.secure.secagg`: every reply is flattened
 in its spec's declared order (absent optional fields as zeros), encoded in fixed point,
 masked, and only the masked vectors and the Shamir shares reach the server object, which
 recovers the field-wise sum.  :meth:`SecureAggregator.sum` runs the whole exchange in
@@ -39,9 +39,9 @@ class SecureAggregator:
         The communication graph of the secure sum.  None: complete (every pair of sites
         shares masks; O(S) work and bytes per site).  An even k: SecAgg+ on a public random
         k-regular graph drawn each round from the round's label (O(k) per site).
-        "auto": complete up to :data:`~fedhier.privacy.secagg.COMPLETE_UP_TO` (100) sites,
+        "auto": complete up to :data:`~fedhier.secure.secagg.COMPLETE_UP_TO` (100) sites,
         above it ``k = 2 * ceil(1.5 * log2 S)``
-        (:func:`~fedhier.privacy.secagg.default_neighbours`; 26 for 300 sites, 30 for 1,000).
+        (:func:`~fedhier.secure.secagg.default_neighbours`; 26 for 300 sites, 30 for 1,000).
     frac_bits : int, default 30
         Fixed-point fractional bits: each reply entry is rounded to 2^-frac_bits
         (precision 9.3e-10).  The largest magnitude that can be summed without wrapping
@@ -93,14 +93,14 @@ class SecureAggregator:
     def params(self, spec: MessageSpec, round: int) -> SecAggParams:
         """Public parameters of the secure sum of the ``spec`` replies of ``round`` among sites 0..n_sites-1.
 
-        For a runtime that drives :class:`~fedhier.privacy.secagg.SecAggSite` and
-        :class:`~fedhier.privacy.secagg.SecAggServer` over a network (Flower): both halves
+        For a runtime that drives :class:`~fedhier.secure.secagg.SecAggSite` and
+        :class:`~fedhier.secure.secagg.SecAggServer` over a network (Flower): both halves
         build the same parameters; a site without a reply this round never advertises keys.
         Each site's input is ``spec.flatten(reply)``, of length ``sum of the field sizes``;
         the server's total unflattens with ``spec.unflatten``.  Threshold, fixed point and
         session label are those of :meth:`sum`, so both give the same total.  On a sparse
         graph (``neighbours`` not None) the server's roster and survivor list are one
-        message per site (:func:`fedhier.privacy.secagg.to_site`).
+        message per site (:func:`fedhier.secure.secagg.to_site`).
         """
         length = sum(f.size for f in spec.fields.values())
         return SecAggParams(tuple(range(self.n_sites)), self.threshold, self.fixed_point, length, _session(spec, round),
@@ -111,7 +111,7 @@ class SecureAggregator:
     ) -> tuple[Message, dict[int, int], list[int]]:
         """Field-wise sum of ``replies``; returns (sum, bytes sent per site, contributing sites).
 
-        Raises :class:`fedhier.privacy.secagg.InsufficientSitesError` (no partial sum) when
+        Raises :class:`fedhier.secure.secagg.InsufficientSitesError` (no partial sum) when
         fewer than ``threshold`` sites remain.
         """
         vectors = {int(s): spec.flatten(r) for s, r in replies.items()}

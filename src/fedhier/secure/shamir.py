@@ -14,7 +14,7 @@ while any ``t - 1`` shares are uniform on GF(q)^{t-1} whatever ``s`` is: for eve
 and every ``t - 1`` share values there is exactly one polynomial of degree ``t - 1``
 through them.  Sharing is linear, so the element-wise sum of shares from several sites
 is a share of the sum of their secrets (the committee secure sum of §4.2; add shares with
-:meth:`fedhier.privacy.field.PrimeField.sum`).
+:meth:`fedhier.secure.field.PrimeField.sum`).
 
 Randomness: ``rng=None`` draws the coefficients from the operating system's
 cryptographic generator; a :class:`numpy.random.Generator` makes the shares

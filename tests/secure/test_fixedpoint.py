@@ -5,7 +5,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from fedhier.privacy.fixedpoint import PRIME, FixedPoint
+from fedhier.secure.fixedpoint import PRIME, FixedPoint
 
 
 def test_prime_is_mersenne_61():

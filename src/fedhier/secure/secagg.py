@@ -5,7 +5,7 @@ and nothing else about any single ``x_u`` (honest-but-curious server and sites, 
 than ``t`` colluding sites; see ``docs/secure-aggregation.md``).  This is the
 honest-but-curious protocol of Bonawitz et al. (their Fig. 4 without the signatures and
 the consistency-check round), on fixed-point encodings in Z_q
-(:class:`~fedhier.privacy.fixedpoint.FixedPoint`):
+(:class:`~fedhier.secure.fixedpoint.FixedPoint`):
 
 Step 0 -- ``advertise_keys``
     site ``u`` draws two X25519 key pairs ``(c_u^SK, c_u^PK)`` (encryption) and
@@ -13,7 +13,7 @@ Step 0 -- ``advertise_keys``
     roster ``U1`` of sites that did.
 Step 1 -- ``share_keys``
     ``u`` draws a self-mask seed ``b_u`` (32 bytes) and Shamir-shares ``b_u`` and
-    ``s_u^SK`` with threshold ``t`` over GF(2^61 - 1) (:mod:`~fedhier.privacy.shamir`);
+    ``s_u^SK`` with threshold ``t`` over GF(2^61 - 1) (:mod:`~fedhier.secure.shamir`);
     share ``j`` goes to site ``v`` (point ``z_v`` = 1 + position of ``v`` in
     ``params.sites``), AES-GCM-encrypted under ``HKDF(X25519(c_u^SK, c_v^PK))``, and
     routed through the server, which sees only ciphertexts.  ``U2`` = sites whose shares
@@ -21,7 +21,7 @@ Step 1 -- ``share_keys``
 Step 2 -- ``masked_input``
     ``u`` sends ``y_u = enc(x_u) + PRG(b_u) + sum_{v in U2, v > u} PRG(s_uv)
     - sum_{v in U2, v < u} PRG(s_uv)  (mod q)`` with ``s_uv = HKDF(X25519(s_u^SK, s_v^PK))``
-    (= ``s_vu``), PRG = AES-256-CTR (:func:`~fedhier.privacy.keys.prg`).  The server
+    (= ``s_vu``), PRG = AES-256-CTR (:func:`~fedhier.secure.keys.prg`).  The server
     only accumulates ``sum_u y_u`` and broadcasts the list ``U3`` of senders.
 Step 3 -- ``unmask``
     each surviving ``u`` reveals, for every ``v in U2``, its share of ``b_v`` if

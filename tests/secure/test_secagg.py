@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedhier.privacy import keys as crypto
-from fedhier.privacy.fixedpoint import PRIME, FixedPoint
-from fedhier.privacy import secagg
-from fedhier.privacy.secagg import (
+from fedhier.secure import keys as crypto
+from fedhier.secure.fixedpoint import PRIME, FixedPoint
+from fedhier.secure import secagg
+from fedhier.secure.secagg import (
     InsufficientSitesError, SecAggParams, SecAggProtocolError, SecAggServer, SecAggSite, default_neighbours,
     harary_graph, secure_sum, to_site,
 )
@@ -452,7 +452,7 @@ def test_a_sparse_site_saved_and_resumed_between_steps_gives_the_same_total():
 
 
 def test_a_secure_fit_on_a_sparse_graph_equals_the_plain_fit():
-    from fedhier.privacy.secure_round import SecureAggregator
+    from fedhier.secure.secure_round import SecureAggregator
     from fedhier.runtime.simulate import simulate
     from tests.runtime.test_simulate import NoisyMean, make_sites
 
