@@ -68,12 +68,10 @@ def test_sensitivity_of_the_released_moments_holds_by_brute_force(clip):
         n = 6
         views = {v: rng.normal(0.5, 2.0 * rng.uniform(), size=(n, d)) for v, d in zip(names, dims)}
         views["v1"][rng.uniform(size=n) < 0.3] = np.nan  # subjects missing a view
-        full, _, _ = mv_rdp.site_release(views, names, dims, config, ZeroNoise())
+        full, _ = mv_rdp.site_release(views, names, dims, config, ZeroNoise())
         for i in range(n):
             keep = np.arange(n) != i
-            if np.isnan(views["v0"][keep]).all(axis=1).all():
-                continue
-            less, _, _ = mv_rdp.site_release({v: x[keep] for v, x in views.items()}, names, dims, config, ZeroNoise())
+            less, _ = mv_rdp.site_release({v: x[keep] for v, x in views.items()}, names, dims, config, ZeroNoise())
             worst = max(worst, float(np.linalg.norm(_upper(full) - _upper(less))))
     assert worst <= config.sensitivity(clip) * (1 + 1e-12)
     assert worst > 0.5 * config.sensitivity(clip)  # the brute force reaches the order of the bound
@@ -114,8 +112,8 @@ def test_moments_give_numpys_means_and_pairwise_covariances_without_noise():
     rng = np.random.default_rng(2)
     names, dims = ["v0", "v1"], [4, 3]
     views = _views(rng, 60, dims, missing=[("v1", slice(0, 15)), ("v0", slice(50, 55))])
-    M, observed, _ = mv_rdp.site_release(views, names, dims, NEARLY_NO_NOISE, ZeroNoise())
-    ks, mean, S, counts = mv_rdp.moments_to_covariance(M, observed, dims, NEARLY_NO_NOISE)
+    M, _ = mv_rdp.site_release(views, names, dims, NEARLY_NO_NOISE, ZeroNoise())
+    ks, mean, S, counts = mv_rdp.moments_to_covariance(M, dims, NEARLY_NO_NOISE)
     assert ks == [0, 1] and counts.tolist() == pytest.approx([55, 45])
     assert mean[:4] == pytest.approx(np.nanmean(views["v0"], axis=0), abs=1e-6)
     assert mean[4:] == pytest.approx(np.nanmean(views["v1"], axis=0), abs=1e-6)
@@ -153,7 +151,7 @@ def test_global_step_without_noise_gives_the_sites_means_and_aligned_loadings():
     for shift in (0.0, 0.05):
         X = 0.5 + shift + rng.normal(size=(300, 2)) @ W.T + 0.02 * rng.normal(size=(300, 8))
         sites.append({"v0": X[:, :5], "v1": X[:, 5:]})
-    releases = [mv_rdp.site_release(s, names, dims, NEARLY_NO_NOISE, ZeroNoise())[:2] for s in sites]
+    releases = [mv_rdp.site_release(s, names, dims, NEARLY_NO_NOISE, ZeroNoise())[0] for s in sites]
     theta, params = mv_rdp.global_from_releases(releases, names, dims, 2, NEARLY_NO_NOISE)
     expected = np.mean([np.hstack([s["v0"], s["v1"]]).mean(axis=0) for s in sites], axis=0)
     assert np.hstack([theta["v0"].mu, theta["v1"].mu]) == pytest.approx(expected, abs=1e-6)
@@ -228,7 +226,7 @@ def test_fed_mv_ppca_estimator_with_record_dp_reports_record_unit():
     from fedhier.estimators.mvppca import FedMVPPCA
 
     rng = np.random.default_rng(8)
-    sites = [_views(rng, 40), _views(rng, 35)]
+    sites = [_views(rng, 200), _views(rng, 150)]
     model = FedMVPPCA(n_components=2, random_state=0, privacy=RecordDP(1.0, 1e-5)).fit(sites)
     report = model.privacy_report()
     assert report["unit"] == "record"

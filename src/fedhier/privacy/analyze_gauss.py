@@ -139,7 +139,6 @@ def second_moment(records: np.ndarray) -> np.ndarray:
 
 def release_second_moment(
     records: np.ndarray, sensitivity: float, noise_multiplier: float, rng: np.random.Generator,
-    released: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dp_event.GaussianDpEvent]:
     """M~ = M + E (module docstring): symmetric Gaussian noise of sd ``noise_multiplier * sensitivity``.
 
@@ -149,8 +148,9 @@ def release_second_moment(
     sensitivity : l2 sensitivity of the upper triangle of M (2 C^2 for :func:`record_vectors`).
     noise_multiplier : z, the event records exactly this number.
     rng : the site's own generator.
-    released : optional boolean mask (D,) of the coordinates released; rows and columns outside
-        it are returned as exact zeros (e.g. a view the site does not measure, a public fact).
+
+    Every entry is noised, a coordinate whose records are all zero (e.g. a view no subject at
+    the site measures) as much as any other: an exact zero would tell that no subject has it.
 
     Returns
     -------
@@ -167,9 +167,6 @@ def release_second_moment(
     D = M.shape[0]
     upper = np.triu(rng.normal(0.0, noise_multiplier * sensitivity, size=(D, D)))
     noisy = M + upper + np.swapaxes(np.triu(upper, 1), -1, -2)
-    if released is not None:
-        keep = np.asarray(released, dtype=bool)
-        noisy = np.where(keep[:, None] & keep[None, :], noisy, 0.0)
     return noisy, dp_event.GaussianDpEvent(float(noise_multiplier))
 
 

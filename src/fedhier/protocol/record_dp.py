@@ -10,8 +10,8 @@
   on which HM2 then runs.
 
 Both are ``private`` with ``protected_unit`` the configuration's unit ("record" by default),
-declare their reply ``moments`` a ``"release"`` and the views a site measures ``"public"``,
-record the release in ``ctx.releases`` and plan exactly one ``GaussianDpEvent`` per site
+declare their reply, the ``moments`` alone, a ``"release"`` (which views a Fed-mv-PPCA site
+measures is in the release's noisy counts, not sent apart), record the release in ``ctx.releases`` and plan exactly one ``GaussianDpEvent`` per site
 (:meth:`release_plan`), so a site's :class:`~fedhier.privacy.policy.SitePolicy` and ledger
 apply as to any private protocol.  ``combine="gather"``: each site's release is
 post-processed on its own.  They run for one round; a later round is refused at the site.
@@ -67,8 +67,8 @@ class MVPPCARecordDPProtocol(_OneShot):
     config : RecordDP
     ig_solver : "newton" or "fixed_point" (the master step's inverse-gamma MLE)
 
-    Messages: reply ``moments`` (D + K, D + K) (release) and ``observed`` (K,) (public: the
-    views the site measures); broadcast: the iterative protocol's (has_prior, per view theta~).
+    Messages: reply ``moments`` (D + K, D + K) (release), every view's blocks noised whether
+    or not the site measures it; broadcast: the iterative protocol's (has_prior, per view theta~).
     """
 
     name = "fed-mv-ppca-record-dp"
@@ -80,7 +80,6 @@ class MVPPCARecordDPProtocol(_OneShot):
         size = sum(schema.dims) + len(schema.names)
         self._reply_spec = MessageSpec("fed-mv-ppca-record-dp-reply", {
             "moments": Field((size, size), disclosure="release"),
-            "observed": Field((len(schema.names),), disclosure="public"),
         })
         # the iterative protocol's broadcast (theta~), view checks and subject counts apply unchanged
         self._iterative = MVPPCAProtocol(schema, self.n_components)
@@ -109,19 +108,22 @@ class MVPPCARecordDPProtocol(_OneShot):
 
     def site_step(self, ctx: SiteContext, broadcast: Message) -> Message:
         self._check_round(ctx)
-        moments, observed, event = mvppca_record_dp.site_release(
+        moments, event = mvppca_record_dp.site_release(
             ctx.data, self.schema.names, self.schema.dims, self.config, ctx.rng)
         ctx.releases.append(("moments", event))
-        return {"moments": moments, "observed": observed}
+        return {"moments": moments}
 
     def global_step(self, combined: Mapping[int, Message], round: int, previous: Message) -> Message:
-        releases = [(reply["moments"], reply["observed"]) for _, reply in sorted(combined.items())]
+        releases = [reply["moments"] for _, reply in sorted(combined.items())]
         theta, _ = mvppca_record_dp.global_from_releases(
             releases, self.schema.names, self.schema.dims, self.n_components, self.config, ig_solver=self.ig_solver)
         return global_to_message(theta)
 
     def round_metrics(self, combined: Mapping[int, Message], round: int) -> dict[str, float]:
-        counts = np.sum([reply["observed"] for reply in combined.values()], axis=0)
+        """``<view>/sites``: how many sites' releases show the view (:func:`~fedhier.models.mvppca.record_dp.measured_views`)."""
+        counts = np.zeros(len(self.schema.names))
+        for reply in combined.values():
+            counts[mvppca_record_dp.measured_views(reply["moments"], self.schema.dims, self.config)] += 1
         return {f"{view}/sites": float(c) for view, c in zip(self.schema.names, counts)}
 
 

@@ -6,7 +6,13 @@ give one noisy moment matrix M~_c over the layout
 
     [ view_1 (d_1) | ... | view_K (d_K) | o_1 ... o_K ]       (K = views of the schema)
 
-From M~_c alone (``moments_to_covariance``), per pair of views (k, l):
+Every block is released, those of a view no subject at the site measures too (zero moments
+plus the same noise): which views a site measures is released through the mechanism, in the
+noisy counts, never sent as such.  The coordinator takes view k as measured at the site when
+its noisy count n~_k = M~[o_k, o_k] / c^2 is at least ``PRESENCE_SDS`` noise sds
+(``measured_views``, post-processing); a view no site's release shows keeps the public prior.
+
+From M~_c alone (``moments_to_covariance``), per pair of measured views (k, l):
 n_kl = M~[o_k, o_l] / c^2 subjects observing both (at least twice its noise sd), sums s_k|l = M~[view_k, o_l] / c and
 S_kl = M~[view_k, view_l] / n_kl - s_k|l s_l|k^T / n_kl^2 (pairwise-complete blocks, each
 with its own count, so a subject missing a view still counts for the others).  The view
@@ -25,6 +31,8 @@ PPCA of the sum of all releases; and the existing master step of the hierarchica
 from __future__ import annotations
 
 import math
+import warnings
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -33,13 +41,16 @@ from ...privacy.analyze_gauss import RecordDP, nearest_psd, record_vectors, rele
 from . import master
 from .params import GlobalParams, LocalParams, ViewParams
 
-__all__ = ["default_clip", "layout", "site_release", "moments_to_covariance", "ppca_from_covariance",
-           "align_loadings", "global_from_releases", "CENTRE"]
+__all__ = ["default_clip", "layout", "site_release", "measured_views", "moments_to_covariance", "ppca_from_covariance",
+           "align_loadings", "global_from_releases", "CENTRE", "PRESENCE_SDS"]
 
 #: public centre of data min--max scaled to [0, 1]
 CENTRE = 0.5
 #: eigenvalue floor of the released covariance (post-processing)
 EIGENVALUE_FLOOR = 1e-6
+#: a view counts as measured in a release when its noisy count is at least this many noise sds
+#: (a view nobody measures passes with probability 0.13 %)
+PRESENCE_SDS = 3.0
 
 
 def default_clip(dims: Sequence[int]) -> float:
@@ -62,12 +73,13 @@ def _clip_centre(config: RecordDP, dims: Sequence[int]) -> tuple[float, float]:
 
 def site_release(views: Mapping[str, np.ndarray], names: Sequence[str], dims: Sequence[int], config: RecordDP,
                  rng: np.random.Generator):
-    """One site's release: (M~ of shape (D + K, D + K), observed (K,) 0/1, GaussianDpEvent).
+    """One site's release: (M~ of shape (D + K, D + K), GaussianDpEvent).
 
     ``views``: the site's ``{view: (n, d_k)}`` (a view it does not measure is absent; an
-    unobserved subject is a row of NaN).  Every view present must have the same rows.
+    unobserved subject is a row of NaN).  Every view present must have the same rows.  Every
+    entry of M~ is noised, a view's blocks whether or not any subject measures it.
     """
-    blocks, indices = layout(dims)
+    blocks, _ = layout(dims)
     clip, centre = _clip_centre(config, dims)
     n = {np.asarray(x).shape[0] for x in views.values()}
     if len(n) != 1:
@@ -75,41 +87,54 @@ def site_release(views: Mapping[str, np.ndarray], names: Sequence[str], dims: Se
     n_rows = n.pop()
     values = np.zeros((n_rows, blocks[-1].stop))
     indicators = np.zeros((n_rows, len(names)))
-    released = np.zeros(blocks[-1].stop + len(names), dtype=bool)
-    observed = np.zeros(len(names))
     for k, name in enumerate(names):
         if name not in views:
             continue
         x = np.asarray(views[name], dtype=float)
         seen = ~np.isnan(x).all(axis=1)
-        if not seen.any():
-            continue
         values[seen, blocks[k]] = x[seen] - centre
         indicators[seen, k] = 1.0
-        released[blocks[k]] = True
-        released[indices[k]] = True
-        observed[k] = 1.0
     if not np.all(np.isfinite(values)):
         raise ValueError("a subject's view is partly missing: a view is observed for a subject or not at all")
     records = record_vectors(values, indicators, clip)
-    noisy, event = release_second_moment(records, config.sensitivity(clip), config.noise_multiplier, rng, released)
-    return noisy, observed, event
+    return release_second_moment(records, config.sensitivity(clip), config.noise_multiplier, rng)
 
 
-def moments_to_covariance(M: np.ndarray, observed: np.ndarray, dims: Sequence[int], config: RecordDP):
-    """Means and covariance of the observed views from one (possibly summed) release; post-processing.
+def _count_noise(dims: Sequence[int], config: RecordDP, n_releases: int) -> tuple[float, float]:
+    """(c, sd of a count n~ = M~[o_k, o_l] / c^2) in a sum of ``n_releases`` releases."""
+    clip, _ = _clip_centre(config, dims)
+    weight = clip / math.sqrt(len(dims))
+    return weight, config.noise_sd(clip) * math.sqrt(n_releases) / weight**2
 
-    Returns ``(views, mean (D_o,), covariance (D_o, D_o), counts (K_o,))`` over the observed
-    views ``views`` (indices), in layout order; ``mean`` on the data's scale.
+
+def measured_views(M: np.ndarray, dims: Sequence[int], config: RecordDP, n_releases: int = 1) -> list[int]:
+    """Indices k of the views whose noisy count n~_k = M~[o_k, o_k] / c^2 is at least ``PRESENCE_SDS`` noise sds.
+
+    ``M``: one release, or the sum of ``n_releases`` releases.  Post-processing: the decision
+    reads the released counts only.
+    """
+    _, indices = layout(dims)
+    weight, count_sd = _count_noise(dims, config, n_releases)
+    return [k for k in range(len(dims)) if M[indices[k], indices[k]] / weight**2 >= PRESENCE_SDS * count_sd]
+
+
+def moments_to_covariance(M: np.ndarray, dims: Sequence[int], config: RecordDP, n_releases: int = 1):
+    """Means and covariance of the measured views from one release, or a sum of ``n_releases``; post-processing.
+
+    Returns ``(views, mean (D_o,), covariance (D_o, D_o), counts (K_o,))`` over the views
+    :func:`measured_views` finds, ``views`` (indices) in layout order; ``mean`` on the data's
+    scale.
     """
     blocks, indices = layout(dims)
-    clip, centre = _clip_centre(config, dims)
-    weight = clip / math.sqrt(len(dims))
-    ks = [k for k in range(len(dims)) if observed[k] > 0]
-    noise = config.noise_sd(clip) * math.sqrt(max(float(observed.max()), 1.0))
+    _, centre = _clip_centre(config, dims)
+    weight, count_sd = _count_noise(dims, config, n_releases)
+    noise = count_sd * weight**2
+    ks = measured_views(M, dims, config, n_releases)
+    if not ks:
+        return ks, np.zeros(0), np.zeros((0, 0)), np.zeros(0)
     # a count is never taken below twice its noise sd: dividing by a count the noise made small would
     # blow the moments up; a larger divisor shrinks them towards the public centre instead
-    least = max(2.0, 2.0 * noise / weight**2)
+    least = max(2.0, 2.0 * count_sd)
     counts = {(k, l): max(M[indices[k], indices[l]] / weight**2, least) for k in ks for l in ks}
     means, sums = [], {}
     for k in ks:
@@ -164,14 +189,16 @@ def ppca_from_covariance(S: np.ndarray, view_dims: Sequence[int], n_components: 
     return W, sigma2
 
 
-def _site_params(M, observed, names, dims, q, config) -> tuple[LocalParams, list[int]]:
-    ks, mean, S, _ = moments_to_covariance(M, observed, dims, config)
+def _site_params(M, names, dims, q, config, n_releases=1) -> LocalParams:
+    """The multi-view PPCA of the views measured in ``M`` (one release or a sum of ``n_releases``)."""
+    ks, mean, S, _ = moments_to_covariance(M, dims, config, n_releases)
+    if not ks:
+        return {}
     view_dims = [dims[k] for k in ks]
     W, sigma2 = ppca_from_covariance(S, view_dims, q)
     starts = np.concatenate([[0], np.cumsum(view_dims)]).astype(int)
-    params = {names[k]: ViewParams(mu=mean[a:b].copy(), W=W[a:b].copy(), sigma2=float(sigma2[i]))
-              for i, (k, a, b) in enumerate(zip(ks, starts[:-1], starts[1:]))}
-    return params, ks
+    return {names[k]: ViewParams(mu=mean[a:b].copy(), W=W[a:b].copy(), sigma2=float(sigma2[i]))
+            for i, (k, a, b) in enumerate(zip(ks, starts[:-1], starts[1:]))}
 
 
 def align_loadings(params: LocalParams, reference: Mapping[str, np.ndarray]) -> LocalParams:
@@ -190,18 +217,27 @@ def align_loadings(params: LocalParams, reference: Mapping[str, np.ndarray]) -> 
     return {v: ViewParams(mu=p.mu, W=p.W @ R, sigma2=p.sigma2) for v, p in params.items()}
 
 
-def global_from_releases(releases: Sequence[tuple[np.ndarray, np.ndarray]], names: Sequence[str], dims: Sequence[int],
+def global_from_releases(releases: Sequence[np.ndarray], names: Sequence[str], dims: Sequence[int],
                          n_components: int, config: RecordDP, *, ig_solver: str = "newton"
                          ) -> tuple[GlobalParams, list[LocalParams]]:
-    """theta~ and the aligned site parameters from the sites' releases ``[(M~_c, observed_c)]``.
+    """theta~ and the aligned site parameters from the sites' releases ``[M~_c]``.
 
-    Post-processing only: nothing here reads data.
+    Post-processing only: nothing here reads data.  A site contributes the views its release
+    shows (:func:`measured_views`).  A view that no site's release shows keeps the public,
+    data-independent prior (:func:`master.data_independent_prior` around the public centre),
+    with a warning: the noise hides whatever the sites hold of it.
     """
     q = int(n_components)
-    pooled_M = sum(M for M, _ in releases)
-    pooled_observed = np.sum([obs for _, obs in releases], axis=0)
-    pooled, _ = _site_params(pooled_M, pooled_observed, names, dims, q, config)
+    pooled = _site_params(sum(releases), names, dims, q, config, len(releases))
     reference = {v: p.W for v, p in pooled.items()}
-    sites = [align_loadings(_site_params(M, obs, names, dims, q, config)[0], reference) for M, obs in releases]
-    theta, _ = master.global_step_from_params(sites, n_components=q, ig_solver=ig_solver)
+    sites = [align_loadings(_site_params(M, names, dims, q, config), reference) for M in releases]
+    _, centre = _clip_centre(config, dims)
+    public = {v: replace(g, mu=np.full(g.mu.shape, centre))
+              for v, g in master.data_independent_prior(dict(zip(names, dims)), q).items()}
+    unseen = [v for v in names if not any(v in site for site in sites)]
+    if unseen:
+        warnings.warn(f"no site's release shows subjects of view(s) {unseen} above the noise, so the model keeps the "
+                      "public prior for them: a larger epsilon, or sites with more subjects measuring them, would "
+                      "let the data speak", UserWarning, stacklevel=2)
+    theta, _ = master.global_step_from_params(sites, n_components=q, ig_solver=ig_solver, previous=public)
     return theta, sites
