@@ -46,13 +46,12 @@ def test_total_budget_is_met_and_equals_a_direct_accountant_computation(sites):
     config = DPConfig.total(1.0, 1e-5, n_rounds=R, n_views=2)
     m = FedMVPPCA(privacy=config, **KW).fit(sites)
     z = config.budget.gaussian_multiplier
-    for site, n_views in ((0, 2), (1, 2), (2, 1)):
+    for site in range(3):  # site 2 measures no view b, and releases it like the others (at the anchor)
         spent = m.privacy_spent_[site]
         assert spent["accountant"] == "pld" and spent["delta"] == 1e-5
         assert spent["epsilon"] <= 1.0 + 1e-9
-        direct = pld_epsilon([dp_event.GaussianDpEvent(z)] * (3 * n_views * R), 1e-5)
+        direct = pld_epsilon([dp_event.GaussianDpEvent(z)] * (3 * 2 * R), 1e-5)
         assert_pld_close(spent["epsilon"], direct)
-    assert m.privacy_spent_[2]["epsilon"] < m.privacy_spent_[0]["epsilon"]  # fewer views, fewer releases
     rows = [r for r in m.privacy_table() if r["site"] == 0]
     assert [r["round"] for r in rows] == list(range(1, R + 1))
     assert np.all(np.diff([r["epsilon"] for r in rows]) > 0)
@@ -66,9 +65,9 @@ def test_em_prior_update_releases_the_posterior_spread_and_counts_it(sites):
     config = DPConfig.total(1.0, 1e-5, n_rounds=R, n_views=2, spread=True)
     m = FedMVPPCA(privacy=config, **kw).fit(sites)
     z = config.budget.gaussian_multiplier
-    for site, n_views in ((0, 2), (2, 1)):
+    for site in (0, 2):
         assert m.privacy_spent_[site]["epsilon"] <= 1.0 + 1e-9
-        assert_pld_close(m.privacy_spent_[site]["epsilon"], pld_epsilon([dp_event.GaussianDpEvent(z)] * (5 * n_views * R), 1e-5))
+        assert_pld_close(m.privacy_spent_[site]["epsilon"], pld_epsilon([dp_event.GaussianDpEvent(z)] * (5 * 2 * R), 1e-5))
     labels = {r.block for r in m.privacy_ledger_.releases(0)}
     assert {"a.post_var_mu", "a.post_var_W", "b.post_var_mu", "b.post_var_W"} <= labels
 

@@ -112,7 +112,7 @@ def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scen
     privacy = None
     if total_budget is not None:
         # the default EM prior update also releases two posterior-spread scalars per view and round
-        privacy = DPConfig.total(*total_budget, n_rounds=n_rounds, n_views=max(len(s) for s in sites), spread=True)
+        privacy = DPConfig.total(*total_budget, n_rounds=n_rounds, n_views=len({v for s in sites for v in s}), spread=True)
     elif per_release is not None:
         privacy = DPConfig.per_release(*per_release)
     model = FedMVPPCA(n_components=n_components, n_rounds=n_rounds, random_state=seed, privacy=privacy, progress=progress)

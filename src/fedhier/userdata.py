@@ -128,7 +128,7 @@ def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tu
         privacy = RecordDP(*total_budget)
     elif private:
         # the default EM prior update also releases two posterior-spread scalars per view and round
-        privacy = DPConfig.total(*total_budget, n_rounds=options["n_rounds"], n_views=max(len(s) for s in sites), spread=True)
+        privacy = DPConfig.total(*total_budget, n_rounds=options["n_rounds"], n_views=len({v for s in sites for v in s}), spread=True)
     model = FedMVPPCA(
         **options,
         **({"n_local_iter": config["n_local_iter"]} if "n_local_iter" in config else {}),  # else FedMVPPCA's default

@@ -315,7 +315,7 @@ class FlowerFitConfig(TomlFit, Deployment):
         return {"model_file": str(Path(out) / "model.npz"), "scaling": self.scaling().to_dict(), **self._privacy_summary(result)}
 
     def _privacy_summary(self, result: FlowerFitResult) -> dict[str, Any]:
-        """Epsilon spent per site, counting every view as released (an upper bound for sites lacking views)."""
+        """Epsilon spent per site: with site-level privacy every site releases every view in every round it replies."""
         if self.epsilon is None:
             return {}
         if self.privacy_unit == "record":

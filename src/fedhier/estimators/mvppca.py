@@ -258,7 +258,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         elif not callable(getattr(self.aggregation, "sum", None)):
             raise ValueError(f"aggregation must be 'plain', 'secure' or a SecureAggregator, got {self.aggregation!r}")
 
-    def _check_privacy(self, sites) -> None:
+    def _check_privacy(self, schema: ViewSchema) -> None:
         from ..models.mvppca.dp import DPConfig, released_blocks
         from ..privacy import TotalBudget
 
@@ -269,7 +269,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         budget = self.privacy.budget
         if isinstance(budget, TotalBudget):
             per_view = len(released_blocks(self.prior_update == "em"))
-            most = per_view * max(len(s) for s in sites)
+            most = per_view * len(schema.names)  # every site releases every view (fedhier.models.mvppca.dp)
             if budget.n_rounds != self.n_rounds or budget.releases_per_round < most:
                 raise ValueError(
                     f"the total budget was calibrated for {budget.n_rounds} rounds of {budget.releases_per_round} releases, "
@@ -337,7 +337,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
             return self
         protocol = self._protocol(schema)
         if self.privacy is not None:
-            self._check_privacy(sites)
+            self._check_privacy(schema)
         # a resumed fit measures its first change of theta~ from the checkpointed broadcast
         saved = read_checkpoint(checkpoint, n_sites=len(sites)) if checkpoint is not None and Path(checkpoint).exists() else None
         stop = stopping_rule(self.tol, self.privacy)
@@ -395,9 +395,9 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         if self.privacy is not None:
             from ..models.mvppca.dp import ledger_from_history
 
-            # what the accountant knows: who released which views in which round
+            # what the accountant knows: who replied in which round, each reply releasing every view
             self.privacy_ledger_ = ledger_from_history(
-                self.privacy, [list(s) for s in sites], result.history, spread=self.prior_update == "em"
+                self.privacy, [list(schema.names)] * len(sites), result.history, spread=self.prior_update == "em"
             )
             self.privacy_spent_ = self.privacy_ledger_.spent(self._privacy_delta())
         return self

@@ -301,7 +301,7 @@ def fit_method(
         n_rounds = 1 if central else schedule.n_rounds
         privacy = None
         if method.kind == "dp":
-            privacy = _dp_config(method, n_rounds, max(len(s) for s in sites))
+            privacy = _dp_config(method, n_rounds, len({v for s in sites for v in s}))
         options = {key: value for key, value in method.options if key in ("prior_update", "tol", "n_local_iter")}
         if schedule.n_local_iter is not None:
             options["n_local_iter"] = schedule.n_local_iter

@@ -9,15 +9,15 @@ closed-form ML of the hierarchical prior (§5.1) and the inverse-gamma MLE (§5.
 
 Messages (flat, declared; ``<view>/<field>``):
 
-* reply: for every view of the schema, optional (absent when the site does not measure
-  it): ``count, sum_mu, sum_sq_mu, sum_W, sum_sq_W, sum_inv_sigma2, sum_log_sigma2,
+* reply: for every view of the schema, optional (without privacy, absent when the site does
+  not measure it; with privacy always present, :func:`fedhier.models.mvppca.dp.complete_views`): ``count, sum_mu, sum_sq_mu, sum_W, sum_sq_W, sum_inv_sigma2, sum_log_sigma2,
   sum_sigma2, sum_sq_sigma2``, and with ``prior_update="em"`` also ``sum_post_var_mu,
   sum_post_var_W`` (the site's posterior spread, :mod:`fedhier.models.mvppca.spread`);
   plus, in a fit without privacy only, ``expected_ll`` (the site's final Q_c, §4.2) and
   ``safeguards`` (how many [RC] safeguards triggered locally).  With privacy the
   statistics are computed from the site's DP releases alone (declared ``"release"``; the
-  spread through :func:`fedhier.models.mvppca.dp.privatize_spread`), ``count`` (1 per view
-  the site measures) is public, and the two diagnostics, computed from the raw data, are
+  spread through :func:`fedhier.models.mvppca.dp.privatize_spread`), ``count`` (1 per view,
+  i.e. that the site replied) is public, and the two diagnostics, computed from the raw data, are
   never sent (``docs/privacy.md``).
 * broadcast: ``has_prior`` (0 before round 1's global step) and, per view,
   ``mu, W, sigma2_mu, sigma2_W, alpha, beta, noise_var, var_sigma``.
@@ -316,6 +316,8 @@ class MVPPCAProtocol(RoundProtocol):
         if self.privacy is not None:
             from ..models.mvppca import dp
 
+            # every view of the analysis, measured here or not: the reply's fields never tell which
+            params, site_spread = dp.complete_views(params, site_spread, self.schema.names, anchor, self.privacy)
             released = ctx.state.get("private_rounds", np.zeros(0, dtype="int64"))
             ledger = dp.site_ledger(ctx.site, list(params), released, self.privacy, spread=site_spread is not None)
             params = dp.privatize_site_params(

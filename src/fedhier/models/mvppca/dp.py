@@ -1,7 +1,10 @@
 """DP-Fed-mv-PPCA: the per-round site procedure of Algorithm 2 (spec fed-mv-ppca §8.2).
 
-After the local MAP of §4.3 has produced theta_c[r], every observed view k and every
-block b in {mu^(k), W^(k), sigma^(k)2} is released separately:
+After the local MAP of §4.3 has produced theta_c[r], every view k of the analysis and every
+block b in {mu^(k), W^(k), sigma^(k)2} is released separately.  A view no subject at the
+site measures is released too, at the anchor (:func:`complete_views`): which views a site
+measures never shows in which fields it sends, so protecting the whole site also protects
+the one subject who may be the only one there with a view.
 
 1. anchor a_b: mu~^(k)[r-1], W~^(k)[r-1], and for sigma2 s-bar^(k)[r-1] ([R], default)
    or the inverse-gamma mean beta / (alpha - 1);
@@ -64,7 +67,7 @@ from .mstep import effective_columns
 from .params import GlobalParams, GlobalView, LocalParams, ViewParams
 
 __all__ = [
-    "BLOCKS", "SPREAD_BLOCKS", "released_blocks", "privatize_spread", "DPConfig", "privatize_site_params", "round_events", "record_round", "site_ledger", "denoise_global",
+    "complete_views", "BLOCKS", "SPREAD_BLOCKS", "released_blocks", "privatize_spread", "DPConfig", "privatize_site_params", "round_events", "record_round", "site_ledger", "denoise_global",
     "ledger_from_history",
 ]
 
@@ -360,6 +363,37 @@ def privatize_spread(
             released.append(min(max(float(noised), 0.0), bound))
         out[view] = (released[0], released[1])
     return out
+
+
+def complete_views(
+    params: LocalParams, spread: dict[str, tuple[float, float]] | None, views, anchor: GlobalParams, config: DPConfig
+) -> tuple[LocalParams, dict[str, tuple[float, float]] | None]:
+    """A site's parameters (and posterior spread) over every view of the analysis, ``views``, in that order.
+
+    A view the site does not measure (absent from ``params``) has no data, so its posterior
+    is the prior: it is filled in at the anchor theta~[r-1] (mu~, W~ and the sigma2 anchor),
+    each clipped difference is 0 and each release the anchor plus noise, as for any view;
+    its spread (EM prior update) is the prior's, (d_k sigma2_mu~, d_k q_k sigma2_W~), which
+    :func:`privatize_spread` clips like any other.  Nothing here reads data.
+    """
+    missing = [view for view in views if view not in params and view not in anchor]
+    if missing:
+        raise ValueError(f"views {missing}: no global prior to release them at")
+    out_params: LocalParams = {}
+    out_spread = None if spread is None else {}
+    for view in views:
+        if view in params:
+            out_params[view] = params[view]
+            if spread is not None:
+                out_spread[view] = spread[view]
+            continue
+        prior = anchor[view]
+        out_params[view] = ViewParams(mu=np.array(prior.mu, dtype=float), W=np.array(prior.W, dtype=float),
+                                      sigma2=_sigma2_anchor(view, prior, config))
+        if spread is not None:
+            d, q = prior.W.shape
+            out_spread[view] = (d * prior.sigma2_mu, d * effective_columns(d, q) * prior.sigma2_W)
+    return out_params, out_spread
 
 
 def privatize_site_params(
