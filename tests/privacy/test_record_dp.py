@@ -189,6 +189,47 @@ def test_fedlin_needs_a_public_clip_and_no_standardisation():
         RecordDP(1.0, 1e-5, unit="site")
 
 
+# ------------------------------------------------------------------ which views a site measures: from the noisy counts
+def test_a_view_nobody_measures_is_taken_as_measured_at_the_normal_tail_rate():
+    """Its count is pure noise of sd z 2 C^2 / c^2: above PRESENCE_SDS sds with probability 1 - Phi(3)."""
+    from scipy import stats
+
+    names, dims, config = ["v0", "v1"], [4, 3], RecordDP(1.0, 1e-5)
+    rng = np.random.default_rng(11)
+    draws = 20_000
+
+    class Draws:  # ``draws`` independent releases at once
+        def normal(self, loc, scale, size):
+            return rng.normal(loc, scale, size=(draws, *size))
+
+    views = {"v0": rng.uniform(size=(30, 4))}  # v1 measured by nobody
+    M, _ = mv_rdp.site_release(views, names, dims, config, Draws())
+    shown = sum(1 in mv_rdp.measured_views(m, dims, config) for m in M)
+    low, high = stats.binom.interval(0.999, draws, stats.norm.sf(mv_rdp.PRESENCE_SDS))
+    assert low <= shown <= high
+    # a view measured by ten times as many subjects as the count's noise sd is always shown
+    clip = mv_rdp.default_clip(dims)
+    count_sd = config.noise_sd(clip) / (clip**2 / len(dims))
+    many = {"v0": rng.uniform(size=(int(10 * count_sd), 4))}
+    assert all(0 in mv_rdp.measured_views(m, dims, config) for m in mv_rdp.site_release(many, names, dims, config, Draws())[0])
+
+
+def test_a_site_showing_fewer_features_than_components_fits_what_it_can_and_an_unseen_view_keeps_the_public_prior():
+    rng = np.random.default_rng(12)
+    names, dims, q = ["v0", "v1"], [4, 3], 3
+    X = 0.5 + rng.normal(size=(400, 2)) @ rng.uniform(-0.1, 0.1, size=(2, 3)) + 0.01 * rng.normal(size=(400, 3))
+    M, _ = mv_rdp.site_release({"v1": X}, names, dims, NEARLY_NO_NOISE, ZeroNoise())
+    with pytest.warns(UserWarning, match=r"view\(s\) \['v0'\].*public prior"):
+        theta, (site,) = mv_rdp.global_from_releases([M], names, dims, q, NEARLY_NO_NOISE)
+    assert list(site) == ["v1"]  # v0's zero count is not shown
+    W, sigma2 = site["v1"].W, site["v1"].sigma2
+    assert np.all(W[:, 2] == 0)  # 3 features: 2 free columns
+    pca = PCA(n_components=2).fit(X)
+    assert W @ W.T + sigma2 * np.eye(3) == pytest.approx(pca.get_covariance() * (399 / 400), abs=1e-6)
+    assert site["v1"].mu == pytest.approx(X.mean(axis=0), abs=1e-6)
+    assert np.all(theta["v0"].mu == 0.5) and np.all(theta["v0"].W == 0)  # the public, data-independent prior
+
+
 # ------------------------------------------------------------------ declarations, policy and ledger
 def test_protocols_declare_a_private_record_level_one_shot_release():
     schema = ViewSchema(("v0", "v1"), (4, 3))
@@ -197,6 +238,7 @@ def test_protocols_declare_a_private_record_level_one_shot_release():
         assert protocol.private and protocol.protected_unit == "record"
         assert protocol.release_plan(7) == [dp_event.GaussianDpEvent(config.noise_multiplier)]
         assert {f.disclosure for f in protocol.reply_spec.fields.values()} <= {"release", "public"}
+        assert set(protocol.reply_spec.fields) == {"moments"}  # nothing about which views a site measures
         assert protocol.reply_spec.fields["moments"].disclosure == "release"
     guard = SiteGuard(SitePolicy(unit="site", modes=("dp",)), "a")
     with pytest.raises(PolicyRefusal, match="each site"):

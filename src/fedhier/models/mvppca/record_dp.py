@@ -190,12 +190,22 @@ def ppca_from_covariance(S: np.ndarray, view_dims: Sequence[int], n_components: 
 
 
 def _site_params(M, names, dims, q, config, n_releases=1) -> LocalParams:
-    """The multi-view PPCA of the views measured in ``M`` (one release or a sum of ``n_releases``)."""
+    """The multi-view PPCA of the views measured in ``M`` (one release or a sum of ``n_releases``).
+
+    Views of D <= q features in all have D - 1 free loading columns (as a single view of
+    d_k <= q features has, :func:`~fedhier.models.mvppca.mstep.effective_columns`); the
+    other columns of W are 0.
+    """
     ks, mean, S, _ = moments_to_covariance(M, dims, config, n_releases)
     if not ks:
         return {}
     view_dims = [dims[k] for k in ks]
-    W, sigma2 = ppca_from_covariance(S, view_dims, q)
+    free = min(q, S.shape[0] - 1)
+    W = np.zeros((S.shape[0], q))
+    if free >= 1:
+        W[:, :free], sigma2 = ppca_from_covariance(S, view_dims, free)
+    else:  # one feature: no loading, all of its variance is noise
+        sigma2 = np.maximum(np.diag(S), EIGENVALUE_FLOOR)
     starts = np.concatenate([[0], np.cumsum(view_dims)]).astype(int)
     return {names[k]: ViewParams(mu=mean[a:b].copy(), W=W[a:b].copy(), sigma2=float(sigma2[i]))
             for i, (k, a, b) in enumerate(zip(ks, starts[:-1], starts[1:]))}
