@@ -471,7 +471,8 @@ def _privacy_section(report: Report, model: Any, site_names: Sequence[str], tabl
     report.paragraph(
         "Each site adds calibrated noise to everything it sends (client-level differential privacy); the ledger "
         f"counts what each site has spent. ε is the privacy loss at δ = {delta:g} accumulated up to each round "
-        "(smaller is more private); a site that measures fewer views releases less and spends less."
+        "(smaller is more private). Every site releases every view, measured there or not, so that its replies do not "
+        "tell which views it measures."
     )
     rounds = [row["round"] for row in table]
     keys = [k for k in table[0] if k != "round"]
