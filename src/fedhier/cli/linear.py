@@ -171,6 +171,8 @@ def _fit_and_write(config: dict[str, Any], command: str | None, out: Path, stagi
                 params.setdefault(key, _DEFAULTS[key])
             if "aggregation" in config:  # "secure": the EP deltas are summed securely
                 params["aggregation"] = config["aggregation"]
+            if data.scale != "none":  # scaled above; otherwise the estimator scales by the sds across the sites
+                params["scale"] = "none"
             if params.get("random") is not None:
                 wanted = params["random"] if isinstance(params["random"], list) else [params["random"]]
                 unknown = [c for c in wanted if c not in names_out]

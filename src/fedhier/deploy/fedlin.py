@@ -182,7 +182,7 @@ class FedLinFitConfig(TomlFit, Deployment):
                 if not isinstance(wanted, list) or unknown:
                     raise ValueError(f"random must list feature names among {self.columns}; unknown: {unknown}")
                 params["random"] = [c in set(wanted) for c in self.columns]
-            params.update(aggregation=self.aggregation)
+            params.update(aggregation=self.aggregation, scale="none")  # the TOML's scale key scales the columns
         return params
 
     def estimator(self):
