@@ -37,6 +37,7 @@ from ..models.fedlin.stats import SiteStats, check_site, check_sites
 from ..models.fedlin.tilted import METHODS as TILTED_METHODS
 from ..models.fedlin.tilted import TiltedFailure, device_posterior, tilted_moments
 from ..protocol.fedlin import EPProtocol, HM1Protocol, laplace_start, sample_fraction, settle_site_factor
+from ..runtime.observers import unobserved
 from ..runtime.simulate import simulate, site_rng
 from ..utils.io import atomic_write_bytes, json_text
 from ..utils.untrusted import check_finite, read_meta_json, read_npz
@@ -525,8 +526,14 @@ class FedHM2Regressor(_SiteRegressor):
         from ..protocol.scaling import ColumnScalingProtocol
 
         d = sites[0][0].shape[1]
-        result = simulate(ColumnScalingProtocol(d + 1, "standard"), [np.column_stack([X, y]) for X, y in sites],
-                          n_rounds=1, random_state=seed, aggregation=self.aggregation, aggregator=self.aggregator)
+        aggregator = None
+        if self.aggregation == "secure":  # a summation of its own, as the command line's scaling round has
+            from ..secure.secure_round import SecureAggregator
+
+            aggregator = SecureAggregator(len(sites))
+        with unobserved():  # not one of the fit's rounds
+            result = simulate(ColumnScalingProtocol(d + 1, "standard"), [np.column_stack([X, y]) for X, y in sites],
+                              n_rounds=1, random_state=seed, aggregation=self.aggregation, aggregator=aggregator)
         scale = np.asarray(result.broadcast["scale"], dtype=float)
         return scale[:-1], float(scale[-1])
 
