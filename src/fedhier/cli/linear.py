@@ -28,7 +28,7 @@ _INTERCEPT = "(intercept)"
 _DEFAULT_OUT = "fedhier-fit-linear"
 #: option -> default, as the flags and a TOML file set them
 _DEFAULTS = {"model": "hm2", "prior": "gaussian", "intercept": False, "random": None, "noise": "local", "mu_scale": 10.0,
-             "n_rounds": 20, "level": 0.9, "eta": 1e-4, "seed": 0, "scale": "none", "partial": "missing", "id": None}
+             "n_rounds": 20, "level": 0.9, "eta": None, "seed": 0, "scale": "none", "partial": "missing", "id": None}
 
 
 def add_fit_linear_arguments(parser) -> None:
@@ -48,7 +48,7 @@ def add_fit_linear_arguments(parser) -> None:
     parser.add_argument("--mu-scale", type=float, default=None, help="gaussian prior: mu ~ N(0, mu_scale^2 I) (default 10, vague)")
     parser.add_argument("--rounds", type=int, default=None, help="most rounds (default 20)")
     parser.add_argument("--level", type=float, default=None, help="level of the credible intervals (default 0.9)")
-    parser.add_argument("--eta", type=float, default=None, help="HM1 step size (default 1e-4)")
+    parser.add_argument("--eta", type=float, default=None, help="HM1 step size (default: chosen from the data, half the largest stable step)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the run (default 0)")
     parser.add_argument("--scale", choices=["standard", "minmax", "none"], default=None,
                         help="scale every column across the sites before the fit (default none)")
@@ -161,7 +161,6 @@ def _fit_and_write(config: dict[str, Any], command: str | None, out: Path, stagi
     params = {k: config[k] for k in FEDLIN_OPTIONS[f"fedlin-{model}"] if k in config}  # the estimator's own options
     with site_warnings(names):
         if model == "hm1":
-            params.setdefault("eta", _DEFAULTS["eta"])
             est = _build(FedHM1Regressor, n_rounds=opt["n_rounds"], random_state=opt["seed"], **params)
             with rounds_shown(opt["n_rounds"], "FedLin HM1 rounds", quiet=config.get("_quiet", False)):
                 _fit(est, sites, data.scale)

@@ -175,6 +175,8 @@ class FedLinFitConfig(TomlFit, Deployment):
         """Constructor parameters of the estimator of this fit."""
         params = dict(self.options)
         params.update(n_rounds=self.n_rounds, random_state=self.seed, fit_intercept=False)  # the columns hold the intercept
+        if self.model == "fedlin-hm1":
+            params.setdefault("eta", 1e-4)  # the coordinator has no data to choose a step from
         if self.model == "fedlin-hm2":
             if params.get("random") is not None:
                 wanted = params["random"]

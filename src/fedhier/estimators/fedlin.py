@@ -202,7 +202,10 @@ class FedHM1Regressor(_SiteRegressor):
     Parameters mirror :class:`~fedhier.protocol.fedlin.HM1Protocol`; in addition ``fit_intercept``
     (a column of ones in front of the design, whose coefficient each site fits under the same
     :math:`\\Omega` as the others), ``n_rounds`` (:math:`C`), ``participation`` (fraction of sites
-    per round, spec §9 #7), ``random_state`` and ``n_jobs``. HM1 gives a point estimate only: no
+    per round, spec §9 #7), ``random_state`` and ``n_jobs``. ``eta`` (the step size) None, the default:
+    chosen from the data as :math:`\\eta=1/(2\\max_k c\\,\\lambda_{\\max}(X_k^\\top X_k))` (``c = 1``, or
+    :math:`1/n_k` with ``gradient="mean"``), half the largest step on which every site's full-batch local steps
+    converge (each site computes its own eigenvalue; the fitted step is ``eta_``). HM1 gives a point estimate only: no
     intervals and no new-site adaptation (spec §2.3). It runs its ``n_rounds`` rounds (no stopping
     rule, hence no convergence warning).
 
@@ -229,7 +232,7 @@ class FedHM1Regressor(_SiteRegressor):
         fit_intercept: bool = True,
         n_rounds: int = 30,
         n_local_steps: int = 20,
-        eta: float = 1e-4,
+        eta: float | None = None,
         alpha: float = 0.1,
         omega_rule: str = "paper",
         batch_size: int | None = None,
@@ -261,7 +264,8 @@ class FedHM1Regressor(_SiteRegressor):
         """
         sites = [(self._design(Xk), yk) for Xk, yk in self._fit_sites(X, y, groups)]
         K, d = len(sites), sites[0][0].shape[1]
-        protocol = self.protocol(K, d)
+        self.eta_ = float(self.eta) if self.eta is not None else self._stable_eta(sites)
+        protocol = self.protocol(K, d, eta=self.eta_)
         snapshots: list[np.ndarray] = []
         callbacks = [lambda rec, b: snapshots.append(b["theta"].T.copy())] if self.record_theta else []
         result = simulate(
@@ -272,11 +276,25 @@ class FedHM1Regressor(_SiteRegressor):
         self.theta_path_ = np.array(snapshots) if self.record_theta else None
         return self
 
-    def protocol(self, n_sites: int, n_features: int) -> HM1Protocol:
+    def _stable_eta(self, sites) -> float:
+        """Half the largest step size on which every site's full-batch local steps converge (see the class docstring)."""
+        def largest(X: np.ndarray) -> float:  # computed at the site
+            c = 1.0 / X.shape[0] if self.gradient == "mean" else 1.0
+            return c * float(np.linalg.eigvalsh(X.T @ X)[-1])
+
+        top = max(largest(X) for X, _ in sites)
+        return 0.5 / top if top > 0 else 1.0
+
+    def protocol(self, n_sites: int, n_features: int, eta: float | None = None) -> HM1Protocol:
         """The round protocol of a fit to ``n_sites`` sites of ``n_features`` design columns (the intercept
-        column included when ``fit_intercept``; every runtime builds it here)."""
+        column included when ``fit_intercept``; every runtime builds it here).  ``eta``: the step size,
+        default the constructor's, which a deployment must then give."""
+        eta = self.eta if eta is None else eta
+        if eta is None:
+            raise ValueError("eta is needed: with eta=None the fit chooses it from the data, which a deployment's "
+                             "coordinator does not see; set eta")
         return HM1Protocol(
-            n_sites, n_features, eta=self.eta, n_local_steps=self.n_local_steps, alpha=self.alpha, omega_rule=self.omega_rule,
+            n_sites, n_features, eta=eta, n_local_steps=self.n_local_steps, alpha=self.alpha, omega_rule=self.omega_rule,
             batch_size=self.batch_size, gradient=self.gradient, shrink_scale=self.shrink_scale, init=self.init,
             oracle_omega=self.oracle_omega, jitter=self.jitter, random_state=self.random_state,
         )
@@ -292,6 +310,7 @@ class FedHM1Regressor(_SiteRegressor):
         model = cls(**params)
         model.sites_ = np.arange(int(n_sites))
         model._adopt(broadcast, history, n_sites=n_sites, n_features=n_features)
+        model.eta_ = model.eta
         model.theta_path_ = None
         return model
 
@@ -316,7 +335,7 @@ class FedHM1Regressor(_SiteRegressor):
         _check_fitted(self)
         params = {k: v for k, v in self._params().items()}
         return _save_npz(path, {"coef_": self.design_coef_, "omega_": self.omega_},
-                         {"kind": "hm1", "params": params, "history": self.history_, **self._names_meta()})
+                         {"kind": "hm1", "params": params, "eta_": self.eta_, "history": self.history_, **self._names_meta()})
 
 
 class FedHM2Regressor(_SiteRegressor):
@@ -885,6 +904,7 @@ def load(path) -> FedHM1Regressor | FedHM2Regressor:
         _check_shapes(path, arrays, {"coef_": 2, "omega_": 2})
         est._set_theta(arrays["coef_"])
         est.omega_, est.history_ = arrays["omega_"], meta["history"]
+        est.eta_ = meta.get("eta_", est.eta)
         est.n_sites_, est.n_features_ = est.design_coef_.shape
         est._restore_names(meta, est.n_features_ - est._intercept_column(), est.n_sites_)
         if est.omega_.shape != (est.n_sites_, est.n_sites_):
