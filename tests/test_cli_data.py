@@ -253,7 +253,7 @@ def test_a_flower_site_checks_the_id_column_as_the_command_line_does(model, tmp_
     (tmp_path / "bare.csv").write_text("\n".join(line.split(",", 1)[1] for line in lines) + "\n")
     with pytest.raises(SiteDataError, match=r"^site 'ANOKA': id column 'rownames' missing in bare.csv; columns: "):
         config.load_site("ANOKA", tmp_path / "bare.csv")
-    with pytest.raises(ValueError, match="id must name a column"):
+    with pytest.raises(ValueError, match="id must be a string in quotes, got the integer 3"):
         fit_from_toml(text.replace('id = "rownames"', "id = 3"), "fit.toml")
 
 

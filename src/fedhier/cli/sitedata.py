@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..data.scaling import ColumnScaling
-from ..deploy._toml import CONFIG_KEYS, DATA_KEYS, FAMILY_OPTIONS, MODEL_KEYS, check_missing_values, check_ranges
+from ..deploy._toml import CONFIG_KEYS, DATA_KEYS, FAMILY_OPTIONS, MODEL_KEYS, check_key_types, check_missing_values, check_ranges
 from ..data.sitefiles import (PARTIAL, SiteDataError, SiteTable, check_within_ranges, close_matches, join_problems,
                               list_names, read_rows, read_table, repeated_ids)
 from ..protocol.scaling import SCALES
@@ -48,7 +48,8 @@ _ALL_KEYS = CONFIG_KEYS
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    """The parsed TOML; an unknown key is refused with the closest allowed one."""
+    """The parsed TOML; an unknown key is refused with the closest allowed one, a key of the wrong TOML type
+    (``intercept = "false"``) in one line naming the key and the type it takes."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"configuration file {path} does not exist")
@@ -62,6 +63,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
     if unknown:
         hints = "".join(close_matches(k, sorted(_ALL_KEYS)) for k in unknown)
         raise ValueError(f"{path}: unknown key(s) {unknown}{hints}; allowed: {sorted(_ALL_KEYS)}")
+    check_key_types(raw, str(path))
     return raw
 
 
