@@ -115,3 +115,40 @@ def test_saved_model_keeps_the_units(grunfeld, tmp_path):
     np.testing.assert_allclose(back.population_coef_, model.population_coef_)
     assert back.between_site_intercept_sd_ == pytest.approx(model.between_site_intercept_sd_)
     np.testing.assert_allclose(back.predict(X, groups=firm), model.predict(X, groups=firm))
+
+
+@pytest.mark.parametrize("scale", ["none", "standard"])
+def test_fit_linear_on_grunfeld_agrees_with_mixedlm_in_the_files_units(grunfeld, mixedlm, scale, tmp_path, capsys):
+    """`fedhier fit linear` with a fit.toml and the CSV: coefficients.csv's population rows in the files' units
+    (raw: the estimator scales itself; standard: the command line scales, the rows also carry *_original_units)
+    within one MixedLM standard error; the between-firm sd is an sd (not the variance tau) in dollars, the same
+    either way and the same as the estimator's; the report's table shows the sd and says which units it is in."""
+    import csv
+
+    from fedhier.cli import main
+
+    data, X, y, firm = grunfeld
+    data.to_csv(tmp_path / "grunfeld.csv", index=False)
+    (tmp_path / "fit.toml").write_text(
+        'file = "grunfeld.csv"\nsite_column = "firm"\ntarget = "invest"\nfeatures = ["value", "capital"]\n'
+        f'intercept = true\nrandom = ["(intercept)"]\nnoise = "shared"\nscale = "{scale}"\n')
+    assert main(["fit", "linear", "--config", str(tmp_path / "fit.toml"), "--quiet", "--out", str(tmp_path / "o")]) == 0
+    assert "fedhier: warning" not in capsys.readouterr().err
+    with open(tmp_path / "o" / "coefficients.csv", newline="") as fh:
+        population = {r["feature"]: r for r in csv.DictReader(fh) if r["site"] == "(population)"}
+    unit = "" if scale == "none" else "_original_units"
+    _assert_slopes_within_one_se([float(population[f][f"estimate{unit}"]) for f in ("value", "capital")], mixedlm)
+    intercept = float(population["(intercept)"][f"estimate{unit}"])
+    assert abs(intercept - mixedlm.fe_params.values[0]) < mixedlm.bse_fe.values[0]
+    sd = float(population["(intercept)"][f"between_site_sd{unit}"])
+    api = FedHM2Regressor(random_state=0, **RANDOM_INTERCEPT).fit(X, y, groups=firm)
+    assert sd == pytest.approx(api.between_site_intercept_sd_, rel=0.02)
+    # within 30 % of REML's 82.1: the log tau ~ N(0, 1) prior (an sd of 1 in sd units of invest) pulls it to ~103
+    assert 1.0 < sd / _between_firm_sd(mixedlm) < 1.3
+    report = (tmp_path / "o" / "report.md").read_text()
+    scaled_sd = float(population["(intercept)"]["between_site_sd"])
+    row = next(line for line in report.splitlines() if line.startswith("| (intercept) |"))
+    assert row.rstrip(" |").endswith(f"{scaled_sd:.4g}")  # the sd, sqrt(tau), as the CSV has it
+    if scale == "standard":
+        assert "in the units of invest" not in report and "invest as scaled (standard) before the fit" in report
+        assert "The same in the files' units" in report
