@@ -152,3 +152,18 @@ def test_fit_linear_on_grunfeld_agrees_with_mixedlm_in_the_files_units(grunfeld,
     if scale == "standard":
         assert "in the units of invest" not in report and "invest as scaled (standard) before the fit" in report
         assert "The same in the files' units" in report
+
+
+def test_a_new_site_adapts_in_the_users_units(grunfeld):
+    """adapt() scales the new site's rows by the fit's sds and reports back in dollars: a firm left out of the fit
+    and adapted gets the intercept it gets inside the fit, within its posterior sd."""
+    _, X, y, firm = grunfeld
+    rows = (firm == "IBM").to_numpy()
+    full = FedHM2Regressor(random_state=0, n_posterior_draws=1000, **RANDOM_INTERCEPT).fit(X, y, groups=firm)
+    left_out = FedHM2Regressor(random_state=0, n_posterior_draws=1000, **RANDOM_INTERCEPT).fit(X[~rows], y[~rows], groups=firm[~rows])
+    k = left_out.adapt(X[rows].to_numpy(), y[rows].to_numpy(), label="IBM")
+    inside = list(full.sites_).index("IBM")
+    assert left_out.sites_[k] == "IBM"
+    sd = full.intercept_draws_[inside].std()
+    assert abs(left_out.intercept_[k] - full.intercept_[inside]) < sd
+    np.testing.assert_allclose(left_out.coef_[k], full.coef_[inside], rtol=0.05)
