@@ -386,7 +386,7 @@ class FedHM2Regressor(_SiteRegressor):
         a secure sum with ``aggregation="secure"``). Nothing is centred, so the model is the one you
         asked for, in units of standard deviations, where the default priors (``mu_scale``,
         ``log tau ~ N(0, 1)``, the noise priors) are sensible; every coefficient, interval and
-        between-site sd is reported back in your units (:math:`\theta_j=s_y\theta^{\rm sd}_j/s_j`).
+        between-site sd is reported back in your units (:math:`\\theta_j=s_y\\theta^{\\rm sd}_j/s_j`).
         A constant column (e.g. your own column of ones) is left as it is. "none": the data as given.
         None (default): "standard" for the Gaussian hierarchy, unless a prior is given in numbers
         (``tau``, a noise variance), ``standardize`` is on, or ``privacy`` is set (the sums are exact
