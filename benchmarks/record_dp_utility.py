@@ -126,7 +126,8 @@ def _fedlin_rows(seed: int) -> list[dict]:
     def fit(sites, privacy):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. a site's posterior falling back on q(phi), counted in the RMSE
-            return FedHM2Regressor(fit_intercept=False, mu_scale=1.0, random=[True] + [False] * 5, noise="shared", n_posterior_draws=1000,
+            # scale="none": the same model as the private fits, which take the public min-max ranges as given
+            return FedHM2Regressor(fit_intercept=False, mu_scale=1.0, scale="none", random=[True] + [False] * 5, noise="shared", n_posterior_draws=1000,
                                    random_state=seed, privacy=privacy).fit(sites)
 
     rows = []

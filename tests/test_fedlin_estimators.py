@@ -107,7 +107,7 @@ def test_radon_fixed_effects_match_mixedlm_within_standard_errors():
     fe, se = mixed.fe, mixed.se
     np.testing.assert_allclose(fe, [1.466, -0.668, 0.72], atol=0.01)  # the reference fit in the data README
     est = FedHM2Regressor(fit_intercept=False, random=[True, False, False], noise="shared", mu_scale=10.0, damping=0.7, n_rounds=6, n_draws=1000, n_posterior_draws=200, random_state=0).fit(sites)
-    assert np.all(np.abs(est.phi_mean_[:3] - fe) < se)
+    assert np.all(np.abs(est.population_coef_ - fe) < se)  # the column of ones holds the intercept
 
 
 def test_lasso_selects_the_true_support_and_ridge_runs():
@@ -224,7 +224,7 @@ def test_cli_fit_linear_writes_coefficients_and_a_loadable_model(tmp_path):
 def test_hm2_warns_where_a_response_far_beyond_unit_scale_makes_the_fit_shrink_to_zero(example):
     sites, truth = example("fedlin_scale").make_sites(1000.0)
     with pytest.warns(FedLinWarning, match=r"site \d: y has standard deviation .* beyond 90") as caught:
-        far = FedHM2Regressor(fit_intercept=False, mu_scale=1.0, n_posterior_draws=500, random_state=0).fit(sites)
+        far = FedHM2Regressor(fit_intercept=False, mu_scale=1.0, scale="none", n_posterior_draws=500, random_state=0).fit(sites)
     assert sorted(int(str(w.message).split(":")[0].split()[1]) for w in caught if "standard deviation" in str(w.message)) == list(range(6))  # every site
     least_squares = np.array([np.linalg.lstsq(X, y, rcond=None)[0] for X, y in sites])
     assert np.sqrt(np.mean((least_squares - truth) ** 2)) / 1000 < 0.15
@@ -232,5 +232,10 @@ def test_hm2_warns_where_a_response_far_beyond_unit_scale_makes_the_fit_shrink_t
     unit_sites = [(X, y / 1000.0) for X, y in sites]  # the remedy: divide y by a constant
     with warnings.catch_warnings():
         warnings.simplefilter("error", FedLinWarning)
-        unit = FedHM2Regressor(fit_intercept=False, mu_scale=1.0, n_posterior_draws=500, random_state=0).fit(unit_sites)
+        unit = FedHM2Regressor(fit_intercept=False, mu_scale=1.0, scale="none", n_posterior_draws=500, random_state=0).fit(unit_sites)
     assert np.sqrt(np.mean((unit.coef_ * 1000.0 - truth) ** 2)) / 1000 < 0.15
+    # the default scales every column by its sd across the sites: no warning, and the coefficients in y's units
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FedLinWarning)
+        scaled = FedHM2Regressor(fit_intercept=False, mu_scale=1.0, n_posterior_draws=500, random_state=0).fit(sites)
+    assert np.sqrt(np.mean((scaled.coef_ - truth) ** 2)) / 1000 < 0.15

@@ -110,6 +110,7 @@ def test_a_site_name_that_would_leave_or_hide_in_the_output_folder_is_refused(tm
 
 
 def test_flower_configuration_and_supernode_refuse_traversal_site_names(tmp_path):
+    pytest.importorskip("flwr", reason="needs the flower extra")
     from fedhier.cli.flower import supernode_command
     from fedhier.deploy.mvppca import FlowerFitConfig
 
@@ -299,6 +300,7 @@ def test_a_bad_cell_s_text_is_never_in_the_error_of_fedhier_fit(tmp_path, capsys
 
 
 def test_a_flower_site_tells_the_coordinator_where_its_bad_cell_is_not_what_it_holds(tmp_path):
+    pytest.importorskip("flwr", reason="needs the flower extra")
     from fedhier.deploy.mvppca import FlowerFitConfig
     from fedhier.runtime.flower import site_round
 

@@ -25,10 +25,12 @@ from .console import rounds_shown, run
 from .sitedata import check_columns, complete_rows, load_config, scale_sites, site_data, site_warnings, write_summary
 
 _INTERCEPT = "(intercept)"
+#: the ``site`` of coefficients.csv's rows of the population coefficients (HM2's Gaussian hierarchy)
+_POPULATION = "(population)"
 _DEFAULT_OUT = "fedhier-fit-linear"
 #: option -> default, as the flags and a TOML file set them
 _DEFAULTS = {"model": "hm2", "prior": "gaussian", "intercept": False, "random": None, "noise": "local", "mu_scale": 10.0,
-             "n_rounds": 20, "level": 0.9, "eta": 1e-4, "seed": 0, "scale": "none", "partial": "missing", "id": None}
+             "n_rounds": 20, "level": 0.9, "eta": None, "seed": 0, "scale": "none", "partial": "missing", "id": None}
 
 
 def add_fit_linear_arguments(parser) -> None:
@@ -48,7 +50,7 @@ def add_fit_linear_arguments(parser) -> None:
     parser.add_argument("--mu-scale", type=float, default=None, help="gaussian prior: mu ~ N(0, mu_scale^2 I) (default 10, vague)")
     parser.add_argument("--rounds", type=int, default=None, help="most rounds (default 20)")
     parser.add_argument("--level", type=float, default=None, help="level of the credible intervals (default 0.9)")
-    parser.add_argument("--eta", type=float, default=None, help="HM1 step size (default 1e-4)")
+    parser.add_argument("--eta", type=float, default=None, help="HM1 step size (default: chosen from the data, half the largest stable step)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the run (default 0)")
     parser.add_argument("--scale", choices=["standard", "minmax", "none"], default=None,
                         help="scale every column across the sites before the fit (default none)")
@@ -161,7 +163,6 @@ def _fit_and_write(config: dict[str, Any], command: str | None, out: Path, stagi
     params = {k: config[k] for k in FEDLIN_OPTIONS[f"fedlin-{model}"] if k in config}  # the estimator's own options
     with site_warnings(names):
         if model == "hm1":
-            params.setdefault("eta", _DEFAULTS["eta"])
             est = _build(FedHM1Regressor, n_rounds=opt["n_rounds"], random_state=opt["seed"], **params)
             with rounds_shown(opt["n_rounds"], "FedLin HM1 rounds", quiet=config.get("_quiet", False)):
                 _fit(est, sites, data.scale)
@@ -171,6 +172,8 @@ def _fit_and_write(config: dict[str, Any], command: str | None, out: Path, stagi
                 params.setdefault(key, _DEFAULTS[key])
             if "aggregation" in config:  # "secure": the EP deltas are summed securely
                 params["aggregation"] = config["aggregation"]
+            if data.scale != "none":  # scaled above; otherwise the estimator scales by the sds across the sites
+                params["scale"] = "none"
             if params.get("random") is not None:
                 wanted = params["random"] if isinstance(params["random"], list) else [params["random"]]
                 unknown = [c for c in wanted if c not in names_out]
@@ -185,18 +188,23 @@ def _fit_and_write(config: dict[str, Any], command: str | None, out: Path, stagi
                 {"site": n, "feature": f, "estimate": float(est.coef_[k, j]), "lower": float(ci[k, j, 0]), "upper": float(ci[k, j, 1]), "included": bool(est.selected_features_[k, j])}
                 for k, n in enumerate(names) for j, f in enumerate(names_out)
             ]
+            if est.prior == "gaussian" and not est._standardizes():
+                rows += _population_rows(est, names_out, opt["level"])
             phi_ci = est.phi_interval(opt["level"])
             components = name_components(est.model_.phi_names, names_out)
             write_csv(staging / "phi.csv", [{"component": nm, "mean": float(est.phi_mean_[i]), "lower": float(phi_ci[i, 0]), "upper": float(phi_ci[i, 1])} for i, nm in enumerate(components)])
     if data.scale != "none":
         _add_original_units(rows, est, scaling, features, target, names)
+    original = [r for r in rows if r["site"] == _POPULATION and data.scale != "none"]
     write_csv(staging / "coefficients.csv", rows)
     write_json(staging / "history.json", est.history_)
     est.save(staging / "model.npz")
     from ..report.fedlin import write_fedlin_report
 
     label = "HM2 (federated expectation propagation)" if model == "hm2" else "HM1 (federated MAP)"
-    units = "" if data.scale == "none" else f" Every column was scaled ({data.scale}) across the sites before the fit; the report is in scaled units, coefficients.csv also in the files' units."
+    units = ("" if data.scale == "none" else f" Every column was scaled ({data.scale}) across the sites before the fit; the "
+             "report's figures are in scaled units, the population coefficients also in the files' units, and "
+             "coefficients.csv gives every coefficient in both.")
     intro = (
         f"Hierarchical linear regression of {target} on {', '.join(names_out)} across {len(sites)} sites "
         f"({sum(len(y) for _, y in sites)} rows, {data.layout}), fitted with {label}"
@@ -204,7 +212,8 @@ def _fit_and_write(config: dict[str, Any], command: str | None, out: Path, stagi
         "the sites share one population model and each gets its own coefficients." + units
     )
     write_fedlin_report(staging, est, sites, site_names=names, features=names_out, target=target,
-                        title=f"FedLin fit ({model.upper()})", intro=intro, command=command, level=opt["level"])
+                        title=f"FedLin fit ({model.upper()})", intro=intro, command=command, level=opt["level"],
+                        scaling=data.scale, original=original)
     summary = {"model_family": f"fedlin-{model}", "sites": names, "rows": {n: len(y) for n, (_, y) in zip(names, sites)},
                "data": data.layout, "target": target, "features": features, "intercept": bool(opt["intercept"]),
                "id": data.id, "scale": data.scale, "scaling": scaling.to_dict(), "partial": data.partial,
@@ -229,11 +238,21 @@ def _fit(est, sites, scale: str) -> None:
         raise ValueError(f"the fit failed: {exc}{hint}") from None
 
 
+def _population_rows(est, names_out, level) -> list[dict]:
+    """coefficients.csv's rows of the population coefficients: posterior mean, ``level`` interval and between-site
+    sd (the square root of the hierarchy's variance tau) of each design column, in the units the fit was given."""
+    ci, _ = est.population_interval(level)
+    return [{"site": _POPULATION, "feature": f, "estimate": float(est.population_coef_[j]), "lower": float(ci[j, 0]),
+             "upper": float(ci[j, 1]), "between_site_sd": float(est.between_site_sd_[j])} for j, f in enumerate(names_out)]
+
+
 def _add_original_units(rows, est, scaling, features, target, names) -> None:
     """Coefficients in the files' units: slope_j = s_y b_j / s_j; intercept = c_y + s_y (b_0 + a_k - sum_j b_j c_j / s_j).
 
     ``a_k``: the estimator's own intercept (0 without one).  Slope intervals map the same way
     (a positive rescaling); the intercept's interval depends on the joint posterior and is left empty.
+    The population rows' between-site sds map as the slopes do; the intercept's, the sd of
+    c_y + s_y (b_0 - sum_j b_j c_j / s_j) over sites, is s_y sqrt(sd_0^2 + sum_j sd_j^2 c_j^2 / s_j^2).
     """
     cx, sx = scaling.center[: len(features)], scaling.scale[: len(features)]
     cy, sy = scaling.center[-1], scaling.scale[-1]
@@ -253,3 +272,15 @@ def _add_original_units(rows, est, scaling, features, target, names) -> None:
         if _INTERCEPT in site_rows:
             b0 = site_rows[_INTERCEPT]["estimate"] + (intercepts[k] if intercepts.size == len(names) else 0.0)
             site_rows[_INTERCEPT]["estimate_original_units"] = float(cy + sy * (b0 - np.sum(b * cx / sx)))
+    population = by_site.get(_POPULATION)
+    if population:
+        b = np.array([population[f]["estimate"] for f in features])
+        sd = np.array([population[f]["between_site_sd"] for f in features])
+        for j, f in enumerate(features):
+            r = population[f]
+            r.update(estimate_original_units=float(sy * b[j] / sx[j]), lower_original_units=float(sy * r["lower"] / sx[j]),
+                     upper_original_units=float(sy * r["upper"] / sx[j]), between_site_sd_original_units=float(sy * sd[j] / sx[j]))
+        if _INTERCEPT in population:
+            r = population[_INTERCEPT]
+            r["estimate_original_units"] = float(cy + sy * (r["estimate"] - np.sum(b * cx / sx)))
+            r["between_site_sd_original_units"] = float(sy * np.sqrt(r["between_site_sd"] ** 2 + np.sum((sd * cx / sx) ** 2)))

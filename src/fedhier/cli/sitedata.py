@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..data.scaling import ColumnScaling
-from ..deploy._toml import CONFIG_KEYS, DATA_KEYS, FAMILY_OPTIONS, MODEL_KEYS, check_missing_values, check_ranges
+from ..deploy._toml import CONFIG_KEYS, DATA_KEYS, FAMILY_OPTIONS, MODEL_KEYS, check_key_types, check_missing_values, check_ranges
 from ..data.sitefiles import (PARTIAL, SiteDataError, SiteTable, check_within_ranges, close_matches, join_problems,
                               list_names, read_rows, read_table, repeated_ids)
 from ..protocol.scaling import SCALES
@@ -48,7 +48,8 @@ _ALL_KEYS = CONFIG_KEYS
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    """The parsed TOML; an unknown key is refused with the closest allowed one."""
+    """The parsed TOML; an unknown key is refused with the closest allowed one, a key of the wrong TOML type
+    (``intercept = "false"``) in one line naming the key and the type it takes."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"configuration file {path} does not exist")
@@ -62,6 +63,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
     if unknown:
         hints = "".join(close_matches(k, sorted(_ALL_KEYS)) for k in unknown)
         raise ValueError(f"{path}: unknown key(s) {unknown}{hints}; allowed: {sorted(_ALL_KEYS)}")
+    check_key_types(raw, str(path))
     return raw
 
 
@@ -363,22 +365,46 @@ def _advice(scale: str) -> str:
             'above all with wide [ranges], can leave a column\'s variance far below 1), or sigma2_prior = "none".')
 
 
+#: the opening of a warning about one site (and view): "site 'A': ..." or "site 'A', view 'v': ..."
+_WHERE = re.compile(r"^(site '[^']*'(?:, view '[^']*')?): (.*)$", re.S)
+#: most places a grouped warning lists by name
+_LISTED = 5
+
+
+def group_warnings(texts: Sequence[str]) -> list[str]:
+    """One line per kind of warning: the warnings that differ only in the site (and view) they open with and in
+    their figures become the first one's text, opened by every place it holds for (the figures are the first
+    place's), e.g. ``site 'A', view 'v' (and 3 more: site 'B', view 'v'; ...): ...``.  Repeats are dropped."""
+    kinds: dict[str, list[tuple[str, str]]] = {}
+    for text in dict.fromkeys(texts):
+        match = _WHERE.match(text)
+        where, rest = match.groups() if match else ("", text)
+        kinds.setdefault(re.sub(r"[-+]?\d[\d.]*(e[-+]?\d+)?", "#", rest), []).append((where, rest))
+    lines = []
+    for members in kinds.values():
+        (where, rest), others = members[0], [w for w, _ in members[1:] if w]
+        if not where or not others:
+            lines.append(f"{where}: {rest}" if where else rest)
+            continue
+        listed = "; ".join(others[:_LISTED]) + (f"; and {len(others) - _LISTED} more" if len(others) > _LISTED else "")
+        figures = "" if all(r == rest for _, r in members) else f" (the figures are {where}'s)"
+        lines.append(f"{where} (and {len(others)} more alike: {listed}): {rest}{figures}")
+    return lines
+
+
 @contextmanager
 def site_warnings(names: Sequence[str], scale: str = "none"):
-    """Show the estimator's warnings as one line each (``fedhier: warning: ...``), sites by name, no source line,
-    with the library's advice in the words of a configuration file scaled by ``scale``."""
+    """Show the estimator's warnings as one line per kind (``fedhier: warning: ...``, :func:`group_warnings`), sites
+    by name, no source line, with the library's advice in the words of a configuration file scaled by ``scale``."""
     with warnings.catch_warnings(record=True) as caught:
         yield
     if caught:
         from ..protocol.mvppca import SCALE_ADVICE  # the protocol's model math, imported only to reword its advice
-    seen = set()
-    for w in caught:
-        text = re.sub(r"\bsite (\d+)\b",
-                      lambda m: f"site {names[int(m.group(1))]!r}" if int(m.group(1)) < len(names) else m.group(0), str(w.message))
-        text = text.replace(SCALE_ADVICE, _advice(scale))
-        if text not in seen:
-            seen.add(text)
-            print(f"fedhier: warning: {text}", file=sys.stderr)
+    texts = [re.sub(r"\bsite (\d+)\b",
+                    lambda m: f"site {names[int(m.group(1))]!r}" if int(m.group(1)) < len(names) else m.group(0),
+                    str(w.message)).replace(SCALE_ADVICE, _advice(scale)) for w in caught]
+    for line in group_warnings(texts):
+        print(f"fedhier: warning: {line}", file=sys.stderr)
 
 
 def write_summary(out: Path, summary: Mapping[str, Any], *, title: str, notes: Sequence[str] = (),

@@ -149,7 +149,29 @@ class SiteTable:
                          self.missing)
 
 
-def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int], list[int]]:
+#: the first bytes of a spreadsheet program's own formats: .xlsx/.ods (a zip archive), .xls (an OLE2 file)
+_SPREADSHEET_MAGIC = (b"PK\x03\x04", b"\xd0\xcf\x11\xe0")
+SAVE_AS_CSV = "in Excel or LibreOffice, save it with File > Save As > \"CSV UTF-8 (Comma delimited) (*.csv)\""
+
+
+def _not_utf8(site: str | None, path: Path) -> SiteDataError:
+    """The error for a file that is not UTF-8 text: a spreadsheet workbook, or text in another encoding (the line
+    of the first byte that is not UTF-8; never the bytes, which may be a subject's data)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
+        raw = fh.read()
+    if raw.startswith(_SPREADSHEET_MAGIC):
+        return SiteDataError(f"{_at(site)}{path.name} is a spreadsheet workbook, not a CSV file; {SAVE_AS_CSV}")
+    try:
+        raw.decode("utf-8")
+        line = 1
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+    return SiteDataError(f"{_at(site)}{path.name} is not UTF-8 text (first at line {line}; likely Latin-1 or Windows-1252, "
+                         f"as older Excel saves CSV files); {SAVE_AS_CSV}, or convert it with iconv -f latin1 -t utf-8")
+
+
+def _read_csv(path: Path, site: str | None = None) -> tuple[list[str], list[list[str]], list[int], list[int]]:
     """Header, rows, their 1-based data row numbers and the file line each ends on; a UTF-8 byte-order mark is
     dropped, blank lines (also lines of only commas) skipped."""
     opener = gzip.open if path.suffix == ".gz" else open
@@ -162,8 +184,8 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int], list[i
                 if any(cell.strip() for cell in row):
                     rows.append(row)
                     lines.append(reader.line_num)
-    except UnicodeDecodeError as exc:  # its own text quotes the file's bytes: not repeated
-        raise SiteDataError(f"{path}: not UTF-8 text (undecodable byte at offset {exc.start})") from None
+    except UnicodeDecodeError:  # its own text quotes the file's bytes: not repeated
+        raise _not_utf8(site, path) from None
     except (csv.Error, gzip.BadGzipFile, EOFError) as exc:
         line = f"line {reader.line_num}: " if reader is not None else ""
         raise SiteDataError(f"{path}: not a readable CSV file ({line}{type(exc).__name__})") from None
@@ -249,10 +271,12 @@ def read_table(path: str | Path, site: str | None, missing: Mapping[str, Sequenc
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{_at(site)}data file {path} does not exist")
+    if path.suffix.lower() in (".xlsx", ".xlsm", ".xls", ".ods"):
+        raise SiteDataError(f"{_at(site)}{path.name} is a spreadsheet workbook, not a CSV file; {SAVE_AS_CSV}")
     if path.suffix == ".parquet":
         header, body, numbers = _read_parquet(path, site)
     else:
-        header, body, numbers, lines = _read_csv(path)
+        header, body, numbers, lines = _read_csv(path, site)
         _check_header(site, path, header, body, expected)
         _check_widths(site, path, header, body, lines)
     header = [name.strip() for name in header]

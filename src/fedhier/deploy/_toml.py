@@ -6,7 +6,7 @@ import json
 import math
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 
 #: where the sites' rows are and how they are read: the same keys for every family and command (docs/cli.md)
@@ -34,6 +34,71 @@ PRIVACY_KEYS = ("epsilon", "delta", "privacy_unit", "scaling_outside_privacy")
 #: every top-level key of a configuration
 CONFIG_KEYS = DATA_KEYS | {"model", "flower", "secure"} | frozenset().union(*MODEL_KEYS.values(), *FAMILY_OPTIONS.values())
 
+_STRING, _BOOLEAN, _INTEGER, _NUMBER, _TABLE = "string", "boolean", "integer", "number", "table"
+_STRINGS, _NUMBERS, _TABLES = "list of strings", "list of numbers", "list of tables"
+#: the TOML type(s) each top-level key takes; a value of another type is refused (a string is never a boolean)
+KEY_TYPES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(["file", "site_column", "id", "scale", "partial", "model", "target", "label", "init", "ig_solver",
+                     "sigma2_prior", "privacy_unit", "aggregation", "omega_rule", "gradient", "prior", "covariance",
+                     "tilted_method", "weights"], (_STRING,)),
+    **dict.fromkeys(["scaling_outside_privacy", "intercept", "jitter", "standardize"], (_BOOLEAN,)),
+    **dict.fromkeys(["n_components", "n_rounds", "n_local_iter", "n_first_iter", "n_init", "seed", "n_local_steps",
+                     "batch_size", "n_draws", "n_posterior_draws", "max_iter"], (_INTEGER,)),
+    **dict.fromkeys(["tol", "local_tol", "epsilon", "delta", "eta", "alpha", "shrink_scale", "mu_scale", "damping",
+                     "level", "rho"], (_NUMBER,)),
+    **dict.fromkeys(["missing_values", "ranges", "views", "mcmc", "flower", "secure"], (_TABLE,)),
+    "sites": (_TABLE, _TABLES),  # [sites] name = "file", or [[sites]] with name and path
+    **dict.fromkeys(["features", "variables"], (_STRINGS,)),
+    "random": (_STRINGS, _STRING),
+    "noise": (_STRING, _NUMBER),
+    "tau": (_NUMBER, _NUMBERS),
+}
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind == _STRING:
+        return isinstance(value, str)
+    if kind == _BOOLEAN:
+        return isinstance(value, bool)
+    if kind == _INTEGER:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == _NUMBER:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == _TABLE:
+        return isinstance(value, dict)
+    item = {_STRINGS: _STRING, _NUMBERS: _NUMBER, _TABLES: _TABLE}[kind]
+    return isinstance(value, list) and all(_is(v, item) for v in value)
+
+
+def _toml_type(value: Any) -> str:
+    """What a parsed TOML value is, for an error line: 'the string "false"', 'the number 2.5', 'a table'."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f'the string "{value}"' if len(value) <= 40 else "a string"
+    if isinstance(value, int):
+        return f"the integer {value}"
+    if isinstance(value, float):
+        return f"the number {value:g}"
+    if isinstance(value, list):
+        return "a list" + ("" if all(isinstance(v, (str, int, float)) for v in value) else " of tables or lists")
+    return "a table" if isinstance(value, dict) else "a date or time"
+
+
+_HOW = {_STRING: "a string in quotes", _BOOLEAN: "true or false, without quotes",
+        _INTEGER: "a whole number without quotes, e.g. 20", _NUMBER: "a number without quotes, e.g. 0.5",
+        _TABLE: "a table", _TABLES: "a list of tables", _STRINGS: 'a list of strings, e.g. ["age", "bmi"]',
+        _NUMBERS: "a list of numbers, e.g. [0.5, 1.0]"}
+
+
+def check_key_types(raw: Mapping[str, Any], source: str) -> None:
+    """Refuse, in one line, every top-level key of a parsed ``fit.toml`` whose value is not of the TOML type that
+    key takes (:data:`KEY_TYPES`): ``intercept = "false"`` is a string, not the boolean ``false``."""
+    wrong = [(key, kinds) for key, kinds in KEY_TYPES.items() if key in raw and not any(_is(raw[key], k) for k in kinds)]
+    if wrong:
+        parts = [f"{key} must be {' or '.join(_HOW[k] for k in kinds)}, got {_toml_type(raw[key])}" for key, kinds in wrong]
+        raise ValueError(f"{source}: {'; '.join(parts)}")
+
 
 def deployment_keys(raw: dict[str, Any], source: str, family: str,
                     own: frozenset[str] | set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -47,6 +112,7 @@ def deployment_keys(raw: dict[str, Any], source: str, family: str,
     column has one); a scaling fitted on the sites' data (``"standard"``, or ``"minmax"`` without ranges) is
     refused.  ``own``: the keys the deployment itself reads.
     """
+    check_key_types(raw, source)
     raw = dict(raw)
     if family != "fed-mv-ppca":
         refuse_privacy_keys(raw, source, "a FedLin fit" if family == "fedlin" else "a CollabDict fit")

@@ -175,6 +175,8 @@ class FedLinFitConfig(TomlFit, Deployment):
         """Constructor parameters of the estimator of this fit."""
         params = dict(self.options)
         params.update(n_rounds=self.n_rounds, random_state=self.seed, fit_intercept=False)  # the columns hold the intercept
+        if self.model == "fedlin-hm1":
+            params.setdefault("eta", 1e-4)  # the coordinator has no data to choose a step from
         if self.model == "fedlin-hm2":
             if params.get("random") is not None:
                 wanted = params["random"]
@@ -182,7 +184,7 @@ class FedLinFitConfig(TomlFit, Deployment):
                 if not isinstance(wanted, list) or unknown:
                     raise ValueError(f"random must list feature names among {self.columns}; unknown: {unknown}")
                 params["random"] = [c in set(wanted) for c in self.columns]
-            params.update(aggregation=self.aggregation)
+            params.update(aggregation=self.aggregation, scale="none")  # the TOML's scale key scales the columns
         return params
 
     def estimator(self):

@@ -37,6 +37,7 @@ from ..models.fedlin.stats import SiteStats, check_site, check_sites
 from ..models.fedlin.tilted import METHODS as TILTED_METHODS
 from ..models.fedlin.tilted import TiltedFailure, device_posterior, tilted_moments
 from ..protocol.fedlin import EPProtocol, HM1Protocol, laplace_start, sample_fraction, settle_site_factor
+from ..runtime.observers import unobserved
 from ..runtime.simulate import simulate, site_rng
 from ..utils.io import atomic_write_bytes, json_text
 from ..utils.untrusted import check_finite, read_meta_json, read_npz
@@ -136,6 +137,10 @@ class _SiteRegressor(RegressorMixin, BaseEstimator):
         self.sites_ = labels
         return [(X[site == k], y[site == k]) for k in range(labels.size)]
 
+    def _site_name(self, k: int) -> str:
+        """Site ``k`` as the user named it (its ``groups`` value, or its index in a list of sites)."""
+        return str(self.sites_[k]) if k < len(getattr(self, "sites_", ())) else str(k)
+
     def _design(self, X: np.ndarray) -> np.ndarray:
         """``X`` (n, d) with the intercept column of ones in front when the design has one."""
         return np.column_stack([np.ones(X.shape[0]), X]) if self._intercept_column() else X
@@ -197,7 +202,10 @@ class FedHM1Regressor(_SiteRegressor):
     Parameters mirror :class:`~fedhier.protocol.fedlin.HM1Protocol`; in addition ``fit_intercept``
     (a column of ones in front of the design, whose coefficient each site fits under the same
     :math:`\\Omega` as the others), ``n_rounds`` (:math:`C`), ``participation`` (fraction of sites
-    per round, spec §9 #7), ``random_state`` and ``n_jobs``. HM1 gives a point estimate only: no
+    per round, spec §9 #7), ``random_state`` and ``n_jobs``. ``eta`` (the step size) None, the default:
+    chosen from the data as :math:`\\eta=1/(2\\max_k c\\,\\lambda_{\\max}(X_k^\\top X_k))` (``c = 1``, or
+    :math:`1/n_k` with ``gradient="mean"``), half the largest step on which every site's full-batch local steps
+    converge (each site computes its own eigenvalue; the fitted step is ``eta_``). HM1 gives a point estimate only: no
     intervals and no new-site adaptation (spec §2.3). It runs its ``n_rounds`` rounds (no stopping
     rule, hence no convergence warning).
 
@@ -224,7 +232,7 @@ class FedHM1Regressor(_SiteRegressor):
         fit_intercept: bool = True,
         n_rounds: int = 30,
         n_local_steps: int = 20,
-        eta: float = 1e-4,
+        eta: float | None = None,
         alpha: float = 0.1,
         omega_rule: str = "paper",
         batch_size: int | None = None,
@@ -256,7 +264,8 @@ class FedHM1Regressor(_SiteRegressor):
         """
         sites = [(self._design(Xk), yk) for Xk, yk in self._fit_sites(X, y, groups)]
         K, d = len(sites), sites[0][0].shape[1]
-        protocol = self.protocol(K, d)
+        self.eta_ = float(self.eta) if self.eta is not None else self._stable_eta(sites)
+        protocol = self.protocol(K, d, eta=self.eta_)
         snapshots: list[np.ndarray] = []
         callbacks = [lambda rec, b: snapshots.append(b["theta"].T.copy())] if self.record_theta else []
         result = simulate(
@@ -267,11 +276,25 @@ class FedHM1Regressor(_SiteRegressor):
         self.theta_path_ = np.array(snapshots) if self.record_theta else None
         return self
 
-    def protocol(self, n_sites: int, n_features: int) -> HM1Protocol:
+    def _stable_eta(self, sites) -> float:
+        """Half the largest step size on which every site's full-batch local steps converge (see the class docstring)."""
+        def largest(X: np.ndarray) -> float:  # computed at the site
+            c = 1.0 / X.shape[0] if self.gradient == "mean" else 1.0
+            return c * float(np.linalg.eigvalsh(X.T @ X)[-1])
+
+        top = max(largest(X) for X, _ in sites)
+        return 0.5 / top if top > 0 else 1.0
+
+    def protocol(self, n_sites: int, n_features: int, eta: float | None = None) -> HM1Protocol:
         """The round protocol of a fit to ``n_sites`` sites of ``n_features`` design columns (the intercept
-        column included when ``fit_intercept``; every runtime builds it here)."""
+        column included when ``fit_intercept``; every runtime builds it here).  ``eta``: the step size,
+        default the constructor's, which a deployment must then give."""
+        eta = self.eta if eta is None else eta
+        if eta is None:
+            raise ValueError("eta is needed: with eta=None the fit chooses it from the data, which a deployment's "
+                             "coordinator does not see; set eta")
         return HM1Protocol(
-            n_sites, n_features, eta=self.eta, n_local_steps=self.n_local_steps, alpha=self.alpha, omega_rule=self.omega_rule,
+            n_sites, n_features, eta=eta, n_local_steps=self.n_local_steps, alpha=self.alpha, omega_rule=self.omega_rule,
             batch_size=self.batch_size, gradient=self.gradient, shrink_scale=self.shrink_scale, init=self.init,
             oracle_omega=self.oracle_omega, jitter=self.jitter, random_state=self.random_state,
         )
@@ -287,6 +310,7 @@ class FedHM1Regressor(_SiteRegressor):
         model = cls(**params)
         model.sites_ = np.arange(int(n_sites))
         model._adopt(broadcast, history, n_sites=n_sites, n_features=n_features)
+        model.eta_ = model.eta
         model.theta_path_ = None
         return model
 
@@ -311,7 +335,7 @@ class FedHM1Regressor(_SiteRegressor):
         _check_fitted(self)
         params = {k: v for k, v in self._params().items()}
         return _save_npz(path, {"coef_": self.design_coef_, "omega_": self.omega_},
-                         {"kind": "hm1", "params": params, "history": self.history_, **self._names_meta()})
+                         {"kind": "hm1", "params": params, "eta_": self.eta_, "history": self.history_, **self._names_meta()})
 
 
 class FedHM2Regressor(_SiteRegressor):
@@ -355,6 +379,18 @@ class FedHM2Regressor(_SiteRegressor):
     standardize : bool or None
         Centre ``y`` and standardise the columns of ``X`` per site (spec §9 #18); default True for
         lasso/ridge, False for the Gaussian hierarchy. Coefficients are reported on the original scale.
+    scale : {"standard", "none"} or None
+        "standard": before the fit, divide every column of ``X`` and ``y`` by its standard deviation
+        over all the sites' rows, :math:`s_j` and :math:`s_y`, found in one round in which each site
+        sends its count, sum and sum of squares per column (:class:`~fedhier.protocol.scaling.ColumnScalingProtocol`;
+        a secure sum with ``aggregation="secure"``). Nothing is centred, so the model is the one you
+        asked for, in units of standard deviations, where the default priors (``mu_scale``,
+        ``log tau ~ N(0, 1)``, the noise priors) are sensible; every coefficient, interval and
+        between-site sd is reported back in your units (:math:`\\theta_j=s_y\\theta^{\\rm sd}_j/s_j`).
+        A constant column (e.g. your own column of ones) is left as it is. "none": the data as given.
+        None (default): "standard" for the Gaussian hierarchy, unless a prior is given in numbers
+        (``tau``, a noise variance), ``standardize`` is on, or ``privacy`` is set (the sums are exact
+        statistics, not DP releases; scale by public ranges instead).
     participation : float, optional
         Fraction of sites per round.
     aggregation, aggregator :
@@ -378,9 +414,17 @@ class FedHM2Regressor(_SiteRegressor):
     intercept_draws_ : ndarray, shape (K, n_posterior_draws) or None
         Draws of the intercept coordinate (None when the design has none).
     population_coef_, population_intercept_ : ndarray (d,), float
-        :math:`E[\\mu]` of the Gaussian hierarchy (its intercept component apart); for lasso and
-        ridge, or a standardised Gaussian fit, the average of the sites' coefficients. :meth:`predict`
-        uses them for a site not seen in fit.
+        :math:`E[\\mu]` of the Gaussian hierarchy (its intercept component apart), in your units; for
+        lasso and ridge, or a Gaussian fit with ``standardize``, the average of the sites' coefficients.
+        :meth:`predict` uses them for a site not seen in fit; :meth:`population_interval` gives intervals.
+    between_site_sd_, between_site_intercept_sd_ : ndarray (d,), float, or None
+        Gaussian hierarchy: the standard deviation of each coefficient across sites in your units,
+        :math:`s_y\\sqrt{\\tau_j}/s_j` with :math:`\\log\\tau_j` at its posterior mean (0 for a coefficient
+        that does not vary; the intercept's is 0 without one). ``tau`` is a prior *variance*. None for
+        lasso and ridge.
+    scale_ : str
+        The scaling the fit used ("standard" or "none"); ``x_scale_`` (K, design columns) and
+        ``y_scale_`` (K,) hold :math:`s_j` and :math:`s_y` (ones for "none").
     sites_ : ndarray, shape (K,)
         Site labels (``groups`` values, or ``0..K-1``).
     phi_mean_, phi_cov_ : ndarray, shapes (p,), (p, p)
@@ -418,6 +462,7 @@ class FedHM2Regressor(_SiteRegressor):
         n_posterior_draws: int = 4000,
         level: float = 0.9,
         standardize: bool | None = None,
+        scale: str | None = None,
         participation: float | None = None,
         aggregation: str = "plain",
         aggregator: Any = None,
@@ -430,12 +475,13 @@ class FedHM2Regressor(_SiteRegressor):
         self.prior, self.covariance, self.random, self.noise, self.tau, self.mu_scale = prior, covariance, random, noise, tau, mu_scale
         self.n_rounds, self.damping, self.tol, self.tilted_method, self.n_draws = n_rounds, damping, tol, tilted_method, n_draws
         self.mcmc, self.n_posterior_draws, self.level, self.standardize = mcmc, n_posterior_draws, level, standardize
+        self.scale = scale
         self.participation, self.aggregation, self.aggregator = participation, aggregation, aggregator
         self.random_state, self.n_jobs = random_state, n_jobs
 
     # ------------------------------------------------------------------ set-up
     def _params(self) -> dict[str, Any]:
-        keys = ["fit_intercept", "prior", "covariance", "noise", "tau", "mu_scale", "n_rounds", "damping", "tol", "tilted_method", "n_draws", "mcmc", "n_posterior_draws", "level", "standardize", "participation", "aggregation", "random_state", "n_jobs"]
+        keys = ["fit_intercept", "prior", "covariance", "noise", "tau", "mu_scale", "n_rounds", "damping", "tol", "tilted_method", "n_draws", "mcmc", "n_posterior_draws", "level", "standardize", "scale", "participation", "aggregation", "random_state", "n_jobs"]
         out = {k: getattr(self, k) for k in keys}
         out["random"] = None if self.random is None else np.asarray(self.random, dtype=bool).tolist()
         if isinstance(out["tau"], np.ndarray):
@@ -475,6 +521,47 @@ class FedHM2Regressor(_SiteRegressor):
         sd = X.std(axis=0)
         return X.mean(axis=0), np.where(sd > 0, sd, 1.0), float(y.mean())
 
+    def _resolved_scale(self) -> str:
+        """``scale`` with None resolved (see the class docstring)."""
+        if self.scale is not None:
+            if self.scale not in ("standard", "none"):
+                raise ValueError(f"scale must be 'standard', 'none' or None, got {self.scale!r}")
+            if self.scale == "standard" and (self.privacy is not None or self._standardizes()):
+                raise ValueError("scale='standard' cannot be combined with " + ("record-level privacy (its sums are exact "
+                                 "statistics; scale by public ranges instead)" if self.privacy is not None else "standardize"))
+            return self.scale
+        numeric_prior = self.covariance == "fixed" or not isinstance(self.noise, str)
+        plain = self.prior == "gaussian" and not numeric_prior and not self._standardizes() and self.privacy is None
+        return "standard" if plain else "none"
+
+    def _sd_across_sites(self, sites, seed: int) -> tuple[np.ndarray, float]:
+        """``(s_x (d,), s_y)``: each column's standard deviation over all the sites' rows (ddof 0).
+
+        One round of :class:`~fedhier.protocol.scaling.ColumnScalingProtocol`: site k sends
+        :math:`n_k`, :math:`\\sum_i x_{ij}` and :math:`\\sum_i x_{ij}^2` per column of ``[X_k, y_k]``,
+        summed (securely with ``aggregation="secure"``); :math:`s_j^2=\\sum_kS_{2kj}/N-(\\sum_kS_{1kj}/N)^2`.
+        A constant column gets 1.
+        """
+        from ..protocol.scaling import ColumnScalingProtocol
+
+        d = sites[0][0].shape[1]
+        aggregator = None
+        if self.aggregation == "secure":  # a summation of its own, as the command line's scaling round has
+            from ..secure.secure_round import SecureAggregator
+
+            aggregator = SecureAggregator(len(sites))
+        with unobserved():  # not one of the fit's rounds
+            result = simulate(ColumnScalingProtocol(d + 1, "standard"), [np.column_stack([X, y]) for X, y in sites],
+                              n_rounds=1, random_state=seed, aggregation=self.aggregation, aggregator=aggregator)
+        scale = np.asarray(result.broadcast["scale"], dtype=float)
+        return scale[:-1], float(scale[-1])
+
+    def _units(self) -> tuple[np.ndarray, float]:
+        """``(s (design columns,), s_y)``: a standardised coefficient times ``s_y / s`` is in your units."""
+        if self.scale_ == "standard" and self.x_scale_.shape[0]:
+            return self.x_scale_[0], float(self.y_scale_[0])
+        return np.ones(self.n_features_), 1.0
+
     def _tilted_options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"method": self.tilted_method, "n_draws": int(self.n_draws)}
         if self.mcmc:
@@ -504,7 +591,7 @@ class FedHM2Regressor(_SiteRegressor):
             spread = float(np.std(y))
             if spread > bound:
                 warnings.warn(
-                    f"site {k}: y has standard deviation {spread:.3g}, beyond {bound:.3g}, the upper 3-sd point of the "
+                    f"site {self._site_name(k)}: y has standard deviation {spread:.3g}, beyond {bound:.3g}, the upper 3-sd point of the "
                     "noise prior; the default priors assume a response on a unit scale, and the fit may shrink every "
                     "coefficient towards 0. Divide y by a constant (the coefficients scale with it) or set the priors.",
                     FedLinWarning, stacklevel=3,
@@ -516,7 +603,7 @@ class FedHM2Regressor(_SiteRegressor):
             k, centre = far[0]
             more = f" (and {len(far) - 1} more site(s))" if len(far) > 1 else ""
             warnings.warn(
-                f"site {k}{more}: y has mean {centre:.3g}, beyond 3 mu_scale = {3.0 * float(self.mu_scale):.3g} of the "
+                f"site {self._site_name(k)}{more}: y has mean {centre:.3g}, beyond 3 mu_scale = {3.0 * float(self.mu_scale):.3g} of the "
                 "prior of the population coefficients; the population intercept is then shrunk towards 0 and the "
                 "between-site spread inflated. Centre and scale y (on the command line: scale = \"standard\") or "
                 "raise mu_scale.",
@@ -530,12 +617,17 @@ class FedHM2Regressor(_SiteRegressor):
         ``X``: a list of ``(X_k (n_k, d), y_k (n_k,))``, one per site (then no ``y``); or the pooled
         ``X (n, d)``, ``y (n,)`` with ``groups (n,)`` the site of each row; or ``X, y`` of one site.
         """
-        sites = [(self._design(Xk), yk) for Xk, yk in self._fit_sites(X, y, groups)]
+        user_sites = self._fit_sites(X, y, groups)
+        self.scale_ = self._resolved_scale()
+        seed = int(np.random.SeedSequence().entropy % (2**63)) if self.random_state is None else int(self.random_state)
+        if self.scale_ == "standard":
+            s_x, s_y = self._sd_across_sites(user_sites, seed)
+            user_sites = [(Xk / s_x, yk / s_y) for Xk, yk in user_sites]
+        sites = [(self._design(Xk), yk) for Xk, yk in user_sites]
         K, d = len(sites), sites[0][0].shape[1]
         protocol = self.protocol(d)
         self.n_sites_ = K
         self._check_response_scale(sites)
-        seed = int(np.random.SeedSequence().entropy % (2**63)) if self.random_state is None else int(self.random_state)
         if self.privacy is None:
             stats, scalings = zip(*(self.site_stats(X, y, site=k) for k, (X, y) in enumerate(sites)))
             stats = list(stats)
@@ -567,16 +659,20 @@ class FedHM2Regressor(_SiteRegressor):
             cav = cavity(self.r_, self.Q_, r_k, Q_k)
             if cav is None:
                 warnings.warn(
-                    f"site {k}: the final cavity is not positive definite; its posterior uses q(phi) instead "
+                    f"site {self._site_name(k)}: the final cavity is not positive definite; its posterior uses q(phi) instead "
                     "(its own data then count twice); try more rounds or a smaller damping",
                     FedLinWarning, stacklevel=2,
                 )
                 self.cavity_fallback_.append(k)
                 cav = (self.r_, self.Q_)
-            draws.append(self._posterior_draws(stats[k], cav, rng, states[k], where=f"site {k}"))
+            draws.append(self._posterior_draws(stats[k], cav, rng, states[k], where=f"site {self._site_name(k)}"))
         self.x_mean_ = np.array([xm for xm, _, _ in scalings])
         self.x_scale_ = np.array([xs for _, xs, _ in scalings])
         self.y_mean_ = np.array([ym for _, _, ym in scalings])
+        self.y_scale_ = np.ones(K)
+        if self.scale_ == "standard":  # the per-site scalings are the identity here
+            self.x_scale_ = np.tile(np.concatenate([np.ones(d - s_x.size), s_x]), (K, 1))
+            self.y_scale_ = np.full(K, s_y)
         self._set_draws(np.stack(draws))
         if self.tol is not None and not history[-1]["converged"]:
             warnings.warn(f"EP ran all n_rounds={self.n_rounds} rounds without meeting its stopping rule (tol={self.tol}); "
@@ -647,7 +743,8 @@ class FedHM2Regressor(_SiteRegressor):
         model.n_sites_ = int(n_sites)
         model.sites_ = np.arange(int(n_sites))
         d = int(n_features)
-        model.x_mean_, model.x_scale_, model.y_mean_ = np.zeros((0, d)), np.ones((0, d)), np.zeros(0)
+        model.x_mean_, model.x_scale_, model.y_mean_, model.y_scale_ = np.zeros((0, d)), np.ones((0, d)), np.zeros(0), np.ones(0)
+        model.scale_ = "none"  # a deployment scales the columns itself, before the fit
         model.cavity_fallback_ = []
         model._set_draws(np.zeros((0, int(model.n_posterior_draws), d)))
         return model
@@ -672,17 +769,22 @@ class FedHM2Regressor(_SiteRegressor):
         return draws
 
     def _set_draws(self, std_draws: np.ndarray) -> None:
-        """Store draws on the original scale: :math:`\\theta_j=\\theta^{\\rm std}_j/s_j`, intercept
-        :math:`\\bar y-\\bar x^\\top\\theta` plus the intercept coordinate when the design has one."""
-        self.design_draws_ = std_draws / self.x_scale_[:, None, :]
+        """Store draws (K, n_posterior_draws, design columns) in your units: :math:`\\theta_j=s_y\\theta^{\\rm std}_j/s_j`,
+        intercept :math:`\\bar y-\\bar x^\\top\\theta` plus the intercept coordinate when the design has one;
+        the population and between-site parts from :math:`q(\\phi)` the same way."""
+        self.design_draws_ = std_draws * self.y_scale_[:, None, None] / self.x_scale_[:, None, :]
         design_coef = self.design_draws_.mean(axis=1)
         j0 = self._intercept_column()
         self.coef_draws_ = self.design_draws_[:, :, j0:]
         self.intercept_draws_ = self.design_draws_[:, :, 0] if j0 else None
         self.coef_ = design_coef[:, j0:]
         self.intercept_ = self.y_mean_ - np.einsum("kd,kd->k", self.x_mean_, design_coef) + (design_coef[:, 0] if j0 else 0.0)
+        self.between_site_sd_, self.between_site_intercept_sd_ = None, None
+        if self.prior == "gaussian":
+            sd = self._units()[1] * np.sqrt(self._tau()) / self._units()[0]
+            self.between_site_sd_, self.between_site_intercept_sd_ = sd[j0:], float(sd[0]) if j0 else 0.0
         if self.prior == "gaussian" and not self._standardizes():
-            mu = self.phi_mean_[: self.n_features_]
+            mu = self.phi_mean_[: self.n_features_] * self._units()[1] / self._units()[0]
             self.population_coef_, self.population_intercept_ = mu[j0:].copy(), float(mu[0]) if j0 else 0.0
         elif self.coef_.shape[0]:
             self.population_coef_, self.population_intercept_ = self.coef_.mean(axis=0), float(self.intercept_.mean())
@@ -692,7 +794,35 @@ class FedHM2Regressor(_SiteRegressor):
         self.selected_features_ = np.array([select_features(dr, self.level) for dr in self.coef_draws_], dtype=bool).reshape(K, d)
         self.inclusion_score_ = np.array([inclusion_score(dr) for dr in self.coef_draws_], dtype=float).reshape(K, d)
 
+    def _tau(self) -> np.ndarray:
+        """:math:`\\tau` (design columns,), the prior variances across sites in standardised units, with
+        :math:`\\log\\tau` at its posterior mean (0 for a coordinate that does not vary)."""
+        model, tau = self.model_, np.zeros(self.n_features_)
+        if model.covariance == "diagonal":
+            tau[model.random] = np.exp(self.phi_mean_[model.d : model.d + model.n_tau])
+        elif model.covariance == "isotropic" and model.n_tau:
+            tau[model.random] = np.exp(self.phi_mean_[model.d])
+        elif model.covariance == "fixed":
+            tau[model.random] = model.tau
+        return tau
+
     # ------------------------------------------------------------------ products
+    def population_interval(self, level: float = 0.9) -> tuple[np.ndarray, np.ndarray | None]:
+        """Gaussian intervals of the population coefficients :math:`\\mu` in your units (Gaussian hierarchy).
+
+        Returns ``(coef (d, 2), intercept (2,) or None)``: :math:`s_y\\mu_j/s_j` at the ``level``
+        interval of :math:`q(\\phi)`; the intercept's is None when the design has none.
+        """
+        _check_fitted(self)
+        if self.prior != "gaussian" or self._standardizes():
+            raise ValueError("population intervals come from the Gaussian hierarchy's mu; this fit has "
+                             f"prior={self.prior!r}" + (" with standardize on" if self.prior == "gaussian" else ""))
+        s, s_y = self._units()
+        d = self.n_features_
+        ci = gaussian_interval(self.phi_mean_[:d], np.diag(self.phi_cov_)[:d], level) * (s_y / s)[:, None]
+        j0 = self._intercept_column()
+        return ci[j0:], (ci[0] if j0 else None)
+
     def coef_interval(self, level: float = 0.9) -> np.ndarray:
         """Equal-tailed credible intervals of every :math:`\\theta_{kj}` (spec §4.2), shape (K, d, 2)."""
         _check_fitted(self)
@@ -728,15 +858,19 @@ class FedHM2Regressor(_SiteRegressor):
         _check_fitted(self)
         X, y = check_site(X_new, y_new, site="new", n_features=self.n_features_in_)
         X = self._design(X)
+        s, s_y = self._units()
+        X, y = X / s, y / s_y  # the fit's scaling across sites (ones for scale "none")
         xm, xs, ym = self._scaling(X, y)
         stats = SiteStats.from_data((X - xm) / xs, y - ym, site="new")
         k = self.coef_draws_.shape[0]
         rng = site_rng(self.seed_, self.n_rounds_ + 1, k)
         std = self._posterior_draws(stats, (self.r_, self.Q_), rng, where="new site")
-        self.x_mean_ = np.vstack([self.x_mean_, xm])
-        self.x_scale_ = np.vstack([self.x_scale_, xs])
-        self.y_mean_ = np.append(self.y_mean_, ym)
-        self._set_draws(np.concatenate([self.design_draws_ * self.x_scale_[:-1, None, :], std[None]]))
+        previous = self.design_draws_ * self.x_scale_[:, None, :] / self.y_scale_[:, None, None]
+        self.x_mean_ = np.vstack([self.x_mean_, xm * s])
+        self.x_scale_ = np.vstack([self.x_scale_, xs * s])
+        self.y_mean_ = np.append(self.y_mean_, ym * s_y)
+        self.y_scale_ = np.append(self.y_scale_, s_y)
+        self._set_draws(np.concatenate([previous, std[None]]))
         self.sites_ = np.append(self.sites_[:k], k if label is None else label)
         return k
 
@@ -746,9 +880,9 @@ class FedHM2Regressor(_SiteRegressor):
         _check_fitted(self)
         arrays = {
             "r_": self.r_, "Q_": self.Q_, "coef_draws_": self.design_draws_, "x_mean_": self.x_mean_,
-            "x_scale_": self.x_scale_, "y_mean_": self.y_mean_,
+            "x_scale_": self.x_scale_, "y_mean_": self.y_mean_, "y_scale_": self.y_scale_,
         }
-        meta = {"kind": "hm2", "params": self._params(), "history": self.history_, "n_rounds_": self.n_rounds_, "seed_": self.seed_, "n_sites_": self.n_sites_,
+        meta = {"kind": "hm2", "params": self._params(), "scale_": self.scale_, "history": self.history_, "n_rounds_": self.n_rounds_, "seed_": self.seed_, "n_sites_": self.n_sites_,
                 **self._names_meta()}
         return _save_npz(path, arrays, meta)
 
@@ -762,13 +896,15 @@ def _check_shapes(path, arrays: dict[str, np.ndarray], ndims: dict[str, int]) ->
 def load(path) -> FedHM1Regressor | FedHM2Regressor:
     """Load a model written by ``save`` (no pickle; refuses other files with a ValueError)."""
     meta, arrays = _read_npz(path)
-    params = {"fit_intercept": False, "mu_scale": 1.0, **meta["params"]}  # the defaults of files written before them
+    params = {"fit_intercept": False, "mu_scale": 1.0, "scale": "none", **meta["params"]}  # the defaults of files written before them
     if meta["kind"] == "hm1":
         params.pop("mu_scale")
+        params.pop("scale")
         est = FedHM1Regressor(**params)
         _check_shapes(path, arrays, {"coef_": 2, "omega_": 2})
         est._set_theta(arrays["coef_"])
         est.omega_, est.history_ = arrays["omega_"], meta["history"]
+        est.eta_ = meta.get("eta_", est.eta)
         est.n_sites_, est.n_features_ = est.design_coef_.shape
         est._restore_names(meta, est.n_features_ - est._intercept_column(), est.n_sites_)
         if est.omega_.shape != (est.n_sites_, est.n_sites_):
@@ -790,6 +926,10 @@ def load(path) -> FedHM1Regressor | FedHM2Regressor:
     est._restore_names(meta, est.n_features_ - est._intercept_column(), K)
     est.phi_names_ = est._named(est.model_.phi_names)
     est.x_mean_, est.x_scale_, est.y_mean_ = arrays["x_mean_"], arrays["x_scale_"], arrays["y_mean_"]
+    est.y_scale_ = arrays.get("y_scale_", np.ones(K))
+    if est.y_scale_.shape != (K,):
+        raise ValueError(f"{path}: array 'y_scale_' has shape {est.y_scale_.shape}, expected {(K,)}")
+    est.scale_ = meta.get("scale_", "none")
     est.history_, est.n_rounds_, est.seed_, est.n_sites_ = meta["history"], meta["n_rounds_"], meta["seed_"], meta["n_sites_"]
-    est._set_draws(arrays["coef_draws_"] * est.x_scale_[:, None, :])
+    est._set_draws(arrays["coef_draws_"] * est.x_scale_[:, None, :] / est.y_scale_[:, None, None])
     return est

@@ -61,52 +61,67 @@ def write_fedlin_report(
     intro: str,
     command: str | None = None,
     level: float = 0.9,
+    scaling: str = "none",
+    original: Sequence[dict[str, Any]] = (),
 ) -> Path:
-    """Write ``report.html`` and ``report.md`` of a fitted FedHM1Regressor / FedHM2Regressor into ``out``."""
+    """Write ``report.html`` and ``report.md`` of a fitted FedHM1Regressor / FedHM2Regressor into ``out``.
+
+    ``sites``, ``est``: the data and fit in the units the estimator was given; ``scaling``: how the command line
+    scaled the columns before the fit ("standard", "minmax" or "none": the files' own units), so that no caption
+    claims the files' units for scaled numbers; ``original``: rows (feature, estimate, lower, upper, between-site
+    sd, each ``*_original_units``) of the population coefficients in the files' units, shown when scaled.
+    """
     hm2 = hasattr(est, "coef_draws_")
+    units = f"the units of {target}" if scaling == "none" else f"{target} as scaled ({scaling}) before the fit"
     report = Report(title, intro)
     if command:
         report.command(command)
-    _coefficient_section(report, est, sites, site_names, features, level, hm2)
-    _prediction_section(report, est, sites, site_names, target)
+    _coefficient_section(report, est, sites, site_names, features, level, hm2, scaling, original)
+    _prediction_section(report, est, sites, site_names, target, units)
     if hm2:
         _selection_section(report, est, sites, site_names, features, level)
         _convergence_section(report, est, features)
     report.heading("Fit per site")
     report.table(
         [{"site": name, **row} for name, row in zip(site_names, fit_by_site(est, sites))],
-        caption=f"Posterior-mean prediction of {target} on each site's own rows (RMSE in the units of {target}; "
+        caption=f"Posterior-mean prediction of {target} on each site's own rows (RMSE in {units}; "
                 "R² = 1 − residual / total sum of squares, undefined for a single row)",
     )
     return report.write(out)
 
 
 def _population(est: Any, features: Sequence[str], level: float):
-    """(mean, lower, upper, between-site sd) per feature of the Gaussian hierarchy on the data's scale, or None."""
+    """(mean, lower, upper, between-site sd) per feature of the Gaussian hierarchy in the units the estimator was
+    given, or None: the sd is :math:`\\sqrt{\\tau_j}`, not the prior variance :math:`\\tau_j` itself."""
     if est.prior != "gaussian" or est._standardizes():
         return None
-    names = list(est.model_.phi_names)  # by design index (phi_names_ may carry the column names)
-    ci = est.phi_interval(level)
-    out = {}
-    for j, _ in enumerate(features):
-        i = names.index(f"mu[{j}]")
-        tau = names.index(f"log_tau[{j}]") if f"log_tau[{j}]" in names else None
-        sd = float(np.exp(est.phi_mean_[tau])) if tau is not None else (
-            float(np.exp(est.phi_mean_[names.index("log_tau")])) if "log_tau" in names else 0.0)
-        out[j] = (float(est.phi_mean_[i]), float(ci[i, 0]), float(ci[i, 1]), sd)
-    return out
+    ci, _ = est.population_interval(level)
+    return {j: (float(est.population_coef_[j]), float(ci[j, 0]), float(ci[j, 1]), float(est.between_site_sd_[j]))
+            for j, _ in enumerate(features)}
 
 
-def _coefficient_section(report, est, sites, site_names, features, level, hm2) -> None:
+def _coefficient_section(report, est, sites, site_names, features, level, hm2, scaling, original) -> None:
     report.heading("Coefficients: population and sites")
     pct = f"{100 * level:g} %"
     population = _population(est, features, level) if hm2 else None
+    per_unit = ("in units of the response per unit of the feature" if scaling == "none" else
+                f"per unit of the columns as scaled ({scaling}) before the fit")
     if population:
         report.table(
             [{"feature": f, "population mean": m, f"lower {pct}": lo, f"upper {pct}": hi, "between-site sd": sd}
              for j, f in enumerate(features) for m, lo, hi, sd in [population[j]]],
             caption=f"Population effect of each feature (posterior mean and {pct} interval) and how much the sites' "
-                    "coefficients spread around it (between-site standard deviation; 0 for a feature shared by all sites)",
+                    "coefficients spread around it (between-site standard deviation, the square root of the "
+                    f"hierarchy's variance τ; 0 for a feature shared by all sites), {per_unit}",
+        )
+    if original:
+        report.table(
+            [{"feature": r["feature"], "population mean": r.get("estimate_original_units", ""),
+              f"lower {pct}": r.get("lower_original_units", ""), f"upper {pct}": r.get("upper_original_units", ""),
+              "between-site sd": r.get("between_site_sd_original_units", "")} for r in original],
+            caption="The same in the files' units: slope × sd of the response / sd of the feature (for min-max scaling, "
+                    "the ranges); the intercept also undoes the centring, so its interval is left out. Every site's "
+                    "coefficients in the files' units are in coefficients.csv",
         )
     shown = _shown_sites(sites, MAX_SITES_SHOWN)
     ci = est.coef_interval(level) if hm2 else None
@@ -144,14 +159,14 @@ def _coefficient_section(report, est, sites, site_names, features, level, hm2) -
                    "of the hierarchy with its interval: sites whose bars overlap the band agree with the population; the "
                    "spread of the dots is the between-site variation." if population else "")
                    + " The dotted line is 0: a bar that crosses it means the data do not settle the coefficient's sign. "
-                   "Coefficients are in units of the response per unit of the feature." + subset)
+                   f"Coefficients are {per_unit}." + subset)
     else:
         caption = ("One panel per feature, one row per site: each site's point estimate (HM1 gives no intervals). The "
-                   "dotted line is 0. Coefficients are in units of the response per unit of the feature." + subset)
+                   f"dotted line is 0. Coefficients are {per_unit}." + subset)
     report.figure(fig, "coefficients", caption)
 
 
-def _prediction_section(report, est, sites, site_names, target) -> None:
+def _prediction_section(report, est, sites, site_names, target, units) -> None:
     report.heading("Predicted against observed")
     shown = _shown_sites(sites, MAX_SCATTER_SITES)
     fig, axes, ncol = panel_grid(len(shown), 4, 2.7 * min(len(shown), 4) + 0.5, 2.9)
@@ -172,7 +187,7 @@ def _prediction_section(report, est, sites, site_names, target) -> None:
     report.figure(
         fig, "predicted_vs_observed",
         f"Each row of a site's data: observed {target} (horizontal) against the model's posterior-mean prediction "
-        f"(vertical), in the units of {target}. Points on the grey diagonal are predicted exactly; the vertical scatter "
+        f"(vertical), in {units}. Points on the grey diagonal are predicted exactly; the vertical scatter "
         f"around it is the error the table at the end (fit per site) summarises as RMSE.{subset}",
     )
 
@@ -213,8 +228,8 @@ def _selection_section(report, est, sites, site_names, features, level) -> None:
 
 
 def _phi_label(name: str, features: Sequence[str]) -> str:
-    """``mu[j]`` -> "population mean: <feature j>", ``log_tau[j]`` -> "log between-site sd: <feature j>"."""
-    for prefix, label in (("mu[", "population mean"), ("log_tau[", "log between-site sd")):
+    """``mu[j]`` -> "population mean: <feature j>", ``log_tau[j]`` -> "log between-site variance: <feature j>"."""
+    for prefix, label in (("mu[", "population mean"), ("log_tau[", "log between-site variance")):
         if name.startswith(prefix):
             return f"{label}: {features[int(name[len(prefix):-1])]}"
     return name
@@ -252,11 +267,13 @@ def _convergence_section(report, est, features) -> None:
     axes[1].legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False, ncol=2)
     fig.tight_layout()
     shown = "" if len(est.phi_names_) <= 10 else f" The first 10 of {len(est.phi_names_)} parameters are drawn."
+    works_in = ("every column divided by its sd across the sites" if getattr(est, "scale_", "none") == "standard"
+                else "the columns as the estimator was given them")
     report.figure(
         fig, "ep_convergence",
-        "Left: posterior mean of each global parameter of the hierarchy after each EP round (population means of the "
-        "coefficients, logs of their between-site standard deviations; log_sigma2 and log_lambda: log noise variance "
-        "and log shrinkage). Flat lines mean EP has settled. Right: the largest change of those means (in posterior standard "
+        "Left: posterior mean of each global parameter of the hierarchy after each EP round, in the units the fit "
+        f"works in ({works_in}): population means of the coefficients, logs of their between-site variances τ (the sd is exp(log τ / 2)); "
+        "log_sigma2 and log_lambda: log noise variance and log shrinkage. Flat lines mean EP has settled. Right: the largest change of those means (in posterior standard "
         "deviations) and of their log variances from one round to the next, on a log axis; EP stops early when both "
         "stay below the threshold for three rounds. The dashed line marks the last round run." + shown,
     )

@@ -20,7 +20,7 @@ import contextlib
 from contextvars import ContextVar
 from typing import Any, Callable, Iterator
 
-__all__ = ["observe_rounds", "round_done"]
+__all__ = ["observe_rounds", "round_done", "unobserved"]
 
 _OBSERVERS: ContextVar[tuple[Callable[[Any, Any], None], ...]] = ContextVar("fedhier_round_observers", default=())
 
@@ -29,6 +29,17 @@ _OBSERVERS: ContextVar[tuple[Callable[[Any, Any], None], ...]] = ContextVar("fed
 def observe_rounds(*observers: Callable[[Any, Any], None]) -> Iterator[None]:
     """Within the block, every completed round of every fit is passed to ``observers`` (in order)."""
     token = _OBSERVERS.set(_OBSERVERS.get() + observers)
+    try:
+        yield
+    finally:
+        _OBSERVERS.reset(token)
+
+
+@contextlib.contextmanager
+def unobserved() -> Iterator[None]:
+    """Within the block, rounds are not passed to the observers (a fit's preliminary round, e.g. the one that
+    finds the columns' scales, is not one of the rounds a progress display counts)."""
+    token = _OBSERVERS.set(())
     try:
         yield
     finally:
