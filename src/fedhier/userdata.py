@@ -133,7 +133,7 @@ def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tu
         **options,
         **({"n_local_iter": config["n_local_iter"]} if "n_local_iter" in config else {}),  # else FedMVPPCA's default
         random_state=config.get("seed", 0),
-        **({"tol": config["tol"]} if "tol" in config else {}),  # else FedMVPPCA's default
+        **({"tol": None if config["tol"] == "none" else config["tol"]} if "tol" in config else {}),  # else FedMVPPCA's default
         local_tol=None if config.get("local_tol") == "none" else config.get("local_tol", 1e-8),
         sigma2_prior=None if config.get("sigma2_prior") == "none" else config.get("sigma2_prior", "weak"),
         privacy=privacy,

@@ -445,6 +445,37 @@ def test_server_app_writes_a_loadable_model_and_reports_failure(demo, tmp_path):
         read_result(tmp_path / "failed", config)
 
 
+def test_a_deployment_has_the_estimator_s_defaults_and_stops_where_it_stops(demo, tmp_path):
+    """One stopping rule and one set of defaults: a fit.toml without ``tol`` stops in the round ``FedMVPPCA.fit``
+    with its own defaults stops, and summary.json says so."""
+    import dataclasses
+    import inspect
+
+    from fedhier.estimators.mvppca import FedMVPPCA
+
+    estimator = {k: p.default for k, p in inspect.signature(FedMVPPCA.__init__).parameters.items()}
+    shared = {f.name: f.default for f in dataclasses.fields(FlowerFitConfig) if f.name in estimator}
+    assert {"tol", "n_rounds", "n_local_iter", "local_tol", "init", "prior_update"} <= set(shared)
+    assert shared == {k: estimator[k] for k in shared}
+    assert FlowerFitConfig.from_toml('tol = "none"\nn_components = 1\n[views]\na = ["x", "y"]\n[flower]\nsites = ["s"]\n').tol is None
+
+    folder, config, sites = demo
+    config = config.replace(out=str(tmp_path / "out"), n_rounds=40, round_timeout=5.0, poll_interval=0.01)
+    assert config.tol == estimator["tol"]
+    reference = FedMVPPCA(n_components=config.n_components, n_rounds=config.n_rounds, n_local_iter=config.n_local_iter,
+                          n_first_iter=config.n_first_iter, random_state=config.seed).fit(sites)
+    assert 1 < reference.n_rounds_ < config.n_rounds  # the rule stops it
+    grid, _ = _grid(folder, config)
+    server_app(grid, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={RUN_CONFIG_KEY: config.to_json()}))
+    _, history, summary = read_result(tmp_path / "out", config)
+    assert (summary["rounds_run"], summary["n_rounds"], summary["converged"]) == (reference.n_rounds_, 40, True)
+    assert len(history) == reference.n_rounds_
+    model = FedMVPPCA.load(tmp_path / "out" / "model.npz")
+    for view, params in reference.global_params_.items():
+        for name, value in params.items():
+            assert np.max(np.abs(np.asarray(model.global_params_[view][name]) - np.asarray(value))) <= 1e-10, (view, name)
+
+
 # --------------------------------------------------------------------------- secure summation
 
 
@@ -696,6 +727,33 @@ def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, tra
         reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed,
                              participation={r: [2] for r in range(dropped, config.n_rounds + 1)})
         assert _max_diff(broadcast, reference.broadcast) <= 1e-10
+    finally:
+        stopped = cluster.stop()
+    assert not [pid for pid in stopped if _alive(pid)]
+
+
+@pytest.mark.integration
+def test_flower_fit_stops_in_the_round_the_estimator_stops(tmp_path, demo):
+    """The demo's fit.toml without ``tol``, over real SuperNodes: the estimator's default rule ends it in the same
+    round as ``FedMVPPCA.fit`` (= simulate() with that rule), with the same parameters to 1e-10."""
+    from fedhier.estimators.mvppca import FedMVPPCA
+
+    folder, config, sites = demo
+    path = tmp_path / "fit-tol.toml"
+    path.write_text((folder / "fit.toml").read_text().replace("n_rounds = 3", "n_rounds = 40"))
+    reference = FedMVPPCA(n_components=config.n_components, n_rounds=40, n_local_iter=config.n_local_iter,
+                          n_first_iter=config.n_first_iter, random_state=config.seed).fit(sites)
+    assert 1 < reference.n_rounds_ < 40
+    cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES}, site_seed=config.seed)
+    try:
+        out = tmp_path / "fit-tol"
+        assert _flower_fit(cluster, path, out) == 0, cluster.logs()
+        _, history, summary = read_result(out, config)
+        assert (summary["rounds_run"], summary["converged"], len(history)) == (reference.n_rounds_, True, reference.n_rounds_)
+        model = FedMVPPCA.load(out / "model.npz")
+        for view, params in reference.global_params_.items():
+            for name, value in params.items():
+                assert np.max(np.abs(np.asarray(model.global_params_[view][name]) - np.asarray(value))) <= 1e-10, (view, name)
     finally:
         stopped = cluster.stop()
     assert not [pid for pid in stopped if _alive(pid)]
