@@ -16,15 +16,17 @@ One place decides (:func:`run`), so every command -- ``demo``, ``fit``, ``fit li
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
 import warnings
 from typing import Callable, Iterator
 
-__all__ = ["EXTRAS", "run", "user_error", "debugging", "one_line_warnings", "rounds_shown"]
+__all__ = ["EXTRAS", "run", "user_error", "debugging", "one_line_warnings", "rounds_shown", "site_timeout_flag"]
 
 #: optional packages -> the extra of pyproject.toml that installs them
 EXTRAS = {"pandas": "stats", "statsmodels": "stats", "flwr": "flower", "mpi4py": "mpi", "torch": "torch"}
@@ -166,3 +168,20 @@ def rounds_shown(n_rounds: int | None, description: str, *, quiet: bool = False)
             yield
     finally:
         display.close()
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def site_timeout_flag(parser: argparse.ArgumentParser) -> None:
+    """``--site-timeout SECONDS`` of a fitting command: the deadline of one site's step (the estimators' ``site_timeout``)."""
+    parser.add_argument("--site-timeout", type=_seconds, default=None, metavar="SECONDS",
+                        help="seconds a site's step may take; a site still working then is left out of that round "
+                             "(default: wait for every site)")

@@ -150,6 +150,11 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         fixed-point precision.
     n_jobs : int, default 1
         Worker processes for the site steps; results are identical for any value.
+    site_timeout : float or None, default None
+        Deadline of one site step, in seconds: a site that has not answered by then is a failed
+        site of that round, and the round goes on with the others (``simulate(site_timeout=...)``;
+        the steps then run in worker processes).  None: no deadline, a site that never answers
+        holds the fit.
     participation, min_sites
         Partial participation and the fewest replies a round needs (see
         :func:`fedhier.runtime.simulate`).
@@ -203,6 +208,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         privacy: Any = None,
         aggregation: str = "plain",
         n_jobs: int = 1,
+        site_timeout: float | None = None,
         participation: Any = None,
         min_sites: int = 1,
         progress: bool = False,
@@ -222,6 +228,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         self.privacy = privacy
         self.aggregation = aggregation
         self.n_jobs = n_jobs
+        self.site_timeout = site_timeout
         self.participation = participation
         self.min_sites = min_sites
         self.progress = progress
@@ -364,6 +371,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
                         n_rounds=self.n_rounds,
                         random_state=seed,
                         n_jobs=self.n_jobs,
+                        site_timeout=self.site_timeout,
                         participation=self.participation,
                         min_sites=self.min_sites,
                         callbacks=[metrics, *callbacks],
