@@ -1125,6 +1125,21 @@ def test_a_summary_left_running_by_a_killed_run_is_closed(tmp_path):
     assert json.loads(path.read_text()) == {"status": "completed"}
 
 
+def test_a_run_that_ends_before_its_server_app_starts_leaves_a_failed_summary(demo, tmp_path, monkeypatch):
+    """`flwr run` cannot reach the SuperLink: summary.json says "failed" with the reason, not nothing at all."""
+    import fedhier.cli.flower as flower_cli
+
+    folder, config, _ = demo
+    monkeypatch.setattr(flower_cli, "_run_streaming",
+                        lambda cmd, env, timeout: (1, "Connection to the SuperLink is unavailable"))
+    with pytest.raises(RuntimeError, match="flwr run failed"):
+        flower_cli.submit(folder / "fit.toml", superlink="127.0.0.1:9", insecure=True, out=tmp_path / "fit")
+    summary = json.loads((tmp_path / "fit" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["sites"] == list(SITES) and summary["model"] == config.model
+    assert summary["error"] == ("the run ended before its ServerApp wrote anything: flwr run failed (exit code 1): "
+                                "Connection to the SuperLink is unavailable")
+
+
 def test_the_deadline_follows_progress_and_the_ttl_covers_it(demo):
     """Replies 0.25 s apart with a 0.4 s round_timeout: all three are waited for (0.75 s in all, which a fixed
     0.4 s deadline would cut), and a node that never answers is given up; each message's TTL covers the longest wait."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -53,7 +54,8 @@ def user_error(exc: BaseException, command: str = "fedhier", also: tuple[type[Ba
     """The one-line message of a user's mistake ``exc``, or None for an internal error.
 
     User errors: ValueError (bad values, files that cannot be parsed, TOML syntax, a site's
-    data error), FileNotFoundError and other refusals to open a file, a site's
+    data error), FileNotFoundError and other refusals to open a file, a full disk or quota
+    (named with the file or result folder it stopped), a site's
     :class:`~fedhier.protocol.base.SiteError` or policy refusal, a round that too few sites
     answered, a missing optional package (named with the extra that installs it), and the
     classes in ``also``.
@@ -71,6 +73,8 @@ def user_error(exc: BaseException, command: str = "fedhier", also: tuple[type[Ba
         kinds += (sys.modules["fedhier.privacy.policy"].PolicyRefusal,)
     if "fedhier.runtime.simulate" in sys.modules:
         kinds += (sys.modules["fedhier.runtime.simulate"].RoundFailed,)
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT) and exc.filename is not None:
+        return f"{exc.filename}: {(exc.strerror or os.strerror(exc.errno)).lower()}"  # a full disk: where, and why
     if not isinstance(exc, kinds):
         return None
     if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:  # "[Errno 2] ..." -> "path: reason"
