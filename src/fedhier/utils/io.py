@@ -6,13 +6,15 @@ import csv
 import io
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "write_csv", "write_json", "json_text", "markdown_table"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "remove_stale_temporaries", "write_csv", "write_json", "json_text",
+           "markdown_table"]
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -34,6 +36,20 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from exc
         raise
     return path
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files an interrupted :func:`atomic_write_bytes` of ``path`` left (a process killed
+    between its write and its rename): ``.NAME.XXXXXXXX`` beside ``path``.  Call it where one process alone
+    writes ``path`` (a fit's own checkpoint).  Returns the files removed."""
+    path = Path(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}")
+    removed = []
+    for entry in path.parent.glob(f".{path.name}.*"):
+        if pattern.fullmatch(entry.name) and entry.is_file() and not entry.is_symlink():
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
