@@ -46,8 +46,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="result folder (default fedhier-collab); a path ending in .npz names the model file and its folder holds the rest")
     fit.add_argument("--runtime", choices=["peer", "star", "mpi"], default="peer", help="how the sites talk (default peer: no centre)")
     fit.add_argument("--peer-timeout", type=float, default=None,
-                     help="with --runtime mpi: seconds without a message before a peer is reported lost "
-                          "(default 300; must exceed the longest site step)")
+                     help="with --runtime mpi: seconds without a message before a peer is reported lost, and the "
+                          "most MPI's start-up may take (default 300; must exceed the longest site step)")
     site_timeout_flag(fit)
     fit.add_argument("--aggregation", choices=["consensus", "chunked", "shamir"], default=None,
                      help="how sums are formed without a centre (default consensus)")
@@ -168,10 +168,10 @@ def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_p
         if args.site_timeout is not None:
             raise ValueError("--site-timeout is for --runtime peer or star; under MPI a site that stops answering is "
                              "left out after --peer-timeout")
-        from ..runtime.mpi import world
+        from ..runtime.mpi import DEFAULT_TIMEOUT, world
         from ..runtime.peer import PeerGraphSplit
 
-        comm = world()
+        comm = world(DEFAULT_TIMEOUT if args.peer_timeout is None else args.peer_timeout)  # start-up too
         if comm.Get_size() != len(sites):
             raise ValueError(f"{len(sites)} sites in {source} but {comm.Get_size()} MPI processes")
         rank = comm.Get_rank()

@@ -414,8 +414,8 @@ class CollabDict(_SiteOutlierDetector):
         Only this site's weights, threshold and l-diversity log are known afterwards;
         the other sites' rows of ``weights_``/``thresholds_`` are NaN.
 
-        A peer silent for ``timeout`` seconds (default
-        :data:`fedhier.runtime.mpi.DEFAULT_TIMEOUT`) is lost: the others go on without it
+        ``timeout`` (default :data:`fedhier.runtime.mpi.DEFAULT_TIMEOUT`) also bounds MPI's start-up
+        (:func:`fedhier.runtime.mpi.world`).  A peer silent for ``timeout`` seconds is lost: the others go on without it
         (``lost_sites_`` lists it) or, if the graph splits, stop with
         :class:`~fedhier.runtime.peer.PeerGraphSplit`.  ``state_path``: this site's model,
         private state and history are written there after every round
@@ -426,7 +426,7 @@ class CollabDict(_SiteOutlierDetector):
         from ..runtime.peer import PeerLost
 
         self._check_params()
-        comm = comm if comm is not None else world()
+        comm = comm if comm is not None else world(DEFAULT_TIMEOUT if timeout is None else timeout)
         rank, n_sites = comm.Get_rank(), comm.Get_size()
         self.sites_ = np.arange(n_sites)
         X = check_site_matrix(rank, X)
