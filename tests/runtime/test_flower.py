@@ -926,6 +926,21 @@ def test_a_node_whose_registered_name_differs_from_its_site_is_ignored(fleet, tm
     assert all(node != nodes[1] for node, kind, _ in grid.delivered if kind == "train")
 
 
+def test_a_fedlin_deployment_has_the_estimator_s_defaults(fleet):
+    """A fit.toml without n_rounds runs the rounds the estimator runs by default (HM1 and HM2 differ)."""
+    import inspect
+
+    from fedhier.deploy.fedlin import FedLinFitConfig
+    from fedhier.estimators.fedlin import FedHM1Regressor, FedHM2Regressor
+
+    for model, estimator in (("fedlin-hm1", FedHM1Regressor), ("fedlin-hm2", FedHM2Regressor)):
+        text = f'model = "{model}"\ntarget = "y"\nfeatures = ["x"]\n[flower]\nsites = ["a", "b"]\n'
+        config = FedLinFitConfig.from_toml(text)
+        assert config.n_rounds == inspect.signature(estimator).parameters["n_rounds"].default
+        assert config.estimator().get_params() == estimator(**config.estimator_params()).get_params()
+        assert type(config).from_json(config.to_json()) == config
+
+
 def test_fedlin_configuration_errors_name_the_key(fleet):
     from fedhier.deploy import fit_from_toml
 
