@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..protocol.base import RoundProtocol
-from ..protocol.mvppca import TOL
+from ..protocol.defaults import MVPPCA_TOL
 from ..protocol.messages import MessageSpec
 from ._toml import TomlFit, check_privacy_unit, check_range_columns, deployment_keys
 from ..runtime.flower import Deployment, FitHooks, FlowerFitResult, check_flower_settings, check_secure_settings, read_fit_tables
@@ -101,7 +101,7 @@ class FlowerFitConfig(TomlFit, Deployment):
     n_rounds: int = 100
     n_local_iter: int = 100
     n_first_iter: int = 30
-    tol: float | None = TOL
+    tol: float | None = MVPPCA_TOL
     init: str = "pca"
     local_tol: float | None = 1e-8
     seed: int | None = None

@@ -28,8 +28,8 @@ from ..data.validation import check_feature_names, check_sites, check_views, fea
 from ..models.mvppca import predictive
 from ..models.mvppca.waic import waic_site_terms
 from ..models.mvppca.params import GlobalParams, GlobalView, point_model
-from ..protocol.mvppca import (GLOBAL_FIELDS, TOL, BroadcastMetrics, DataScaleWarning, MVPPCAProtocol, global_from_message,
-                                stopping_rule)
+from ..protocol.defaults import MVPPCA_TOL
+from ..protocol.mvppca import GLOBAL_FIELDS, BroadcastMetrics, DataScaleWarning, MVPPCAProtocol, global_from_message, stopping_rule
 from ..runtime.checkpoint import read_checkpoint
 from ..runtime.simulate import RoundRecord, simulate
 from ..utils.io import atomic_write_bytes, json_text
@@ -199,7 +199,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         random_state: int | None = None,
         *,
         n_init: int = 1,
-        tol: float | None = TOL,
+        tol: float | None = MVPPCA_TOL,
         init: str = "pca",
         local_tol: float | None = 1e-8,
         ig_solver: str = "newton",

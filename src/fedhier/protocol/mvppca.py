@@ -145,11 +145,6 @@ class BroadcastMetrics:
         self.previous = current
 
 
-#: The default ``tol`` of a Fed-mv-PPCA fit wherever it runs (``FedMVPPCA``, ``fedhier fit``, a Flower
-#: deployment's ``fit.toml``): the largest ``model_change`` of a round that ends the fit.
-TOL = 0.02
-
-
 def model_settled(tol: float) -> Callable[[Any, Any], bool]:
     """The stopping rule [R] as a runtime's ``stop(record, broadcast)``: True when the round's
     ``model_change`` (added by :class:`BroadcastMetrics`), the change of the predictive
