@@ -97,6 +97,18 @@ def test_fedhier_fit_takes_a_site_timeout(monkeypatch, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_fedhier_demo_takes_a_site_timeout(monkeypatch, tmp_path, capsys):
+    from fedhier.cli import main
+    from fedhier.protocol.mvppca import MVPPCAProtocol
+
+    _block(monkeypatch, MVPPCAProtocol, round=2, site=1)
+    out = tmp_path / "demo"
+    assert main(["demo", "--rounds", "3", "--out", str(out), "--quiet", "--site-timeout", str(DEADLINE)]) == 0
+    assert "round 2: site 1 failed and is left out of the round (SiteTimeout" in capsys.readouterr().err
+    assert (out / "report.html").is_file()
+
+
+@pytest.mark.slow
 def test_fedhier_fit_linear_takes_a_site_timeout(monkeypatch, tmp_path):
     from fedhier.cli import main
     from fedhier.protocol.fedlin import EPProtocol

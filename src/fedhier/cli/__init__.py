@@ -44,6 +44,7 @@ def _cmd_demo(args) -> int:
         total_budget=_total_budget(args),
         per_release=(10.0, 0.01) if args.paper_dp else None,
         progress=not args.quiet,
+        site_timeout=args.site_timeout,
     )
     console = Console(soft_wrap=True)  # one line per result, also when stdout is a file
     console.print(f"[bold]Fed-mv-PPCA on {summary['data']}[/bold]")
@@ -144,6 +145,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--components", type=int, default=5, help="number of latent components (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data split and the fit (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    site_timeout_flag(p)
     privacy_flags(p)
     p.add_argument(
         "--paper-dp",
