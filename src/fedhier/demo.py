@@ -85,8 +85,12 @@ def run_demo(
     total_budget: tuple[float, float] | None = None,
     per_release: tuple[float, float] | None = None,
     progress: bool = True,
+    site_timeout: float | None = None,
 ) -> dict[str, Any]:
     """Run the demo, write the report folder and return the summary metrics.
+
+    ``site_timeout``: seconds a site's step may take before the site is left out of that round
+    (``FedMVPPCA(site_timeout=...)``); None waits for every site.
 
     ``total_budget=(epsilon, delta)`` fits DP-Fed-mv-PPCA with that total budget per
     site for the whole fit (client-level DP, spec §8; ``docs/privacy.md``);
@@ -97,12 +101,13 @@ def run_demo(
         raise ValueError("choose either a total budget or a per-release budget, not both")
     with result_folder(out_dir) as staging:  # checked now; appears with all its files or not at all
         return _run_demo(staging, n_components=n_components, n_rounds=n_rounds, n_sites=n_sites, scenario=scenario,
-                         seed=seed, total_budget=total_budget, per_release=per_release, progress=progress)
+                         seed=seed, total_budget=total_budget, per_release=per_release, progress=progress,
+                         site_timeout=site_timeout)
 
 
 def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scenario: str, seed: int,
               total_budget: tuple[float, float] | None, per_release: tuple[float, float] | None,
-              progress: bool) -> dict[str, Any]:
+              progress: bool, site_timeout: float | None = None) -> dict[str, Any]:
     """:func:`run_demo`, writing the report folder's files into ``out`` (its staging folder)."""
     t0 = time.perf_counter()
     prepared = demo_data(n_sites=n_sites, scenario=scenario, seed=seed)
@@ -115,7 +120,8 @@ def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scen
         privacy = DPConfig.total(*total_budget, n_rounds=n_rounds, n_views=len({v for s in sites for v in s}), spread=True)
     elif per_release is not None:
         privacy = DPConfig.per_release(*per_release)
-    model = FedMVPPCA(n_components=n_components, n_rounds=n_rounds, random_state=seed, privacy=privacy, progress=progress)
+    model = FedMVPPCA(n_components=n_components, n_rounds=n_rounds, random_state=seed, privacy=privacy, progress=progress,
+                      site_timeout=site_timeout)
     model.fit(sites)
 
     # §11 metrics

@@ -86,18 +86,22 @@ def read_views(data: SiteData, views: dict[str, list[str]], notes: list[str]) ->
 
 
 def fit_from_config(
-    config_path: str | Path, *, out_dir: str | Path, total_budget: tuple[float, float] | None = None, progress: bool = True
+    config_path: str | Path, *, out_dir: str | Path, total_budget: tuple[float, float] | None = None, progress: bool = True,
+    site_timeout: float | None = None,
 ) -> dict[str, Any]:
     """Fit Fed-mv-PPCA on the sites of a configuration; write model, latents, summary and report.
+
+    ``site_timeout``: seconds a site's step may take before the site is left out of that round
+    (``FedMVPPCA(site_timeout=...)``); None waits for every site.
 
     ``out_dir`` is checked before anything is read, and appears with all its files or not at all
     (:func:`fedhier.utils.results.result_folder`)."""
     with result_folder(out_dir) as staging:
-        return _fit_and_write(Path(config_path), Path(out_dir), staging, total_budget, progress)
+        return _fit_and_write(Path(config_path), Path(out_dir), staging, total_budget, progress, site_timeout)
 
 
 def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tuple[float, float] | None,
-                   progress: bool) -> dict[str, Any]:
+                   progress: bool, site_timeout: float | None = None) -> dict[str, Any]:
     """:func:`fit_from_config`, writing into ``staging`` the files that will be ``out``'s."""
     from .data.validation import check_sites
     from .estimators.mvppca import FedMVPPCA
@@ -133,11 +137,12 @@ def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tu
         **options,
         **({"n_local_iter": config["n_local_iter"]} if "n_local_iter" in config else {}),  # else FedMVPPCA's default
         random_state=config.get("seed", 0),
-        **({"tol": config["tol"]} if "tol" in config else {}),  # else FedMVPPCA's default
+        **({"tol": None if config["tol"] == "none" else config["tol"]} if "tol" in config else {}),  # else FedMVPPCA's default
         local_tol=None if config.get("local_tol") == "none" else config.get("local_tol", 1e-8),
         sigma2_prior=None if config.get("sigma2_prior") == "none" else config.get("sigma2_prior", "weak"),
         privacy=privacy,
         progress=progress,
+        site_timeout=site_timeout,
     )
     outputs = [out / "model.npz", out / "summary.json", out / "summary.md", *(out / f"latent_{name}.csv" for name in names)]
     check_outputs_spare_inputs(outputs, [config_path, *data.inputs])

@@ -445,6 +445,37 @@ def test_server_app_writes_a_loadable_model_and_reports_failure(demo, tmp_path):
         read_result(tmp_path / "failed", config)
 
 
+def test_a_deployment_has_the_estimator_s_defaults_and_stops_where_it_stops(demo, tmp_path):
+    """One stopping rule and one set of defaults: a fit.toml without ``tol`` stops in the round ``FedMVPPCA.fit``
+    with its own defaults stops, and summary.json says so."""
+    import dataclasses
+    import inspect
+
+    from fedhier.estimators.mvppca import FedMVPPCA
+
+    estimator = {k: p.default for k, p in inspect.signature(FedMVPPCA.__init__).parameters.items()}
+    shared = {f.name: f.default for f in dataclasses.fields(FlowerFitConfig) if f.name in estimator}
+    assert {"tol", "n_rounds", "n_local_iter", "local_tol", "init", "prior_update"} <= set(shared)
+    assert shared == {k: estimator[k] for k in shared}
+    assert FlowerFitConfig.from_toml('tol = "none"\nn_components = 1\n[views]\na = ["x", "y"]\n[flower]\nsites = ["s"]\n').tol is None
+
+    folder, config, sites = demo
+    config = config.replace(out=str(tmp_path / "out"), n_rounds=40, round_timeout=5.0, poll_interval=0.01)
+    assert config.tol == estimator["tol"]
+    reference = FedMVPPCA(n_components=config.n_components, n_rounds=config.n_rounds, n_local_iter=config.n_local_iter,
+                          n_first_iter=config.n_first_iter, random_state=config.seed).fit(sites)
+    assert 1 < reference.n_rounds_ < config.n_rounds  # the rule stops it
+    grid, _ = _grid(folder, config)
+    server_app(grid, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={RUN_CONFIG_KEY: config.to_json()}))
+    _, history, summary = read_result(tmp_path / "out", config)
+    assert (summary["rounds_run"], summary["n_rounds"], summary["converged"]) == (reference.n_rounds_, 40, True)
+    assert len(history) == reference.n_rounds_
+    model = FedMVPPCA.load(tmp_path / "out" / "model.npz")
+    for view, params in reference.global_params_.items():
+        for name, value in params.items():
+            assert np.max(np.abs(np.asarray(model.global_params_[view][name]) - np.asarray(value))) <= 1e-10, (view, name)
+
+
 # --------------------------------------------------------------------------- secure summation
 
 
@@ -702,6 +733,33 @@ def test_flower_fit_equals_simulate_and_survives_a_lost_site(tmp_path, demo, tra
 
 
 @pytest.mark.integration
+def test_flower_fit_stops_in_the_round_the_estimator_stops(tmp_path, demo):
+    """The demo's fit.toml without ``tol``, over real SuperNodes: the estimator's default rule ends it in the same
+    round as ``FedMVPPCA.fit`` (= simulate() with that rule), with the same parameters to 1e-10."""
+    from fedhier.estimators.mvppca import FedMVPPCA
+
+    folder, config, sites = demo
+    path = tmp_path / "fit-tol.toml"
+    path.write_text((folder / "fit.toml").read_text().replace("n_rounds = 3", "n_rounds = 40"))
+    reference = FedMVPPCA(n_components=config.n_components, n_rounds=40, n_local_iter=config.n_local_iter,
+                          n_first_iter=config.n_first_iter, random_state=config.seed).fit(sites)
+    assert 1 < reference.n_rounds_ < 40
+    cluster = LoopbackFederation(tmp_path, {name: folder / f"{name}.csv" for name in SITES}, site_seed=config.seed)
+    try:
+        out = tmp_path / "fit-tol"
+        assert _flower_fit(cluster, path, out) == 0, cluster.logs()
+        _, history, summary = read_result(out, config)
+        assert (summary["rounds_run"], summary["converged"], len(history)) == (reference.n_rounds_, True, reference.n_rounds_)
+        model = FedMVPPCA.load(out / "model.npz")
+        for view, params in reference.global_params_.items():
+            for name, value in params.items():
+                assert np.max(np.abs(np.asarray(model.global_params_[view][name]) - np.asarray(value))) <= 1e-10, (view, name)
+    finally:
+        stopped = cluster.stop()
+    assert not [pid for pid in stopped if _alive(pid)]
+
+
+@pytest.mark.integration
 @pytest.mark.slow  # five Flower exchanges per round: about two minutes on the project machine
 def test_secure_flower_fit_equals_simulate(tmp_path, demo):
     folder, config, sites = demo
@@ -866,6 +924,21 @@ def test_a_node_whose_registered_name_differs_from_its_site_is_ignored(fleet, tm
     assert result.ignored == {nodes[1]: "registered as 'machine-01' but claims site 'machine-02'"}
     assert result.history[0].sites == [0, 2] and result.history[0].absent == [1]
     assert all(node != nodes[1] for node, kind, _ in grid.delivered if kind == "train")
+
+
+def test_a_fedlin_deployment_has_the_estimator_s_defaults(fleet):
+    """A fit.toml without n_rounds runs the rounds the estimator runs by default (HM1 and HM2 differ)."""
+    import inspect
+
+    from fedhier.deploy.fedlin import FedLinFitConfig
+    from fedhier.estimators.fedlin import FedHM1Regressor, FedHM2Regressor
+
+    for model, estimator in (("fedlin-hm1", FedHM1Regressor), ("fedlin-hm2", FedHM2Regressor)):
+        text = f'model = "{model}"\ntarget = "y"\nfeatures = ["x"]\n[flower]\nsites = ["a", "b"]\n'
+        config = FedLinFitConfig.from_toml(text)
+        assert config.n_rounds == inspect.signature(estimator).parameters["n_rounds"].default
+        assert config.estimator().get_params() == estimator(**config.estimator_params()).get_params()
+        assert type(config).from_json(config.to_json()) == config
 
 
 def test_fedlin_configuration_errors_name_the_key(fleet):
@@ -1065,6 +1138,21 @@ def test_a_summary_left_running_by_a_killed_run_is_closed(tmp_path):
     path.write_text(json.dumps({"status": "completed"}))
     _close_summary(path)
     assert json.loads(path.read_text()) == {"status": "completed"}
+
+
+def test_a_run_that_ends_before_its_server_app_starts_leaves_a_failed_summary(demo, tmp_path, monkeypatch):
+    """`flwr run` cannot reach the SuperLink: summary.json says "failed" with the reason, not nothing at all."""
+    import fedhier.cli.flower as flower_cli
+
+    folder, config, _ = demo
+    monkeypatch.setattr(flower_cli, "_run_streaming",
+                        lambda cmd, env, timeout: (1, "Connection to the SuperLink is unavailable"))
+    with pytest.raises(RuntimeError, match="flwr run failed"):
+        flower_cli.submit(folder / "fit.toml", superlink="127.0.0.1:9", insecure=True, out=tmp_path / "fit")
+    summary = json.loads((tmp_path / "fit" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["sites"] == list(SITES) and summary["model"] == config.model
+    assert summary["error"] == ("the run ended before its ServerApp wrote anything: flwr run failed (exit code 1): "
+                                "Connection to the SuperLink is unavailable")
 
 
 def test_the_deadline_follows_progress_and_the_ttl_covers_it(demo):

@@ -144,3 +144,25 @@ def test_a_peer_frozen_half_way_through_a_barrier_leaves_the_survivors_in_step(t
         assert got["gathered"] == survivors and got["alive"] == survivors
         assert got["lost"] == results[0]["lost"] and got["sites"] == results[0]["sites"]  # one history
     assert [r for r, lost in enumerate(results[0]["lost"], 1) if lost] == lost_rounds
+
+
+def test_a_peer_frozen_before_mpi_start_up_ends_the_job_with_one_line(tmp_path):
+    """Rank 2 stops itself before MPI's start-up: the others, waiting inside MPI_Init, stop at the peer deadline with
+    one line saying why, instead of waiting for ever; nothing is saved (no round ran)."""
+    _frame().to_csv(tmp_path / "data.csv", index=False)
+    freeze_rank_2 = ("import os, runpy, signal, sys; os.environ.get('PMI_RANK') == '2' and os.kill(os.getpid(), signal.SIGSTOP); "
+                     "sys.argv[0] = 'fedhier.cli.collab'; runpy.run_module('fedhier.cli.collab', run_name='__main__')")
+    proc = subprocess.Popen([_mpiexec(), "-n", str(N_SITES), sys.executable, "-c", freeze_rank_2, "fit", "--runtime", "mpi",
+                             "--csv", "data.csv", "--site-column", "site", "--components", "3", "--max-iter", "4",
+                             "--seed", "5", "--peer-timeout", "20", "--out", "model_{site}.npz"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        ended = _wait(lambda: proc.poll() is not None, proc)
+    finally:
+        out, err = _stop(proc)
+    assert ended, f"the job hung with a peer frozen before start-up\nstdout:\n{out}\nstderr:\n{err}"
+    assert proc.returncode != 0
+    lines = [line for line in err.splitlines() if line.startswith("fedhier: error:")]
+    assert lines and all(line.endswith("MPI start-up did not finish within 20 s: a process of the job has not joined it "
+                                       "(frozen, or never started); the job is stopped, start it again") for line in lines)
+    assert not list(tmp_path.glob("model_*"))

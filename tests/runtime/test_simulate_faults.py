@@ -123,3 +123,24 @@ def test_workers_end_when_the_parent_is_killed(tmp_path):
 def test_a_bad_deadline_is_refused():
     with pytest.raises(ValueError, match="site_timeout"):
         simulate(NoisyMean(), make_sites(), n_rounds=1, site_timeout=0)
+
+
+def test_a_resumed_fit_removes_the_temporary_checkpoint_a_killed_one_left(tmp_path):
+    """A process killed between writing its checkpoint's temporary file and renaming it leaves that file
+    (``.NAME.XXXXXXXX``, made by the same ``mkstemp``); the next run of the fit removes it and nothing else."""
+    import tempfile
+
+    sites = make_sites()
+    path = tmp_path / "run.ckpt.npz"
+    simulate(NoisyMean(), sites, n_rounds=2, random_state=5, checkpoint=path)
+    fd, left = tempfile.mkstemp(prefix=f".{path.name}.", dir=tmp_path)  # the killed writer's half-written file
+    os.write(fd, b"half a checkpoint")
+    os.close(fd)
+    others = [tmp_path / f".{path.name}.notmine", tmp_path / ".other.npz.abcdefgh", tmp_path / "run.ckpt.npz.abcdefgh"]
+    for other in others:
+        other.write_bytes(b"not a temporary of this checkpoint")
+    resumed = simulate(NoisyMean(), sites, n_rounds=4, random_state=5, checkpoint=path)
+    full = simulate(NoisyMean(), sites, n_rounds=4, random_state=5)
+    assert resumed.broadcast["mean"].tobytes() == full.broadcast["mean"].tobytes()
+    assert not Path(left).exists() and all(other.exists() for other in others)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, *(o.name for o in others)])

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .console import rounds_shown, run
+from .console import rounds_shown, run, site_timeout_flag
 
 __all__ = ["main"]
 
@@ -44,6 +44,7 @@ def _cmd_demo(args) -> int:
         total_budget=_total_budget(args),
         per_release=(10.0, 0.01) if args.paper_dp else None,
         progress=not args.quiet,
+        site_timeout=args.site_timeout,
     )
     console = Console(soft_wrap=True)  # one line per result, also when stdout is a file
     console.print(f"[bold]Fed-mv-PPCA on {summary['data']}[/bold]")
@@ -90,9 +91,10 @@ def _cmd_fit(args) -> int:
         if _total_budget(args) is not None:
             raise ValueError(f"{args.config}: --dp / --epsilon ask for a differentially private fit, but this file's model is "
                              "FedLin, which has no private version in fedhier (only Fed-mv-PPCA has one); run it without them")
-        return fit_linear_config(args.config, out_dir=args.out, quiet=args.quiet)
+        return fit_linear_config(args.config, out_dir=args.out, quiet=args.quiet, site_timeout=args.site_timeout)
 
-    summary = fit_from_config(args.config, out_dir=args.out, total_budget=_total_budget(args), progress=not args.quiet)
+    summary = fit_from_config(args.config, out_dir=args.out, total_budget=_total_budget(args), progress=not args.quiet,
+                              site_timeout=args.site_timeout)
     shown = {k: v for k, v in summary.items() if k not in ("columns", "scaling")}  # both are in summary.json
     print(json.dumps(shown, indent=2))
     return 0
@@ -143,6 +145,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--components", type=int, default=5, help="number of latent components (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data split and the fit (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    site_timeout_flag(p)
     privacy_flags(p)
     p.add_argument(
         "--paper-dp",
@@ -157,6 +160,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="TOML file: [views], [sites] or file + site_column, options (docs/cli.md)")
     p.add_argument("--out", default="fedhier-fit", help="result folder (default fedhier-fit)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    site_timeout_flag(p)
     privacy_flags(p)
     p.set_defaults(func=_cmd_fit)
 

@@ -27,7 +27,7 @@ from ..deploy._toml import check_missing_values, refuse_privacy_keys
 from ..utils.io import write_csv
 from ..utils.results import REPORT_FILES, check_inputs_outside, check_output_folder, result_folder
 from ..utils.untrusted import check_outputs_spare_inputs
-from .console import rounds_shown, run
+from .console import rounds_shown, run, site_timeout_flag
 from .sitedata import check_columns, complete_rows, load_config, read_saved_data, site_data, site_warnings, write_summary
 
 _DEFAULTS = {"n_components": 7, "rho": 0.8, "weights": "local", "aggregation": "consensus", "max_iter": 100, "seed": 0}
@@ -46,8 +46,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="result folder (default fedhier-collab); a path ending in .npz names the model file and its folder holds the rest")
     fit.add_argument("--runtime", choices=["peer", "star", "mpi"], default="peer", help="how the sites talk (default peer: no centre)")
     fit.add_argument("--peer-timeout", type=float, default=None,
-                     help="with --runtime mpi: seconds without a message before a peer is reported lost "
-                          "(default 300; must exceed the longest site step)")
+                     help="with --runtime mpi: seconds without a message before a peer is reported lost, and the "
+                          "most MPI's start-up may take (default 300; must exceed the longest site step)")
+    site_timeout_flag(fit)
     fit.add_argument("--aggregation", choices=["consensus", "chunked", "shamir"], default=None,
                      help="how sums are formed without a centre (default consensus)")
     fit.add_argument("--components", type=int, default=None, help="most dictionary patterns (default 7)")
@@ -162,12 +163,15 @@ def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_p
     inputs = [*data.inputs, *([source] if str(source).endswith(".toml") else [])]
     model = CollabDict(n_components=opt["n_components"], rho=opt["rho"], weights=opt["weights"],
                        aggregation=opt["aggregation"], max_iter=opt["max_iter"], random_state=opt["seed"],
-                       runtime="peer" if args.runtime == "mpi" else args.runtime)
+                       runtime="peer" if args.runtime == "mpi" else args.runtime, site_timeout=args.site_timeout)
     if args.runtime == "mpi":
-        from ..runtime.mpi import world
+        if args.site_timeout is not None:
+            raise ValueError("--site-timeout is for --runtime peer or star; under MPI a site that stops answering is "
+                             "left out after --peer-timeout")
+        from ..runtime.mpi import DEFAULT_TIMEOUT, world
         from ..runtime.peer import PeerGraphSplit
 
-        comm = world()
+        comm = world(DEFAULT_TIMEOUT if args.peer_timeout is None else args.peer_timeout)  # start-up too
         if comm.Get_size() != len(sites):
             raise ValueError(f"{len(sites)} sites in {source} but {comm.Get_size()} MPI processes")
         rank = comm.Get_rank()
@@ -189,6 +193,11 @@ def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_p
             check_inputs_outside(target, inputs, what="--report" if target == report_dir else "--out")
         with site_warnings(names), rounds_shown(opt["max_iter"] + 1, "CollabDict rounds", quiet=args.quiet):  # + the round of moments
             model.fit(sites)
+        if model.lost_sites_:  # a peer that missed its deadline took its private weights with it
+            raise ValueError(f"site(s) {[names[s] for s in model.lost_sites_]} did not answer within --site-timeout and "
+                             "the other peers finished without them, so their scores cannot be computed and nothing "
+                             "was written; run again with a longer --site-timeout, or with --runtime star, which asks a "
+                             "late site again in the next round")
     model.save(out if staging is None else staging / model_path.name)
     lost = getattr(model, "lost_sites_", [])
     print(f"fitted CollabDict on {len(sites)} sites ({', '.join(names)}); variables {variables}; "

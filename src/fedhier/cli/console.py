@@ -16,15 +16,18 @@ One place decides (:func:`run`), so every command -- ``demo``, ``fit``, ``fit li
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import errno
 import logging
+import math
 import os
 import signal
 import sys
 import warnings
 from typing import Callable, Iterator
 
-__all__ = ["EXTRAS", "run", "user_error", "debugging", "one_line_warnings", "rounds_shown"]
+__all__ = ["EXTRAS", "run", "user_error", "debugging", "one_line_warnings", "rounds_shown", "site_timeout_flag"]
 
 #: optional packages -> the extra of pyproject.toml that installs them
 EXTRAS = {"pandas": "stats", "statsmodels": "stats", "flwr": "flower", "mpi4py": "mpi", "torch": "torch"}
@@ -51,7 +54,8 @@ def user_error(exc: BaseException, command: str = "fedhier", also: tuple[type[Ba
     """The one-line message of a user's mistake ``exc``, or None for an internal error.
 
     User errors: ValueError (bad values, files that cannot be parsed, TOML syntax, a site's
-    data error), FileNotFoundError and other refusals to open a file, a site's
+    data error), FileNotFoundError and other refusals to open a file, a full disk or quota
+    (named with the file or result folder it stopped), a site's
     :class:`~fedhier.protocol.base.SiteError` or policy refusal, a round that too few sites
     answered, a missing optional package (named with the extra that installs it), and the
     classes in ``also``.
@@ -69,6 +73,8 @@ def user_error(exc: BaseException, command: str = "fedhier", also: tuple[type[Ba
         kinds += (sys.modules["fedhier.privacy.policy"].PolicyRefusal,)
     if "fedhier.runtime.simulate" in sys.modules:
         kinds += (sys.modules["fedhier.runtime.simulate"].RoundFailed,)
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT) and exc.filename is not None:
+        return f"{exc.filename}: {(exc.strerror or os.strerror(exc.errno)).lower()}"  # a full disk: where, and why
     if not isinstance(exc, kinds):
         return None
     if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:  # "[Errno 2] ..." -> "path: reason"
@@ -166,3 +172,20 @@ def rounds_shown(n_rounds: int | None, description: str, *, quiet: bool = False)
             yield
     finally:
         display.close()
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def site_timeout_flag(parser: argparse.ArgumentParser) -> None:
+    """``--site-timeout SECONDS`` of a fitting command: the deadline of one site's step (the estimators' ``site_timeout``)."""
+    parser.add_argument("--site-timeout", type=_seconds, default=None, metavar="SECONDS",
+                        help="seconds a site's step may take; a site still working then is left out of that round "
+                             "(default: wait for every site)")

@@ -769,7 +769,10 @@ def submit(
         otherwise), when the result folder is readable from here (:class:`_HistoryFollower`).
 
     When the run ends (or this call fails) and the result folder is readable from here but its
-    ``summary.json`` still says "running" (the ServerApp was killed), it is rewritten as "failed".
+    ``summary.json`` still says "running" (the ServerApp was killed), it is rewritten as "failed";
+    when this call fails before the ServerApp wrote one (the SuperLink could not be reached, the
+    run timed out before it started) and the result folder's parent folder is on this machine,
+    a "failed" ``summary.json`` with the error is written there.
 
     Returns
     -------
@@ -821,6 +824,7 @@ def submit(
 
             follower = _HistoryFollower(Path(config.out) / "history.json", RoundProgress(config.n_rounds, f"{config.model} rounds"))
             follower.start()
+        error: BaseException | None = None
         try:
             try:
                 code, output = _run_streaming(flwr_run_command(app, connection, overrides), env, timeout)
@@ -835,8 +839,11 @@ def submit(
                 raise TimeoutError(f"the fit did not end within {timeout:g} s (run stopped)")
             if code != 0 or "started run" not in output:
                 raise RuntimeError(f"flwr run failed (exit code {code}): {output.strip()[-2000:]}")
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
-            _close_summary(summary_path)
+            _close_summary(summary_path, error, {"model": config.model, "sites": list(config.sites)})
     if summary_path.is_file():
         summary = json.loads(summary_path.read_text())
         # the coordinator's report of a Fed-mv-PPCA fit; FedLin's report needs the sites' data (not on the coordinator)
@@ -853,15 +860,24 @@ def submit(
     return {"status": "ended", "out": config.out, "note": "the result folder is on the SuperLink host"}
 
 
-def _close_summary(path: Path) -> None:
-    """A ``summary.json`` left at "running" by a run that ended (its ServerApp or SuperLink was killed) becomes "failed"."""
+def _close_summary(path: Path, error: BaseException | None = None, fit: dict | None = None) -> None:
+    """A ``summary.json`` left at "running" by a run that ended (its ServerApp or SuperLink was killed) becomes "failed";
+    a run that failed with ``error`` before its ServerApp wrote one gets a "failed" one (with ``fit``: model, sites)
+    when the result folder's parent is on this machine."""
+    from ..utils.io import write_json
+
+    if error is not None and not path.exists() and path.parent.parent.is_dir():
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        if isinstance(error, KeyboardInterrupt):
+            reason = "interrupted"
+        write_json(path, {"status": "failed", **(fit or {}), "round": None,
+                          "error": f"the run ended before its ServerApp wrote anything: {reason}"})
+        return
     try:
         summary = json.loads(path.read_text())
     except (OSError, ValueError):
         return
     if isinstance(summary, dict) and summary.get("status") == "running":
-        from ..utils.io import write_json
-
         summary.update(status="failed", error="the run ended before the fit did (its ServerApp or the SuperLink stopped); "
                                               "`fedhier flower run --resume` goes on from the last completed round")
         write_json(path, summary)

@@ -21,7 +21,7 @@ from ..deploy._toml import FEDLIN_OPTIONS, refuse_privacy_keys
 from ..utils.io import write_csv, write_json
 from ..utils.results import check_inputs_outside, check_output_folder, result_folder
 from ..utils.untrusted import check_outputs_spare_inputs
-from .console import rounds_shown, run
+from .console import rounds_shown, run, site_timeout_flag
 from .sitedata import check_columns, complete_rows, load_config, scale_sites, site_data, site_warnings, write_summary
 
 _INTERCEPT = "(intercept)"
@@ -57,6 +57,7 @@ def add_fit_linear_arguments(parser) -> None:
     parser.add_argument("--id", default=None, help="column identifying each row (checked and never used as a feature; FedLin writes no per-row output)")
     parser.add_argument("--out", type=Path, default=None, help="result folder (default fedhier-fit-linear)")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
+    site_timeout_flag(parser)
 
 
 def cli_fit_linear(argv) -> int:
@@ -101,6 +102,7 @@ def _config_of(args: argparse.Namespace) -> dict[str, Any]:
     config.update({k: v for k, v in flags.items() if v is not None})
     config["_out"] = Path(args.out) if args.out is not None else Path(_DEFAULT_OUT)
     config["_quiet"] = bool(getattr(args, "quiet", False))
+    config["_site_timeout"] = getattr(args, "site_timeout", None)
     return config
 
 
@@ -111,10 +113,12 @@ def _model_name(config: dict[str, Any]) -> str:
     return model
 
 
-def fit_linear_config(config_path: str | Path, *, out_dir: str | Path, quiet: bool = False) -> int:
+def fit_linear_config(config_path: str | Path, *, out_dir: str | Path, quiet: bool = False,
+                      site_timeout: float | None = None) -> int:
     """``fedhier fit --config`` with ``model = "fedlin-hm2"`` (or hm1): the same fit as ``fit linear --config``."""
     config = load_config(config_path)
-    config.update(_source=str(config_path), _base=Path(config_path).parent, _out=Path(out_dir), _quiet=quiet)
+    config.update(_source=str(config_path), _base=Path(config_path).parent, _out=Path(out_dir), _quiet=quiet,
+                  _site_timeout=site_timeout)
     return _fit_linear(config, command=f"fedhier fit --config {Path(config_path).name}")
 
 
@@ -163,7 +167,8 @@ def _fit_and_write(config: dict[str, Any], command: str | None, out: Path, stagi
     params = {k: config[k] for k in FEDLIN_OPTIONS[f"fedlin-{model}"] if k in config}  # the estimator's own options
     with site_warnings(names):
         if model == "hm1":
-            est = _build(FedHM1Regressor, n_rounds=opt["n_rounds"], random_state=opt["seed"], **params)
+            est = _build(FedHM1Regressor, n_rounds=opt["n_rounds"], random_state=opt["seed"],
+                         site_timeout=config.get("_site_timeout"), **params)
             with rounds_shown(opt["n_rounds"], "FedLin HM1 rounds", quiet=config.get("_quiet", False)):
                 _fit(est, sites, data.scale)
             rows = [{"site": n, "feature": f, "estimate": float(est.coef_[k, j])} for k, n in enumerate(names) for j, f in enumerate(names_out)]
@@ -180,7 +185,8 @@ def _fit_and_write(config: dict[str, Any], command: str | None, out: Path, stagi
                 if unknown:
                     raise ValueError(f"random names column(s) {unknown} that are not features; features: {names_out}")
                 params["random"] = [f in wanted for f in names_out]
-            est = _build(FedHM2Regressor, n_rounds=opt["n_rounds"], random_state=opt["seed"], **params)
+            est = _build(FedHM2Regressor, n_rounds=opt["n_rounds"], random_state=opt["seed"],
+                         site_timeout=config.get("_site_timeout"), **params)
             with rounds_shown(opt["n_rounds"], "FedLin HM2 rounds", quiet=config.get("_quiet", False)):
                 _fit(est, sites, data.scale)
             ci = est.coef_interval(opt["level"])

@@ -69,8 +69,9 @@ class FedLinFitConfig(TomlFit, Deployment):
         Site names in site-index order (``[flower] sites``).
     intercept : bool
         Add a column of ones before the features (coefficient ``"(intercept)"``).
-    n_rounds : int
-        Rounds (HM2: the largest number; its stopping rule may end the fit earlier).
+    n_rounds : int or None
+        Rounds (HM2: the largest number; its stopping rule may end the fit earlier); None (default):
+        the estimator's own default, as every other option.
     seed : int or None
         The coordinator's public seed (HM1's random start, the runtime's draws); it never
         reaches a site's secrets.
@@ -95,7 +96,7 @@ class FedLinFitConfig(TomlFit, Deployment):
     features: tuple[str, ...]
     sites: tuple[str, ...]
     intercept: bool = False
-    n_rounds: int = 20
+    n_rounds: int | None = None
     seed: int | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     min_sites: int = 1
@@ -115,6 +116,13 @@ class FedLinFitConfig(TomlFit, Deployment):
         object.__setattr__(self, "features", tuple(self.features))
         object.__setattr__(self, "sites", tuple(self.sites))
         object.__setattr__(self, "options", dict(self.options))
+        if self.n_rounds is None and self.model in OPTIONS:  # the estimator's default, as the file's other options
+            import inspect
+
+            from ..estimators.fedlin import FedHM1Regressor, FedHM2Regressor
+
+            estimator = FedHM1Regressor if self.model == "fedlin-hm1" else FedHM2Regressor
+            object.__setattr__(self, "n_rounds", inspect.signature(estimator).parameters["n_rounds"].default)
         object.__setattr__(self, "ranges", {str(c): (float(lo), float(hi)) for c, (lo, hi) in dict(self.ranges).items()})
         if self.model not in OPTIONS:
             raise ValueError(f"fit configuration: model must be one of {sorted(OPTIONS)}, got {self.model!r}")

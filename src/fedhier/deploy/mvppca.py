@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..protocol.base import RoundProtocol
+from ..protocol.defaults import MVPPCA_TOL
 from ..protocol.messages import MessageSpec
 from ._toml import TomlFit, check_privacy_unit, check_range_columns, deployment_keys
 from ..runtime.flower import Deployment, FitHooks, FlowerFitResult, check_flower_settings, check_secure_settings, read_fit_tables
@@ -42,9 +43,9 @@ class FlowerFitConfig(TomlFit, Deployment):
         Site names in site-index order; each SuperNode declares its name in its
         ``node_config`` (``site="..."``).
     n_components, n_rounds, n_local_iter, n_first_iter, tol, init, local_tol, ig_solver, sigma2_prior, prior_update
-        As :class:`fedhier.estimators.mvppca.FedMVPPCA` (``tol``: stop after the first round in
-        which the model's predictions changed by less; None, the deployment's default, runs
-        every round).  ``prior_update="em"`` (default) adds each site's posterior spread to
+        As :class:`fedhier.estimators.mvppca.FedMVPPCA`, with its defaults (``tol``: stop after
+        the first round in which the model's predictions changed by less, the estimator's rule;
+        ``tol = "none"`` runs every round).  ``prior_update="em"`` (default) adds each site's posterior spread to
         its reply (two summed scalars per view, released under DP like the rest);
         ``"paper"`` keeps the paper's update.
     seed : int or None
@@ -100,7 +101,7 @@ class FlowerFitConfig(TomlFit, Deployment):
     n_rounds: int = 100
     n_local_iter: int = 100
     n_first_iter: int = 30
-    tol: float | None = None
+    tol: float | None = MVPPCA_TOL
     init: str = "pca"
     local_tol: float | None = 1e-8
     seed: int | None = None
@@ -195,7 +196,7 @@ class FlowerFitConfig(TomlFit, Deployment):
         views = raw.pop("views", None)
         if not isinstance(views, dict) or not all(isinstance(c, list) for c in views.values()):
             raise ValueError(f"{source}: a [views] table mapping view names to column lists is required")
-        for key in ("sigma2_prior", "local_tol"):  # TOML has no null
+        for key in ("sigma2_prior", "local_tol", "tol"):  # TOML has no null
             if raw.get(key) == "none":
                 raw[key] = None
         try:

@@ -259,6 +259,11 @@ class CollabDict(_SiteOutlierDetector):
         its training anomaly scores (:meth:`predict`, :meth:`decision_function`).
     random_state : int
         The one seed of the run.
+    site_timeout : float or None
+        Deadline of one site step, in seconds (in-process runtimes; None: no deadline).  The steps
+        then run in a worker process; a site that has not answered by then is left out: of that
+        round on the star runtime, of the rest of the fit on the peer runtime (as a peer that stops
+        answering).  Under MPI the peers' deadline is ``fit_mpi``'s ``timeout``.
 
     Attributes
     ----------
@@ -285,8 +290,9 @@ class CollabDict(_SiteOutlierDetector):
                  tol: float = 1e-4, glasso_tol: float = 1e-4, ell0: float = 10.0, diversity_rule: str = "min",
                  mitigate: bool = True,
                  clip_norm: float | None = None, delta: float = 1e-5, contamination: float = 0.05,
-                 random_state: int = 0) -> None:
+                 random_state: int = 0, site_timeout: float | None = None) -> None:
         self.n_components = n_components
+        self.site_timeout = site_timeout
         self.rho = rho
         self.lambda0 = lambda0
         self.n_min = n_min
@@ -348,12 +354,13 @@ class CollabDict(_SiteOutlierDetector):
         if self.runtime == "star" or len(sites) == 1:
             from ..runtime.simulate import simulate
 
-            res = simulate(protocol, sites, n_rounds=n_rounds, random_state=int(self.random_state))
+            res = simulate(protocol, sites, n_rounds=n_rounds, random_state=int(self.random_state),
+                           site_timeout=self.site_timeout)
             return res.broadcast, dict(enumerate(res.site_states)), [r.to_dict() for r in res.history]
         from ..runtime.peer import simulate_peers
 
         res = simulate_peers(protocol, sites, n_rounds=n_rounds, graph=self.graph, aggregation=self._aggregation(),
-                             random_state=int(self.random_state), stop=stop)
+                             random_state=int(self.random_state), stop=stop, site_timeout=self.site_timeout)
         return res.broadcast, res.site_states, res.history
 
     # ------------------------------------------------------------------ fitting
@@ -389,7 +396,8 @@ class CollabDict(_SiteOutlierDetector):
         moments, _, _ = self._run(MomentsProtocol(first.shape[1]), sites, 1, None)
         protocol = self._ggm_protocol(first.shape[1], moments)
         model, states, history = self._run(protocol, sites, int(self.max_iter), protocol.converged)
-        train = {s: protocol.transform(x) for s, x in enumerate(sites)}
+        train = {s: protocol.transform(x) for s, x in enumerate(sites) if s in states}  # a lost peer's weights are lost
+        self.lost_sites_ = [s for s in range(len(sites)) if s not in states]
         self._finish(protocol, moments, model, states, history, train, n_sites=len(sites))
         if not self.converged_:
             warnings.warn(f"CollabDict ran all max_iter={self.max_iter} iterations without meeting tol={self.tol}; "
@@ -406,8 +414,8 @@ class CollabDict(_SiteOutlierDetector):
         Only this site's weights, threshold and l-diversity log are known afterwards;
         the other sites' rows of ``weights_``/``thresholds_`` are NaN.
 
-        A peer silent for ``timeout`` seconds (default
-        :data:`fedhier.runtime.mpi.DEFAULT_TIMEOUT`) is lost: the others go on without it
+        ``timeout`` (default :data:`fedhier.runtime.mpi.DEFAULT_TIMEOUT`) also bounds MPI's start-up
+        (:func:`fedhier.runtime.mpi.world`).  A peer silent for ``timeout`` seconds is lost: the others go on without it
         (``lost_sites_`` lists it) or, if the graph splits, stop with
         :class:`~fedhier.runtime.peer.PeerGraphSplit`.  ``state_path``: this site's model,
         private state and history are written there after every round
@@ -418,7 +426,7 @@ class CollabDict(_SiteOutlierDetector):
         from ..runtime.peer import PeerLost
 
         self._check_params()
-        comm = comm if comm is not None else world()
+        comm = comm if comm is not None else world(DEFAULT_TIMEOUT if timeout is None else timeout)
         rank, n_sites = comm.Get_rank(), comm.Get_size()
         self.sites_ = np.arange(n_sites)
         X = check_site_matrix(rank, X)

@@ -202,7 +202,7 @@ class FedHM1Regressor(_SiteRegressor):
     Parameters mirror :class:`~fedhier.protocol.fedlin.HM1Protocol`; in addition ``fit_intercept``
     (a column of ones in front of the design, whose coefficient each site fits under the same
     :math:`\\Omega` as the others), ``n_rounds`` (:math:`C`), ``participation`` (fraction of sites
-    per round, spec §9 #7), ``random_state`` and ``n_jobs``. ``eta`` (the step size) None, the default:
+    per round, spec §9 #7), ``random_state``, ``n_jobs`` and ``site_timeout`` (as :class:`FedHM2Regressor`). ``eta`` (the step size) None, the default:
     chosen from the data as :math:`\\eta=1/(2\\max_k c\\,\\lambda_{\\max}(X_k^\\top X_k))` (``c = 1``, or
     :math:`1/n_k` with ``gradient="mean"``), half the largest step on which every site's full-batch local steps
     converge (each site computes its own eigenvalue; the fitted step is ``eta_``). HM1 gives a point estimate only: no
@@ -245,15 +245,17 @@ class FedHM1Regressor(_SiteRegressor):
         record_theta: bool = False,
         random_state: int | None = None,
         n_jobs: int = 1,
+        site_timeout: float | None = None,
     ):
         self.fit_intercept = fit_intercept
+        self.site_timeout = site_timeout
         self.n_rounds, self.n_local_steps, self.eta, self.alpha = n_rounds, n_local_steps, eta, alpha
         self.omega_rule, self.batch_size, self.gradient, self.shrink_scale = omega_rule, batch_size, gradient, shrink_scale
         self.init, self.oracle_omega, self.jitter, self.participation = init, oracle_omega, jitter, participation
         self.record_theta, self.random_state, self.n_jobs = record_theta, random_state, n_jobs
 
     def _params(self) -> dict[str, Any]:
-        keys = ["fit_intercept", "n_rounds", "n_local_steps", "eta", "alpha", "omega_rule", "batch_size", "gradient", "shrink_scale", "init", "jitter", "participation", "record_theta", "random_state", "n_jobs"]
+        keys = ["fit_intercept", "n_rounds", "n_local_steps", "eta", "alpha", "omega_rule", "batch_size", "gradient", "shrink_scale", "init", "jitter", "participation", "record_theta", "random_state", "n_jobs", "site_timeout"]
         return {k: getattr(self, k) for k in keys}
 
     def fit(self, X, y=None, groups=None) -> "FedHM1Regressor":
@@ -270,7 +272,7 @@ class FedHM1Regressor(_SiteRegressor):
         callbacks = [lambda rec, b: snapshots.append(b["theta"].T.copy())] if self.record_theta else []
         result = simulate(
             protocol, sites, n_rounds=int(self.n_rounds), random_state=self.random_state, n_jobs=self.n_jobs,
-            participation=_participation(self.participation), callbacks=callbacks,
+            site_timeout=self.site_timeout, participation=_participation(self.participation), callbacks=callbacks,
         )
         self._adopt(result.broadcast, result.history, n_sites=K, n_features=d)
         self.theta_path_ = np.array(snapshots) if self.record_theta else None
@@ -397,6 +399,11 @@ class FedHM2Regressor(_SiteRegressor):
         Passed to :func:`~fedhier.runtime.simulate` ("secure" sums the EP deltas securely).
     random_state : int, optional
     n_jobs : int
+    site_timeout : float or None
+        Deadline of one site step, in seconds: a site that has not answered by then is a failed
+        site of that round, and the round goes on with the others (``simulate(site_timeout=...)``;
+        the steps then run in worker processes).  None: no deadline, a site that never answers
+        holds the fit.
     privacy : RecordDP, optional
         Record-level differential privacy (:class:`fedhier.privacy.analyze_gauss.RecordDP`): each
         site releases its noisy sufficient statistics once and EP runs on them (post-processing,
@@ -468,6 +475,7 @@ class FedHM2Regressor(_SiteRegressor):
         aggregator: Any = None,
         random_state: int | None = None,
         n_jobs: int = 1,
+        site_timeout: float | None = None,
         privacy: Any = None,
     ):
         self.fit_intercept = fit_intercept
@@ -477,11 +485,11 @@ class FedHM2Regressor(_SiteRegressor):
         self.mcmc, self.n_posterior_draws, self.level, self.standardize = mcmc, n_posterior_draws, level, standardize
         self.scale = scale
         self.participation, self.aggregation, self.aggregator = participation, aggregation, aggregator
-        self.random_state, self.n_jobs = random_state, n_jobs
+        self.random_state, self.n_jobs, self.site_timeout = random_state, n_jobs, site_timeout
 
     # ------------------------------------------------------------------ set-up
     def _params(self) -> dict[str, Any]:
-        keys = ["fit_intercept", "prior", "covariance", "noise", "tau", "mu_scale", "n_rounds", "damping", "tol", "tilted_method", "n_draws", "mcmc", "n_posterior_draws", "level", "standardize", "scale", "participation", "aggregation", "random_state", "n_jobs"]
+        keys = ["fit_intercept", "prior", "covariance", "noise", "tau", "mu_scale", "n_rounds", "damping", "tol", "tilted_method", "n_draws", "mcmc", "n_posterior_draws", "level", "standardize", "scale", "participation", "aggregation", "random_state", "n_jobs", "site_timeout"]
         out = {k: getattr(self, k) for k in keys}
         out["random"] = None if self.random is None else np.asarray(self.random, dtype=bool).tolist()
         if isinstance(out["tau"], np.ndarray):
@@ -641,7 +649,7 @@ class FedHM2Regressor(_SiteRegressor):
             self.privacy_spent_ = self.privacy_ledger_.spent(self.privacy.delta)
         track, history = self.tracker(protocol)
         result = simulate(
-            protocol, stats, n_rounds=int(self.n_rounds), random_state=seed, n_jobs=self.n_jobs,
+            protocol, stats, n_rounds=int(self.n_rounds), random_state=seed, n_jobs=self.n_jobs, site_timeout=self.site_timeout,
             participation=_participation(self.participation), aggregation=self.aggregation,
             aggregator=self.aggregator, stop=track,
         )

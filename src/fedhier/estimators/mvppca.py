@@ -28,6 +28,7 @@ from ..data.validation import check_feature_names, check_sites, check_views, fea
 from ..models.mvppca import predictive
 from ..models.mvppca.waic import waic_site_terms
 from ..models.mvppca.params import GlobalParams, GlobalView, point_model
+from ..protocol.defaults import MVPPCA_TOL
 from ..protocol.mvppca import GLOBAL_FIELDS, BroadcastMetrics, DataScaleWarning, MVPPCAProtocol, global_from_message, stopping_rule
 from ..runtime.checkpoint import read_checkpoint
 from ..runtime.simulate import RoundRecord, simulate
@@ -149,6 +150,11 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         fixed-point precision.
     n_jobs : int, default 1
         Worker processes for the site steps; results are identical for any value.
+    site_timeout : float or None, default None
+        Deadline of one site step, in seconds: a site that has not answered by then is a failed
+        site of that round, and the round goes on with the others (``simulate(site_timeout=...)``;
+        the steps then run in worker processes).  None: no deadline, a site that never answers
+        holds the fit.
     participation, min_sites
         Partial participation and the fewest replies a round needs (see
         :func:`fedhier.runtime.simulate`).
@@ -193,7 +199,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         random_state: int | None = None,
         *,
         n_init: int = 1,
-        tol: float | None = 0.02,
+        tol: float | None = MVPPCA_TOL,
         init: str = "pca",
         local_tol: float | None = 1e-8,
         ig_solver: str = "newton",
@@ -202,6 +208,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         privacy: Any = None,
         aggregation: str = "plain",
         n_jobs: int = 1,
+        site_timeout: float | None = None,
         participation: Any = None,
         min_sites: int = 1,
         progress: bool = False,
@@ -221,6 +228,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         self.privacy = privacy
         self.aggregation = aggregation
         self.n_jobs = n_jobs
+        self.site_timeout = site_timeout
         self.participation = participation
         self.min_sites = min_sites
         self.progress = progress
@@ -363,6 +371,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
                         n_rounds=self.n_rounds,
                         random_state=seed,
                         n_jobs=self.n_jobs,
+                        site_timeout=self.site_timeout,
                         participation=self.participation,
                         min_sites=self.min_sites,
                         callbacks=[metrics, *callbacks],

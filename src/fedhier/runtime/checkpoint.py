@@ -23,7 +23,7 @@ import numpy as np
 
 from ..protocol.base import RoundProtocol
 from ..protocol.messages import Message, MessageSpec
-from ..utils.io import atomic_write_bytes
+from ..utils.io import atomic_write_bytes, remove_stale_temporaries
 from ..utils.untrusted import read_meta_json, read_npz
 
 __all__ = ["Checkpoint", "Fingerprint", "write_checkpoint", "read_checkpoint"]
@@ -110,6 +110,8 @@ class Checkpoint:
 
 
 def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> Path:
+    """Write ``checkpoint`` to ``path`` atomically; temporary files of ``path`` left by a process killed while
+    writing it (an earlier run of the same fit) are removed, so a kill leaves no litter beyond the next round."""
     arrays: dict[str, np.ndarray] = {f"broadcast/{k}": np.asarray(v) for k, v in checkpoint.broadcast.items()}
     for s, state in enumerate(checkpoint.site_states):
         arrays.update({f"state/{s}/{k}": np.asarray(v) for k, v in state.items()})
@@ -125,7 +127,9 @@ def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> Path:
     arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     buf = io.BytesIO()
     np.savez(buf, **arrays)
-    return atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
+    remove_stale_temporaries(path)
+    return Path(path)
 
 
 def read_checkpoint(path: str | Path, *, n_sites: int | None = None) -> Checkpoint:

@@ -314,6 +314,8 @@ class FlowerFitResult:
     nodes : dict site index -> Flower node id
     lost : dict site index -> round in which it stopped answering
     ignored : dict Flower node id -> reason (a node that is not one of the listed sites)
+    converged : bool
+        The stopping rule (``stop``) ended the fit, possibly before ``n_rounds``.
     """
 
     broadcast: Message
@@ -322,6 +324,7 @@ class FlowerFitResult:
     nodes: dict[int, int] = field(default_factory=dict)
     lost: dict[int, int] = field(default_factory=dict)
     ignored: dict[int, str] = field(default_factory=dict)
+    converged: bool = False
 
 
 def _wait_for_nodes(grid: Grid, n_wanted: int, timeout: float, poll: float) -> list[int]:
@@ -700,6 +703,7 @@ def run_rounds(
         for cb in callbacks:
             cb(record, broadcast)
         if stop is not None and stop(record, broadcast):
+            result.converged = True
             break
     return result
 
@@ -988,7 +992,7 @@ def coordinate(grid: Grid, deployment: Deployment, *, resume: bool = False) -> F
 
         hooks = deployment.hooks(None if start is None else start[1])
         if start is not None and hooks.stop is not None and start[2] and hooks.stop(start[2][-1], start[1]):
-            result = FlowerFitResult(broadcast=start[1], history=list(start[2]), seed=seed)  # it had already stopped
+            result = FlowerFitResult(broadcast=start[1], history=list(start[2]), seed=seed, converged=True)  # it had stopped
         else:
             result = run_rounds(
                 grid,
@@ -1057,6 +1061,7 @@ def write_result(out: str | Path, deployment: Deployment, result: FlowerFitResul
                  resumed_after: int | None = None) -> Path:
     """Write the result folder: ``broadcast.fhm`` (the final broadcast, encoded), ``history.json``,
     the family's model (``deployment.write_model``) and, last, ``summary.json`` (status "completed";
+    ``rounds_run`` of at most ``n_rounds``; ``converged``: the stopping rule ended the fit;
     ``resumed_after``: the round of the checkpoint a resumed fit went on from)."""
     out = Path(out)
     protocol = deployment.protocol()
@@ -1076,6 +1081,7 @@ def write_result(out: str | Path, deployment: Deployment, result: FlowerFitResul
             "seed": result.seed,
             "n_rounds": deployment.n_rounds,
             "rounds_run": len(result.history),
+            "converged": result.converged,
             "final_metrics": result.history[-1].metrics if result.history else {},
             "bytes_up": int(sum(sum(r.bytes_up.values()) for r in result.history)),
             "bytes_down": int(sum(sum(r.bytes_down.values()) for r in result.history)),

@@ -31,9 +31,14 @@ leave ``site_seed`` out in a deployment.)
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
+import signal
 import struct
+import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -45,13 +50,52 @@ from .peer import Agreement, PeerAggregation, PeerLost, PeerResult, Transport, r
 __all__ = ["MPITransport", "run_mpi", "world", "DEFAULT_TIMEOUT"]
 
 
-def world():
-    """``MPI.COMM_WORLD``; raises ImportError with the install hint if mpi4py is missing."""
+def world(timeout: float | None = None):
+    """``MPI.COMM_WORLD``; raises ImportError with the install hint if mpi4py is missing.
+
+    ``timeout``: seconds MPI's start-up may take in this process (the peers' deadline).  Start-up
+    waits for every process of the job, so one frozen or never started holds the others inside
+    MPI's own code, where no Python runs; past the deadline a watcher process started for it
+    prints one line, ``fedhier: error: ...``, and ends this process, which ends the job (MPICH stops
+    every rank when one ends abnormally).  None: no deadline.
+    """
     try:
-        from mpi4py import MPI
+        import mpi4py  # noqa: F401
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError('the MPI runtime needs mpi4py: pip install -e ".[mpi]" (mpi4py + mpich)') from exc
+    with _start_up_deadline(None if "mpi4py.MPI" in sys.modules else timeout):
+        from mpi4py import MPI
     return MPI.COMM_WORLD
+
+
+@contextlib.contextmanager
+def _start_up_deadline(timeout: float | None) -> Iterator[None]:
+    """Within the block (MPI's start-up), a process forked for it ends this one after ``timeout`` seconds.
+
+    MPI_Init holds Python's interpreter lock while it waits for the other processes, so no thread of
+    this process could act; the watcher is a separate process that only waits on a pipe, which this
+    process closes when the block ends."""
+    if timeout is None:
+        yield
+        return
+    parent = os.getpid()
+    done, signal_done = os.pipe()
+    watcher = os.fork()
+    if watcher == 0:  # the watcher: waits for the pipe to close, or for the deadline
+        os.close(signal_done)
+        ready, _, _ = select.select([done], [], [], timeout)
+        if not ready:
+            rank = os.environ.get("PMI_RANK", "?")
+            os.write(2, (f"fedhier: error: site {rank}: MPI start-up did not finish within {timeout:g} s: a process of "
+                         "the job has not joined it (frozen, or never started); the job is stopped, start it again\n").encode())
+            os.kill(parent, signal.SIGKILL)
+        os._exit(0)
+    os.close(done)
+    try:
+        yield
+    finally:
+        os.close(signal_done)
+        os.waitpid(watcher, 0)
 
 
 #: seconds a peer waits for a message before it reports the sender lost

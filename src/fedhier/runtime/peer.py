@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -34,7 +34,10 @@ from .graphs import (GraphSpectrum, StepRule, check_adjacency, consensus_steps, 
 from ..protocol.base import RoundProtocol, SiteContext, check_disclosure
 from ..protocol.messages import Field, Message, MessageSpec, decode, encode
 from .observers import round_done
-from .simulate import RoundRecord, site_rng
+if TYPE_CHECKING:
+    from .workers import SiteWorkers
+from .simulate import (RoundRecord, SiteFailedWarning, _LOST, _pool_init, _site_step_in_worker, decode_state,
+                       encode_site_broadcast, encode_state, site_rng)
 
 __all__ = ["PeerAggregation", "ConsensusPlan", "PeerResult", "simulate_peers", "run_peer_rounds", "Transport",
            "InProcessTransport", "aggregate_sums", "Agreement", "PeerLost", "PeerGraphSplit"]
@@ -520,7 +523,8 @@ def _plan(adjacency: np.ndarray | None, alive: Sequence[int], aggregation: PeerA
 def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], transport: Transport, *, n_rounds: int,
                     adjacency: np.ndarray | None, aggregation: PeerAggregation, seed: int,
                     site_seed: int | None = None, stop: Callable[[Message], bool] | None = None,
-                    on_round: Callable[["PeerResult"], None] | None = None) -> PeerResult:
+                    on_round: Callable[["PeerResult"], None] | None = None,
+                    workers: SiteWorkers | None = None) -> PeerResult:
     """Algorithm 1 on the sites of ``transport`` (shared by the in-process and MPI runtimes).
 
     ``seed`` is the run's public seed, known to every site (graph relabelling);
@@ -540,6 +544,10 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
     split, fewer than 3 peers (or fewer than the Shamir threshold) remain, or the
     survivors cannot agree, the run stops with :class:`PeerGraphSplit`, which carries
     every local site's model, state and history after the last completed round.
+
+    ``workers`` (in-process sites only, :func:`simulate_peers` with ``site_timeout``): the local
+    sites' steps run in these worker processes under their deadline; a site whose step overruns
+    it, fails or loses its worker stops answering from that round on (it is lost, as above).
     """
     if protocol.combine != "sum":
         raise ValueError(f"protocol {protocol.name!r} combines by {protocol.combine!r}; the peer runtime computes sums")
@@ -590,13 +598,16 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
 
         transport.start_round(rnd)
         vectors = {}
-        for s in transport.local_sites:
-            ctx = SiteContext(site=s, round=rnd, rng=site_rng(site_seed, rnd, s), data=site_data[s],
-                              state=dict(states[s]))
-            reply = protocol.site_step(ctx, protocol.site_broadcast(broadcasts[s], s))
-            check_disclosure(protocol, reply, ctx.releases)
-            states[s] = ctx.state
-            vectors[s] = protocol.reply_spec.flatten(reply)
+        if workers is None:
+            for s in transport.local_sites:
+                ctx = SiteContext(site=s, round=rnd, rng=site_rng(site_seed, rnd, s), data=site_data[s],
+                                  state=dict(states[s]))
+                reply = protocol.site_step(ctx, protocol.site_broadcast(broadcasts[s], s))
+                check_disclosure(protocol, reply, ctx.releases)
+                states[s] = ctx.state
+                vectors[s] = protocol.reply_spec.flatten(reply)
+        else:
+            _steps_in_workers(workers, protocol, transport, rnd, site_seed, broadcasts, states, vectors)
         while True:
             sums = None
             try:
@@ -655,7 +666,7 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
 def simulate_peers(protocol: RoundProtocol, sites: Sequence[Any], *, n_rounds: int, graph: np.ndarray | None = None,
                    aggregation: PeerAggregation | None = None, random_state: int | None = None,
                    stop: Callable[[Message], bool] | None = None,
-                   lose: Mapping[int, Sequence[int]] | None = None) -> PeerResult:
+                   lose: Mapping[int, Sequence[int]] | None = None, site_timeout: float | None = None) -> PeerResult:
     """Run ``protocol`` on ``S = len(sites)`` peers in this process (spec Algorithm 1).
 
     Parameters
@@ -679,6 +690,11 @@ def simulate_peers(protocol: RoundProtocol, sites: Sequence[Any], *, n_rounds: i
         Fault injection: these sites stop answering in that round, after their site step
         (as a killed or frozen peer would); the others go on without them, or stop with
         :class:`PeerGraphSplit` (see :func:`run_peer_rounds`).
+    site_timeout : float, optional
+        Deadline of one site step, in seconds (None: no deadline).  The steps then run in a
+        worker process (:class:`~fedhier.runtime.workers.SiteWorkers`); a site that has not
+        answered by the deadline, or whose step failed, is lost from that round on, as a frozen
+        peer is (see ``lose``).
     """
     n_sites = len(sites)
     seed = int(np.random.SeedSequence(random_state).entropy if random_state is None else random_state)
@@ -687,5 +703,35 @@ def simulate_peers(protocol: RoundProtocol, sites: Sequence[Any], *, n_rounds: i
     if adjacency.shape[0] != n_sites:
         raise ValueError(f"peer graph has {adjacency.shape[0]} vertices but there are {n_sites} sites")
     transport = InProcessTransport(n_sites, lose)
-    return run_peer_rounds(protocol, dict(enumerate(sites)), transport, n_rounds=n_rounds, adjacency=adjacency,
-                           aggregation=aggregation, seed=seed, site_seed=None if random_state is None else seed, stop=stop)
+    if site_timeout is None:
+        return run_peer_rounds(protocol, dict(enumerate(sites)), transport, n_rounds=n_rounds, adjacency=adjacency,
+                               aggregation=aggregation, seed=seed, site_seed=None if random_state is None else seed, stop=stop)
+    from .workers import SiteWorkers
+
+    with SiteWorkers(1, _site_step_in_worker, _pool_init, (protocol, sites), timeout=site_timeout) as workers:
+        return run_peer_rounds(protocol, dict(enumerate(sites)), transport, n_rounds=n_rounds, adjacency=adjacency,
+                               aggregation=aggregation, seed=seed, site_seed=None if random_state is None else seed, stop=stop,
+                               workers=workers)
+
+
+def _steps_in_workers(workers: SiteWorkers, protocol: RoundProtocol, transport: InProcessTransport, rnd: int,
+                      site_seed: int | None, broadcasts: dict, states: dict, vectors: dict) -> None:
+    """The local sites' steps of round ``rnd`` in ``workers``, under their deadline; fills ``states`` and ``vectors``.
+
+    A site without a reply (its step overran the deadline, failed, or lost its worker) is silenced: it stops
+    answering, so the round's aggregation reports it lost and the others go on without it.  Its vector is
+    zeros, never summed (the survivors redo the round without it)."""
+    import warnings
+
+    done = workers.run({s: (s, rnd, site_seed, encode_site_broadcast(protocol, broadcasts[s], s), encode_state(states[s]))
+                        for s in transport.local_sites}, describe_lost=lambda why: _LOST[why].format(workers.timeout))
+    for s in transport.local_sites:
+        status, payload, state_bytes = done[s]
+        if status == "ok":
+            states[s] = decode_state(state_bytes)
+            vectors[s] = protocol.reply_spec.flatten(decode(protocol.reply_spec, payload))
+        else:
+            transport.silence([s])
+            vectors[s] = np.zeros(sum(f.size for f in protocol.reply_spec.fields.values()))
+            warnings.warn(f"round {rnd}: site {s} gave no reply ({str(payload).splitlines()[0]}); the other peers go on "
+                          "without it for the rest of the fit", SiteFailedWarning, stacklevel=3)

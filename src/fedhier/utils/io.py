@@ -6,17 +6,21 @@ import csv
 import io
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "write_csv", "write_json", "json_text", "markdown_table"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "remove_stale_temporaries", "write_csv", "write_json", "json_text",
+           "markdown_table"]
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
+
+    An OSError of the writing itself (a full disk: ``ENOSPC``) names ``path``; the temporary file is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -26,10 +30,26 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from exc
         raise
     return path
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files an interrupted :func:`atomic_write_bytes` of ``path`` left (a process killed
+    between its write and its rename): ``.NAME.XXXXXXXX`` beside ``path``.  Call it where one process alone
+    writes ``path`` (a fit's own checkpoint).  Returns the files removed."""
+    path = Path(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}")
+    removed = []
+    for entry in path.parent.glob(f".{path.name}.*"):
+        if pattern.fullmatch(entry.name) and entry.is_file() and not entry.is_symlink():
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

@@ -16,19 +16,32 @@ staging folder *published*:
   a file it did not write.
 
 On any failure or interrupt (``KeyboardInterrupt`` included) the staging folder, and any parent
-folder created for it, is removed and the target is left as it was.
+folder created for it, is removed and the target is left as it was.  A disk that fills up (or a
+quota reached) while the results are written ends in :class:`ResultsNotWritten`, which names the
+folder and the cause in one line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import os
 import shutil
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["RESULT_FILES", "REPORT_FILES", "check_output_folder", "check_inputs_outside", "result_folder"]
+__all__ = ["RESULT_FILES", "REPORT_FILES", "ResultsNotWritten", "check_output_folder", "check_inputs_outside",
+           "result_folder"]
+
+#: errors of a disk that cannot take the results: full, or the user's quota reached
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class ResultsNotWritten(OSError):
+    """The result folder could not be written (the disk is full, a quota is reached); nothing of it was kept.
+
+    ``filename`` is the result folder, ``strerror`` the cause, as the command line prints them."""
 
 #: what a report folder holds (:meth:`fedhier.report.document.Report.write`)
 REPORT_FILES = ("report.html", "report.md", "figures")
@@ -151,7 +164,10 @@ def result_folder(target: str | os.PathLike, *, what: str = "--out", key: str = 
                 os.rename(aside, target)
                 raise
             shutil.rmtree(aside, ignore_errors=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
         _remove_empty(created)
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE:
+            raise ResultsNotWritten(exc.errno, f"{os.strerror(exc.errno)} while writing the results; nothing was written "
+                                    f"(free some space, or choose another {what} folder)", str(given)) from None
         raise
