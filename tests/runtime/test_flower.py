@@ -99,6 +99,9 @@ class LocalGrid:
         self._ids = itertools.count()
         # each site's own secret seed, set to the simulation's so that the fits can be compared bit for bit
         self.node_seed = {"seed": str(config.seed)}
+        # each site's long-term key and the roster of them all, given to every SuperNode by its operator
+        folder = Path(next(iter(nodes.values()))[1]).parent
+        self.site_keys, self.roster = _site_keys(folder, {*config.sites, *(name for name, _ in nodes.values())})
 
     def get_node_ids(self):
         return list(self.nodes)
@@ -132,7 +135,9 @@ class LocalGrid:
                 continue
             site, path = self.nodes[node]
             context = Context(
-                run_id=1, node_id=node, node_config={"site": site, "data": str(path), **self.node_seed}, state=self.states[node],
+                run_id=1, node_id=node, state=self.states[node],
+                node_config={"site": site, "data": str(path), **self.node_seed, "site-key": str(self.site_keys[site]),
+                             "roster": str(self.roster)},
                 run_config={RUN_CONFIG_KEY: self.config.to_json()},
             )
             self.delivered.append((node, msg.metadata.message_type, dict(msg.content.config_records["fedhier"])))
@@ -142,6 +147,28 @@ class LocalGrid:
             if node in self.vanish_after.get((int(msg.metadata.group_id), msg.metadata.message_type), ()):
                 self.behaviour[node] = "unreachable"
         return replies
+
+
+def _site_keys(folder: Path, names) -> tuple[dict[str, Path], Path]:
+    """A key pair per site in ``folder/site-keys`` (made once) and the roster file of all of them."""
+    from fedhier.secure.keys import Roster, load_signing_key
+
+    keys = {}
+    for name in sorted(names):
+        keys[name] = folder / "site-keys" / name
+        if not keys[name].exists():
+            make_site_key(keys[name])
+    roster = folder / "site-keys" / "roster.txt"
+    Roster({name: load_signing_key(path) for name, path in keys.items()}).write(roster)
+    return keys, roster
+
+
+def _identity(folder: Path, site: str, names) -> dict:
+    """What ``secure_site_step`` takes from a SuperNode's config: its key and the roster."""
+    from fedhier.secure.keys import Roster, load_signing_key
+
+    keys, roster = _site_keys(folder, names)
+    return {"signing_key": load_signing_key(keys[site]), "roster": Roster.read(roster)}
 
 
 @pytest.fixture(autouse=True)
@@ -519,18 +546,20 @@ def test_secure_round_with_too_many_drops_fails_and_writes_nothing(demo5):
     seen = []
     with pytest.raises(RoundFailed, match=r"round 2: secure aggregation failed: .*fewer than the threshold t = 3") as info:
         _run(grid, config, aggregator=config.aggregator(), callbacks=[lambda record, _b: seen.append(record.round)])
-    assert "site 0 (hospital-a): unmask: Flower error 3" in str(info.value)
+    assert "site 0 (hospital-a): sign_survivors: Flower error 3" in str(info.value)
     assert seen == [1]
 
 
 def test_a_site_answers_each_secure_step_of_a_round_once(demo):
-    _, config, _ = demo
+    folder, config, _ = demo
     config = config.replace(aggregation="secure")
-    fields, kept = secure_site_step(config, "hospital-a", "advertise_keys", {"round": 2}, {"round": 2, "reply": b""})
+    identity = _identity(folder, "hospital-a", config.sites)
+    fields, kept = secure_site_step(config, "hospital-a", "advertise_keys", {"round": 2}, {"round": 2, "reply": b""}, **identity)
     assert fields["status"] == "ok" and set(kept) == {"round", "reply", "secagg"}
-    fields, kept = secure_site_step(config, "hospital-a", "advertise_keys", {"round": 2}, kept)
+    fields, kept = secure_site_step(config, "hospital-a", "advertise_keys", {"round": 2}, kept, **identity)
     assert fields["error"] == "SecAggProtocolError: site 'hospital-a' already advertised its keys for round 2" and kept is None
-    fields, kept = secure_site_step(config, "hospital-a", "share_keys", {"round": 3, "payload": b""}, {"round": 2, "reply": b""})
+    fields, kept = secure_site_step(config, "hospital-a", "share_keys", {"round": 3, "payload": b""}, {"round": 2, "reply": b""},
+                                    **identity)
     assert fields["error"] == "SecAggProtocolError: site 'hospital-a' holds no reply for round 3" and kept is None
 
 
@@ -546,7 +575,8 @@ def test_secure_configuration(tmp_path):
         'aggregation = "masked"\n' + base: "aggregation must be 'plain' or 'secure', got 'masked'",
         base + "[secure]\nthreshold = 2\n": 'a \\[secure\\] table needs aggregation = "secure"',
         'aggregation = "secure"\n' + base + "[secure]\nshares = 2\n": r"unknown key\(s\) \['shares'\] in \[secure\]",
-        'aggregation = "secure"\n' + base + "[secure]\nthreshold = 4\n": r"\[secure\] threshold must be between 2 and 3, got 4",
+        'aggregation = "secure"\n' + base + "[secure]\nthreshold = 4\n": r"\[secure\] threshold must be more than half of 3 sites and at most 3, got 4",
+        'aggregation = "secure"\n' + base + "[secure]\nthreshold = 1\n": r"\[secure\] threshold must be more than half of 3 sites",
         'aggregation = "secure"\n' + base + "[secure]\nthreshold = 2.5\n": r"\[secure\] threshold must be an integer, got 2.5",
         'aggregation = "secure"\n' + base + "[secure]\nfrac_bits = 60\n": r"\[secure\] frac_bits must be an integer in \[0, 52\]",
     }
@@ -1155,8 +1185,9 @@ def test_a_secure_step_imports_neither_the_model_nor_dp_accounting(demo):
 
     from fedhier.runtime.flower import _spec_from_text, _spec_text
 
-    _, config, _ = demo
+    folder, config, _ = demo
     config = config.replace(aggregation="secure")
+    keys, roster = _site_keys(folder, config.sites)
     spec = config.reply_spec()
     assert _spec_from_text(_spec_text(spec)) == spec and any(f.optional for f in spec.fields.values())
     code = (
@@ -1165,7 +1196,9 @@ def test_a_secure_step_imports_neither_the_model_nor_dp_accounting(demo):
         "from fedhier.runtime.flower import secure_site_step\n"
         f"config = fit_from_json({config.to_json()!r})\n"
         f"kept = {{'round': 2, 'reply': b'', 'spec': {_spec_text(spec)!r}}}\n"
-        "fields, kept = secure_site_step(config, 'hospital-a', 'advertise_keys', {'round': 2}, kept)\n"
+        "from fedhier.secure.keys import Roster, load_signing_key\n"
+        f"identity = dict(signing_key=load_signing_key({str(keys['hospital-a'])!r}), roster=Roster.read({str(roster)!r}))\n"
+        "fields, kept = secure_site_step(config, 'hospital-a', 'advertise_keys', {'round': 2}, kept, **identity)\n"
         "assert fields['status'] == 'ok', fields\n"
         "print(' '.join(sorted(sys.modules)))\n"
     )
