@@ -563,6 +563,26 @@ def test_a_site_answers_each_secure_step_of_a_round_once(demo):
     assert fields["error"] == "SecAggProtocolError: site 'hospital-a' holds no reply for round 3" and kept is None
 
 
+def test_a_coordinator_repeating_a_secure_round_without_a_site_is_refused(demo5):
+    """The coordinator sends round 1's broadcast again to every site but site 0 and runs the secure sum on them:
+    the difference of the two sums would be site 0's reply.  Each site refuses a broadcast it already answered."""
+    from flwr.app import ConfigRecord
+
+    from fedhier.runtime.flower import _exchange, _secure_sum
+
+    folder, config, _ = demo5
+    grid, nodes = _grid(folder, config, names=config.sites)
+    aggregator = config.aggregator()
+    _run(grid, config.replace(n_rounds=1), aggregator=aggregator)  # an honest round 1
+    requests = {node: content for node, kind, content in grid.delivered if kind == "train"}
+    cohort = {s: nodes[s] for s in (1, 2, 3, 4)}
+    replies, _ = _exchange(grid, {n: RecordDict({"fedhier": ConfigRecord(requests[n])}) for n in cohort.values()},
+                           "train", 1, 5.0, 0.01)
+    assert [dict(r.content.config_records["fedhier"])["status"] for r in replies.values()] == ["held"] * 4
+    with pytest.raises(RoundFailed, match="site 1 .*this site already answered this reply to this broadcast"):
+        _secure_sum(grid, aggregator, config.protocol().reply_spec, 1, cohort, config.sites, 5.0, 0.01)
+
+
 def test_secure_configuration(tmp_path):
     base = 'n_components = 2\n[views]\na = ["x", "y", "z"]\n[flower]\nsites = ["s1", "s2", "s3"]\n'
     config = FlowerFitConfig.from_toml('aggregation = "secure"\n' + base + "[secure]\nthreshold = 3\nfrac_bits = 20\n")
