@@ -94,6 +94,14 @@ class SecureAggregator:
         self._signing_keys = {s: crypto.generate_signing_key() for s in range(self.n_sites)}
         self._journals: dict[int, set[bytes]] = {s: set() for s in range(self.n_sites)}
 
+    def __getstate__(self) -> dict:
+        # the simulated sites' long-term keys are secrets of this process: a copy (pickle) draws its own
+        return {k: v for k, v in self.__dict__.items() if k != "_signing_keys"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._signing_keys = {s: crypto.generate_signing_key() for s in range(self.n_sites)}
+
     @property
     def roster(self) -> dict[int, object]:
         """The simulated sites' long-term public keys (site -> Ed25519 public key)."""
