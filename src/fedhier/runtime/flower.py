@@ -818,7 +818,7 @@ def secure_site_step(deployment: Deployment, site: str, step: str, request: Mapp
         if missing:
             raise SecAggProtocolError(f"site {site!r}: the roster has no key for sites {missing} of the fit")
         identity = dict(signing_key=signing_key, roster={k: roster[name] for k, name in enumerate(deployment.sites)},
-                        journal=answered, context=bytes(kept.get("context", b"")) if answered is not None else None)
+                        journal=answered, context=None if answered is None else bytes(kept["context"]))
         if step == "advertise_keys":
             secagg = SecAggSite(deployment.sites.index(site), params, **identity)
             message = secagg.advertise_keys()
