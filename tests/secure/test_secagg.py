@@ -488,3 +488,38 @@ def test_a_secure_fit_on_a_sparse_graph_equals_the_plain_fit():
     secure = simulate(NoisyMean(), sites, n_rounds=2, random_state=2, aggregation="secure", aggregator=aggregator)
     plain = simulate(NoisyMean(), sites, n_rounds=2, random_state=2)
     np.testing.assert_allclose(secure.broadcast["mean"], plain.broadcast["mean"], rtol=0, atol=1e-6)
+
+
+def test_site_keys_sign_and_the_roster_file_round_trips(tmp_path):
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from fedhier.cli.flower import make_site_key
+
+    private, public = make_site_key(tmp_path / "hospital-a-key")  # ECDSA P-384, as `fedhier flower key` makes it
+    ecdsa = crypto.load_signing_key(private)
+    assert isinstance(ecdsa, ec.EllipticCurvePrivateKey)
+    ed = crypto.generate_signing_key()
+    path = tmp_path / "roster.txt"
+    path.write_text(f"# agreed on 2026-11-28\nhospital-a {public.read_text().strip()}\n\nhospital-b {crypto.public_key_text(ed)}\n")
+    roster = crypto.Roster.read(path)
+    assert list(roster) == ["hospital-a", "hospital-b"]
+    for name, key in (("hospital-a", ecdsa), ("hospital-b", ed)):
+        sig = crypto.sign(key, b"statement")
+        assert len(sig) == crypto.SIGNATURE_BYTES
+        assert crypto.verify(roster[name], sig, b"statement")
+        assert not crypto.verify(roster[name], sig, b"another statement")
+        assert not crypto.verify(roster[name], bytes([sig[0] ^ 1]) + sig[1:], b"statement")
+        assert not crypto.verify(roster["hospital-b" if name == "hospital-a" else "hospital-a"], sig, b"statement")
+    roster.write(tmp_path / "copy.txt")
+    assert {n: crypto.public_key_text(k) for n, k in crypto.Roster.read(tmp_path / "copy.txt").items()} == \
+        {n: crypto.public_key_text(k) for n, k in roster.items()}
+    for text, message in (("hospital-a\n", "line 1: expected 'site-name key-type key'"),
+                          (f"a {crypto.public_key_text(ed)}\na {crypto.public_key_text(ed)}\n", "line 2: site 'a' is listed twice"),
+                          ("a ssh-ed25519 AAAAnotakey\n", "line 1: not an OpenSSH public key"), ("# nobody\n", "lists no site")):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            crypto.Roster.read(path)
+    with pytest.raises(ValueError, match="the roster has no key for sites \\[5\\]"):
+        SecAggSite(0, SecAggParams(SITES + (5,), 4, FP, 3), signing_key=KEYS[0], roster={u: ROSTER[u] for u in SITES})
+    with pytest.raises(ValueError, match="its signing key is not the key the roster holds for it"):
+        SecAggSite(0, SecAggParams(SITES, 3, FP, 3), signing_key=KEYS[1], roster=ROSTER)
