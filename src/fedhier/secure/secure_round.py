@@ -120,7 +120,7 @@ class SecureAggregator:
         Each site's input is ``spec.flatten(reply)``, of length ``sum of the field sizes``;
         the server's total unflattens with ``spec.unflatten``.  Threshold, fixed point and
         session label are those of :meth:`sum`, so both give the same total.  On a sparse
-        graph (``neighbours`` not None) the server's roster and survivor list are one
+        graph (``neighbours`` not None) the server's key list and signatures are one
         message per site (:func:`fedhier.secure.secagg.to_site`).
         """
         length = sum(f.size for f in spec.fields.values())
