@@ -13,7 +13,7 @@ everything it can send) against honest sites, and tries to learn one victim's in
 Each attack ends with an honest site refusing (a clear error) before anything that would
 reveal the victim's input has left it; the attack is also checked to work when the defence
 is missing (the site sketched as it was before), so the tests have power.  Honest secure
-sums still equal plain ones with dropouts.
+sums still equal plain ones with dropouts, and honest fits (FedLin EP, Fed-mv-PPCA) plain ones.
 """
 
 from __future__ import annotations
@@ -259,3 +259,33 @@ def test_honest_secure_sums_equal_plain_sums_with_dropouts():
     x = {u: rng.normal(scale=50.0, size=M) for u in range(30)}
     result = secure_sum(x, threshold=4, fixed_point=FixedPoint(frac_bits=36, max_abs=2.0**14), neighbours=6, drop_after_masking=[3])
     np.testing.assert_allclose(result.total, sum(x.values()), rtol=0, atol=1e-9)
+
+
+def test_honest_secure_fits_equal_plain_fits_with_dropouts_in_simulation():
+    """FedLin's EP and Fed-mv-PPCA, two rounds summed securely with a site dropping after its masked input in
+    round 2: the same global parameters as plain sums, to 1e-9 (relative, for Fed-mv-PPCA's large precisions)."""
+    from fedhier.data.schema import ViewSchema
+    from fedhier.models.fedlin.hierarchy import GaussianHierarchy
+    from fedhier.models.fedlin.stats import SiteStats
+    from fedhier.protocol.fedlin import EPProtocol
+    from fedhier.protocol.mvppca import MVPPCAProtocol
+    from fedhier.runtime.simulate import simulate
+
+    rng = np.random.default_rng(4)
+    stats = []
+    for _ in range(5):  # linear regressions y = X theta_k + noise, one per site
+        X = rng.standard_normal((30, 2))
+        stats.append(SiteStats.from_data(X, X @ (np.array([1.0, -0.5]) + 0.5 * rng.standard_normal(2)) + 0.3 * rng.standard_normal(30)))
+    ep = EPProtocol(GaussianHierarchy(2, covariance="fixed", tau=[0.5, 0.5], noise=0.09), max_rounds=2)
+    views = {"a": 4, "b": 3}
+    W = {v: rng.uniform(-0.3, 0.3, size=(d, 2)) for v, d in views.items()}
+    blocks = [{v: 0.5 + rng.normal(size=(40, 2)) @ W[v].T + 0.05 * rng.normal(size=(40, d)) for v, d in views.items()}
+              for _ in range(5)]
+    ppca = MVPPCAProtocol(ViewSchema(tuple(views), tuple(views.values())), 2, n_local_iter=2, n_first_iter=3)
+    for protocol, data, keys in ((ep, stats, ("Q", "r")), (ppca, blocks, None)):
+        plain = simulate(protocol, data, n_rounds=2, random_state=0)
+        secure = simulate(protocol, data, n_rounds=2, random_state=0, aggregation="secure",
+                          aggregator=SecureAggregator(5, frac_bits=40, drop_after_masking={2: [3]}))
+        assert secure.history[1].sites == [0, 1, 2, 3, 4]  # site 3's masked input is still in the sum
+        for key in keys or plain.broadcast:
+            np.testing.assert_allclose(secure.broadcast[key], plain.broadcast[key], rtol=1e-9, atol=1e-9, err_msg=key)
