@@ -651,6 +651,20 @@ def test_command_lines(tmp_path, demo):
     assert cli_flower(["site", "--site", "hospital-a", "--data", str(tmp_path / "nope.csv"), "--superlink", "h:1", "--insecure"]) == 2
 
 
+def test_a_site_command_carries_its_signing_key_and_the_roster(tmp_path, demo):
+    folder, _, _ = demo
+    key, _ = make_site_key(tmp_path / "hospital-a-key")
+    roster = tmp_path / "roster.txt"
+    roster.write_text("")
+    cmd = supernode_command(superlink="h:1", site="hospital-a", data=folder / "hospital-a.csv", insecure=True, auth_key=key,
+                            roster=roster)
+    node_config = cmd[cmd.index("--node-config") + 1]
+    assert f'site-key="{key.resolve()}"' in node_config and f'roster="{roster.resolve()}"' in node_config
+    with pytest.raises(ValueError, match="the roster file .* must exist"):
+        supernode_command(superlink="h:1", site="hospital-a", data=folder / "hospital-a.csv", insecure=True,
+                          roster=tmp_path / "none.txt")
+
+
 def test_certificates_verify_for_loopback(tmp_path):
     from cryptography import x509
     from cryptography.hazmat.primitives.asymmetric import ec
