@@ -563,6 +563,21 @@ def test_a_site_answers_each_secure_step_of_a_round_once(demo):
     assert fields["error"] == "SecAggProtocolError: site 'hospital-a' holds no reply for round 3" and kept is None
 
 
+def test_a_site_refuses_a_fit_listing_too_few_sites_of_its_roster(demo):
+    """A coordinator lists 3 of the 5 sites of the roster, with t = 2: a sum over 2 sites is not what the operators
+    agreed to; the site refuses (the threshold is measured against the roster, not the fit's list)."""
+    from fedhier.secure.keys import Roster, generate_signing_key
+
+    folder, config, _ = demo
+    config = config.replace(aggregation="secure")
+    identity = _identity(folder, "hospital-a", config.sites)
+    roster = Roster({**identity["roster"], "hospital-d": generate_signing_key(), "hospital-e": generate_signing_key()})
+    fields, kept = secure_site_step(config, "hospital-a", "advertise_keys", {"round": 2}, {"round": 2, "reply": b""},
+                                    signing_key=identity["signing_key"], roster=roster)
+    assert fields["error"] == ("SecAggProtocolError: site 'hospital-a': the fit's threshold t = 2 is not more than half of "
+                               "the 5 sites of the roster; this site refuses the secure sum") and kept is None
+
+
 def test_a_coordinator_repeating_a_secure_round_without_a_site_is_refused(demo5):
     """The coordinator sends round 1's broadcast again to every site but site 0 and runs the secure sum on them:
     the difference of the two sums would be site 0's reply.  Each site refuses a broadcast it already answered."""

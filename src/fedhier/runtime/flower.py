@@ -791,7 +791,7 @@ def secure_site_step(deployment: Deployment, site: str, step: str, request: Mapp
         The site's long-term key (:func:`fedhier.secure.keys.load_signing_key`).
     roster : mapping site name -> public key
         The roster the operators agreed on (:class:`fedhier.secure.keys.Roster`); it must
-        hold every site of the fit.
+        hold every site of the fit, and the threshold must be more than half of its sites.
     answered : set of bytes, optional
         The contexts this site has already answered; ``masked_input`` adds to it, and refuses
         a context already in it.
@@ -817,6 +817,10 @@ def secure_site_step(deployment: Deployment, site: str, step: str, request: Mapp
         missing = [name for name in deployment.sites if name not in roster]
         if missing:
             raise SecAggProtocolError(f"site {site!r}: the roster has no key for sites {missing} of the fit")
+        if 2 * params.threshold <= len(roster):
+            # the coordinator chooses which sites of the roster a fit lists: t is measured against the roster
+            raise SecAggProtocolError(f"site {site!r}: the fit's threshold t = {params.threshold} is not more than half "
+                                      f"of the {len(roster)} sites of the roster; this site refuses the secure sum")
         identity = dict(signing_key=signing_key, roster={k: roster[name] for k, name in enumerate(deployment.sites)},
                         journal=answered, context=None if answered is None else bytes(kept["context"]))
         if step == "advertise_keys":
