@@ -105,9 +105,9 @@ def test_key_substitution_makes_the_victim_abort_before_it_shares_anything():
 def test_key_substitution_recovers_the_input_of_a_site_without_a_roster():
     # the same attack against a site that takes the server's key list on trust (the site before signatures)
     class Trusting(SecAggSite):
-        def share_keys(self, roster):
+        def share_keys(self, key_list):
             self._roster = dict.fromkeys(self.params.sites, _Anything())
-            return super().share_keys(roster)
+            return super().share_keys(key_list)
 
     recovered, x0 = _substitute_keys(lambda params: Trusting(0, params, signing_key=KEYS[0], roster=ROSTER))
     np.testing.assert_allclose(recovered, x0, atol=FP.precision)

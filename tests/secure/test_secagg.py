@@ -58,8 +58,8 @@ class Session:
         return replies
 
     def run_to_masked(self, drop_before=()):
-        roster = self.server.collect_keys(self._send({u: s.advertise_keys() for u, s in self.sites.items()}))
-        routed = self.server.route_shares(self._send({u: s.share_keys(roster) for u, s in self.sites.items()}))
+        key_list = self.server.collect_keys(self._send({u: s.advertise_keys() for u, s in self.sites.items()}))
+        routed = self.server.route_shares(self._send({u: s.share_keys(key_list) for u, s in self.sites.items()}))
         masked = {u: self.sites[u].masked_input(self.vectors[u], routed[u]) for u in routed if u not in drop_before}
         self.listing = self.server.collect_masked(self._send(masked))
         return {u: decode(self.params.masked_spec, data)["y"] for u, data in masked.items()}
@@ -206,8 +206,8 @@ def _resumed_session(params, x, drop_before_sharing, drop_after_masking):
         return message
 
     server = SecAggServer(params)
-    roster = server.collect_keys({u: step(u, "advertise_keys") for u in params.sites})
-    routed = server.route_shares({u: step(u, "share_keys", to_site(roster, u)) for u in params.sites
+    key_list = server.collect_keys({u: step(u, "advertise_keys") for u in params.sites})
+    routed = server.route_shares({u: step(u, "share_keys", to_site(key_list, u)) for u in params.sites
                                   if u not in drop_before_sharing})
     listing = server.collect_masked({u: step(u, "masked_input", x[u], routed[u]) for u in routed})
     answering = [u for u in routed if u not in drop_after_masking]
@@ -233,8 +233,8 @@ def test_a_site_saved_and_resumed_between_steps_gives_the_same_total():
 
 def test_a_site_dropping_before_sharing_is_left_out_and_cannot_be_listed():
     session = Session(_inputs(seed=23))
-    roster = session.server.collect_keys({u: s.advertise_keys() for u, s in session.sites.items()})
-    routed = session.server.route_shares({u: session.sites[u].share_keys(roster) for u in (0, 1, 2, 3)})
+    key_list = session.server.collect_keys({u: s.advertise_keys() for u, s in session.sites.items()})
+    routed = session.server.route_shares({u: session.sites[u].share_keys(key_list) for u in (0, 1, 2, 3)})
     assert sorted(routed) == [0, 1, 2, 3]
     listing = session.server.collect_masked({u: session.sites[u].masked_input(session.vectors[u], routed[u])
                                              for u in routed})
@@ -248,8 +248,8 @@ def test_a_site_dropping_before_sharing_is_left_out_and_cannot_be_listed():
 
 def test_tampered_share_ciphertext_is_detected_by_its_recipient():
     session = Session(_inputs(seed=16))
-    roster = session.server.collect_keys({u: s.advertise_keys() for u, s in session.sites.items()})
-    routed = session.server.route_shares({u: s.share_keys(roster) for u, s in session.sites.items()})
+    key_list = session.server.collect_keys({u: s.advertise_keys() for u, s in session.sites.items()})
+    routed = session.server.route_shares({u: s.share_keys(key_list) for u, s in session.sites.items()})
     msg = decode(session.params.routed_spec, routed[0])
     msg["from_1"] = msg["from_1"] ^ np.uint64(1)
     with pytest.raises(SecAggProtocolError, match="share bundle from site 1"):
@@ -398,8 +398,8 @@ class SparseSession:
         rngs = np.random.default_rng(seed).spawn(len(x))
         self.sites = {u: _site(u, self.params, r) for u, r in zip(self.params.sites, rngs)}
         self.server = SecAggServer(self.params)
-        roster = self.server.collect_keys({u: s.advertise_keys() for u, s in self.sites.items()})
-        routed = self.server.route_shares({u: s.share_keys(to_site(roster, u)) for u, s in self.sites.items()})
+        key_list = self.server.collect_keys({u: s.advertise_keys() for u, s in self.sites.items()})
+        routed = self.server.route_shares({u: s.share_keys(to_site(key_list, u)) for u, s in self.sites.items()})
         masked = {u: self.sites[u].masked_input(x[u], routed[u]) for u in routed}
         self.y = {u: decode(self.params.masked_spec, data)["y"] for u, data in masked.items()}
         listing = self.server.collect_masked(masked)
@@ -442,7 +442,7 @@ def _residual_after_attack(session, victim, coalition):
             seed = crypto.agree(keys[v], s_pk_victim, salt=p.session, info=secagg._info(b"mask", min(v, victim), max(v, victim)))
         elif victim_key is not None:
             s_pk_v = secagg._raw(states[coalition[0]][f"s_pk_{v}"]) if f"s_pk_{v}" in states[coalition[0]] else None
-            if s_pk_v is None:  # a key the coalition has not seen: ask the server's roster
+            if s_pk_v is None:  # a key the coalition has not seen: ask the server's key list
                 s_pk_v = session.server._public[v][1]
             seed = crypto.agree(victim_key, s_pk_v, salt=p.session, info=secagg._info(b"mask", min(v, victim), max(v, victim)))
         else:

@@ -477,9 +477,9 @@ def _secure_sum(
 
     try:
         keys = ask("advertise_keys", dict.fromkeys(nodes, b""))
-        roster = server.collect_keys(keys)
-        # on a sparse (SecAgg+) graph each site is sent its own neighbourhood's roster and survivors
-        routed = server.route_shares(ask("share_keys", {s: to_site(roster, s) for s in keys}))
+        key_list = server.collect_keys(keys)
+        # on a sparse (SecAgg+) graph each site is sent its own neighbourhood's keys and signatures
+        routed = server.route_shares(ask("share_keys", {s: to_site(key_list, s) for s in keys}))
         masked = ask("masked_input", routed)
         survivors = server.collect_masked(masked)
         signed = ask("sign_survivors", dict.fromkeys(masked, survivors))
@@ -780,7 +780,7 @@ def secure_site_step(deployment: Deployment, site: str, step: str, request: Mapp
         This site's name.
     step : one of :data:`SECURE_STEPS`
     request : mapping with ``round`` (int) and, after ``advertise_keys``, ``payload``
-        (the server's bytes of the previous step: roster, routed shares, survivor list).
+        (the server's bytes of the previous step: key list, routed shares, survivor list, signatures).
     kept : mapping or None
         What the site keeps for this round and never sends: ``round``, ``reply`` (its
         encoded reply, from the site step), ``spec`` (the reply's declaration; without it

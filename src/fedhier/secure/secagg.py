@@ -329,7 +329,7 @@ class SecAggParams:
         return {}
 
     def spec(self, kind: str, site: int) -> MessageSpec:
-        """The spec of message ``kind`` ("roster", "shares", "routed", "signatures", "unmask",
+        """The spec of message ``kind`` ("key-list", "shares", "routed", "signatures", "unmask",
         "site-state") as sent to or by ``site``: it names only ``site``'s neighbourhood."""
         nbhd = self.neighbourhood(site)
         key = (kind, nbhd)
@@ -359,9 +359,9 @@ class SecAggParams:
         return MessageSpec("secagg.masked", {"site": Field((), "int64"), "y": Field((self.length,), "int64")})
 
     @property
-    def roster_spec(self) -> MessageSpec:
+    def key_list_spec(self) -> MessageSpec:
         """Step 0, server -> sites: public keys of the sites in U1 (complete graph)."""
-        return self.spec("roster", self.sites[0])
+        return self.spec("key-list", self.sites[0])
 
     @property
     def shares_spec(self) -> MessageSpec:
@@ -384,13 +384,13 @@ class SecAggParams:
         return self.spec("site-state", self.sites[0])
 
     @staticmethod
-    def _roster_spec(nbhd) -> MessageSpec:
+    def _key_list_spec(nbhd) -> MessageSpec:
         fields = {}
         for v in nbhd:
             fields[f"c_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
             fields[f"s_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
             fields[f"sig_{v}"] = Field((_SIGNATURE_WORDS,), "uint64", optional=True)
-        return MessageSpec("secagg.roster", fields)
+        return MessageSpec("secagg.key-list", fields)
 
     @staticmethod
     def _shares_spec(nbhd) -> MessageSpec:
@@ -569,14 +569,14 @@ class SecAggSite:
         return encode(self.params.keys_spec, {"site": self.site, "c_pk": _words(c_pk), "s_pk": _words(s_pk),
                                               "sig": _words(sig)})
 
-    def share_keys(self, roster: bytes) -> bytes:
+    def share_keys(self, key_list: bytes) -> bytes:
         """Step 1: check every advertisement's signature against the roster; Shamir-share ``b_u``
         and ``s_u^SK``; return one encrypted bundle per other site of U1 in this site's
         neighbourhood (every other site of U1 on the complete graph)."""
         self._advance(1, "share_keys")
         p, u = self.params, self.site
         nbhd = p.neighbourhood(u)
-        msg = _decode(p.spec("roster", u), roster)
+        msg = _decode(p.spec("key-list", u), key_list)
         self._public = {}
         for v in nbhd:
             present = [f"{k}_{v}" in msg for k in ("c_pk", "s_pk", "sig")]
@@ -640,7 +640,7 @@ class SecAggSite:
         msg = _decode(p.spec("routed", u), routed, u)
         senders = [v for v in p.neighbourhood(u) if f"from_{v}" in msg]
         if u in senders or not set(senders) <= set(self._public):
-            raise SecAggProtocolError(f"site {u}: routed shares come from sites {senders} outside the roster")
+            raise SecAggProtocolError(f"site {u}: routed shares come from sites {senders} outside the key list")
         self._u2 = sorted(senders + [u])
         _require("masked_input", self._u2, p.threshold)
         for v in senders:
@@ -762,7 +762,7 @@ class SecAggServer:
         return tuple(self._u3)
 
     def collect_keys(self, messages: Mapping[int, bytes]) -> bytes | dict[int, bytes]:
-        """Step 0: gather public keys; return the roster of U1.
+        """Step 0: gather the signed public keys; return the key list of U1.
 
         Complete graph: one message, broadcast to every site of U1.  Sparse graph: a mapping
         ``{u: bytes}``, site ``u`` receiving the keys of its own neighbourhood only.
@@ -775,15 +775,15 @@ class SecAggServer:
             self._public[u] = (_raw(msg["c_pk"]), _raw(msg["s_pk"]), msg["sig"])
         self._check("collect_keys", self._public)
 
-        def roster(u: int) -> bytes:
+        def key_list(u: int) -> bytes:
             out = {}
             for v in p.neighbourhood(u):
                 if v in self._public:
                     out[f"c_pk_{v}"], out[f"s_pk_{v}"] = _words(self._public[v][0]), _words(self._public[v][1])
                     out[f"sig_{v}"] = self._public[v][2]
-            return encode(p.spec("roster", u), out)
+            return encode(p.spec("key-list", u), out)
 
-        return {u: roster(u) for u in sorted(self._public)} if p.sparse else roster(p.sites[0])
+        return {u: key_list(u) for u in sorted(self._public)} if p.sparse else key_list(p.sites[0])
 
     def route_shares(self, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         """Step 1: forward each encrypted share bundle to its recipient; returns ``{v: bytes}`` for v in U2."""
@@ -797,7 +797,7 @@ class SecAggServer:
             expected = (set(self._public) & set(nbhd)) - {u}
             if recipients != expected:
                 raise SecAggProtocolError(f"site {u} sent shares to {sorted(recipients)}, expected every other "
-                                          f"site of the roster in its neighbourhood {sorted(expected)}")
+                                          f"site of the key list in its neighbourhood {sorted(expected)}")
             bundles[u] = msg
         self._u2 = sorted(bundles)
         self._check("route_shares", self._u2)
@@ -1028,8 +1028,8 @@ def secure_sum(vectors: Mapping[int, np.ndarray], *, threshold: int, fixed_point
         received[u] += len(data)
         return data
 
-    roster = server.collect_keys(send({u: s.advertise_keys() for u, s in sites.items()}))
-    routed = server.route_shares(send({u: s.share_keys(deliver(u, to_site(roster, u))) for u, s in sites.items()}))
+    key_list = server.collect_keys(send({u: s.advertise_keys() for u, s in sites.items()}))
+    routed = server.route_shares(send({u: s.share_keys(deliver(u, to_site(key_list, u))) for u, s in sites.items()}))
     listing = server.collect_masked(send({u: sites[u].masked_input(arrays[u].ravel(), deliver(u, data))
                                           for u, data in routed.items() if u not in before}))
     responders = [u for u in server.survivors if u not in after]
