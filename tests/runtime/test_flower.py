@@ -539,6 +539,39 @@ def test_secure_round_recovers_a_site_dropping_after_its_masked_input(demo5):
     assert _max_diff(result.broadcast, reference.broadcast) == 0
 
 
+def test_a_secure_sum_over_flower_equals_the_plain_sum_with_a_site_dropping_after_its_masked_input(demo5):
+    """The same round request to five fresh sites, answered in the clear and through the secure steps (36
+    fractional bits, site 3 vanishing after its masked input): the secure total equals the plain sum of the five
+    replies to 1e-9."""
+    from flwr.app import ConfigRecord
+
+    from fedhier.protocol.base import sum_messages
+    from fedhier.runtime.flower import _exchange, _secure_sum
+
+    folder, config, _ = demo5
+    plain_config, secure_config = config.replace(aggregation="plain"), config.replace(frac_bits=36)
+    first, nodes = _grid(folder, plain_config, names=config.sites)
+    _run(first, plain_config.replace(n_rounds=1))
+    requests = {node: content for node, kind, content in first.delivered if kind == "train"}
+
+    def ask(grid):
+        answers, _ = _exchange(grid, {n: RecordDict({"fedhier": ConfigRecord(requests[n])}) for n in nodes}, "train", 1,
+                               5.0, 0.01)
+        return {nodes.index(n): dict(m.content.config_records["fedhier"]) for n, m in answers.items()}
+
+    spec = config.protocol().reply_spec
+    replies = ask(_grid(folder, plain_config, names=config.sites)[0])
+    plain = sum_messages(spec, {s: decode(spec, bytes(replies[s]["reply"])) for s in sorted(replies)})
+    grid, _ = _grid(folder, secure_config, names=config.sites)
+    assert {r["status"] for r in ask(grid).values()} == {"held"}
+    grid.vanish_after[(1, "train.masked_input")] = [nodes[3]]
+    total, contributors, *_ = _secure_sum(grid, secure_config.aggregator(), spec, 1, dict(enumerate(nodes)), config.sites,
+                                          5.0, 0.01)
+    assert contributors == [0, 1, 2, 3, 4]
+    for key, value in plain.items():
+        np.testing.assert_allclose(total[key], value, rtol=0, atol=1e-9, err_msg=key)
+
+
 def test_secure_round_with_too_many_drops_fails_and_writes_nothing(demo5):
     folder, config, _ = demo5
     grid, nodes = _grid(folder, config, names=config.sites)
