@@ -36,6 +36,7 @@ import time
 import numpy as np
 
 from fedhier.secure.fixedpoint import FixedPoint
+from fedhier.secure import keys as crypto
 from fedhier.secure.secagg import SecAggParams, SecAggServer, SecAggSite, secure_sum, to_site
 from fedhier.protocol.messages import Field, MessageSpec, decode, encode
 from fedhier.utils.io import markdown_table, write_csv
@@ -83,14 +84,17 @@ def timed_secagg_round(vectors: dict[int, np.ndarray], neighbours: int | None, t
         server_time += time.perf_counter() - start
         return out
 
+    signing_keys = {u: crypto.generate_signing_key() for u in params.sites}  # long-term: made before the round
+    roster = {u: key.public_key() for u, key in signing_keys.items()}
     start = time.perf_counter()
-    sites = {u: SecAggSite(u, params) for u in params.sites}
+    sites = {u: SecAggSite(u, params, signing_key=signing_keys[u], roster=roster) for u in params.sites}
     server = SecAggServer(params)
-    roster = on_server("collect_keys", on_sites("advertise_keys", {u: () for u in sites}))
-    routed = on_server("route_shares", on_sites("share_keys", {u: (to_site(roster, u),) for u in sites}))
+    keys = on_server("collect_keys", on_sites("advertise_keys", {u: () for u in sites}))
+    routed = on_server("route_shares", on_sites("share_keys", {u: (to_site(keys, u),) for u in sites}))
     listing = on_server("collect_masked", on_sites("masked_input", {u: (vectors[u], routed[u]) for u in routed}))
     responders = [u for u in server.survivors if u not in drop_after]
-    total = on_server("unmask", on_sites("unmask", {u: (to_site(listing, u),) for u in responders}))
+    signed = on_server("collect_signatures", on_sites("sign_survivors", {u: (listing,) for u in responders}))
+    total = on_server("unmask", on_sites("unmask", {u: (to_site(signed, u),) for u in responders}))
     wall = time.perf_counter() - start
     plain = sum(vectors[u] for u in server.survivors)
     return {"total": total, "error": float(np.abs(total - plain).max()), "wall": wall, "server": server_time,

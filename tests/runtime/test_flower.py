@@ -99,6 +99,9 @@ class LocalGrid:
         self._ids = itertools.count()
         # each site's own secret seed, set to the simulation's so that the fits can be compared bit for bit
         self.node_seed = {"seed": str(config.seed)}
+        # each site's long-term key and the roster of them all, given to every SuperNode by its operator
+        folder = Path(next(iter(nodes.values()))[1]).parent
+        self.site_keys, self.roster = _site_keys(folder, {*config.sites, *(name for name, _ in nodes.values())})
 
     def get_node_ids(self):
         return list(self.nodes)
@@ -132,7 +135,9 @@ class LocalGrid:
                 continue
             site, path = self.nodes[node]
             context = Context(
-                run_id=1, node_id=node, node_config={"site": site, "data": str(path), **self.node_seed}, state=self.states[node],
+                run_id=1, node_id=node, state=self.states[node],
+                node_config={"site": site, "data": str(path), **self.node_seed, "site-key": str(self.site_keys[site]),
+                             "roster": str(self.roster)},
                 run_config={RUN_CONFIG_KEY: self.config.to_json()},
             )
             self.delivered.append((node, msg.metadata.message_type, dict(msg.content.config_records["fedhier"])))
@@ -142,6 +147,28 @@ class LocalGrid:
             if node in self.vanish_after.get((int(msg.metadata.group_id), msg.metadata.message_type), ()):
                 self.behaviour[node] = "unreachable"
         return replies
+
+
+def _site_keys(folder: Path, names) -> tuple[dict[str, Path], Path]:
+    """A key pair per site in ``folder/site-keys`` (made once) and the roster file of all of them."""
+    from fedhier.secure.keys import Roster, load_signing_key
+
+    keys = {}
+    for name in sorted(names):
+        keys[name] = folder / "site-keys" / name
+        if not keys[name].exists():
+            make_site_key(keys[name])
+    roster = folder / "site-keys" / "roster.txt"
+    Roster({name: load_signing_key(path) for name, path in keys.items()}).write(roster)
+    return keys, roster
+
+
+def _identity(folder: Path, site: str, names) -> dict:
+    """What ``secure_site_step`` takes from a SuperNode's config: its key and the roster."""
+    from fedhier.secure.keys import Roster, load_signing_key
+
+    keys, roster = _site_keys(folder, names)
+    return {"signing_key": load_signing_key(keys[site]), "roster": Roster.read(roster)}
 
 
 @pytest.fixture(autouse=True)
@@ -543,6 +570,39 @@ def test_secure_round_recovers_a_site_dropping_after_its_masked_input(demo5):
     assert _max_diff(result.broadcast, reference.broadcast) == 0
 
 
+def test_a_secure_sum_over_flower_equals_the_plain_sum_with_a_site_dropping_after_its_masked_input(demo5):
+    """The same round request to five fresh sites, answered in the clear and through the secure steps (36
+    fractional bits, site 3 vanishing after its masked input): the secure total equals the plain sum of the five
+    replies to 1e-9."""
+    from flwr.app import ConfigRecord
+
+    from fedhier.protocol.base import sum_messages
+    from fedhier.runtime.flower import _exchange, _secure_sum
+
+    folder, config, _ = demo5
+    plain_config, secure_config = config.replace(aggregation="plain"), config.replace(frac_bits=36)
+    first, nodes = _grid(folder, plain_config, names=config.sites)
+    _run(first, plain_config.replace(n_rounds=1))
+    requests = {node: content for node, kind, content in first.delivered if kind == "train"}
+
+    def ask(grid):
+        answers, _ = _exchange(grid, {n: RecordDict({"fedhier": ConfigRecord(requests[n])}) for n in nodes}, "train", 1,
+                               5.0, 0.01)
+        return {nodes.index(n): dict(m.content.config_records["fedhier"]) for n, m in answers.items()}
+
+    spec = config.protocol().reply_spec
+    replies = ask(_grid(folder, plain_config, names=config.sites)[0])
+    plain = sum_messages(spec, {s: decode(spec, bytes(replies[s]["reply"])) for s in sorted(replies)})
+    grid, _ = _grid(folder, secure_config, names=config.sites)
+    assert {r["status"] for r in ask(grid).values()} == {"held"}
+    grid.vanish_after[(1, "train.masked_input")] = [nodes[3]]
+    total, contributors, *_ = _secure_sum(grid, secure_config.aggregator(), spec, 1, dict(enumerate(nodes)), config.sites,
+                                          5.0, 0.01)
+    assert contributors == [0, 1, 2, 3, 4]
+    for key, value in plain.items():
+        np.testing.assert_allclose(total[key], value, rtol=0, atol=1e-9, err_msg=key)
+
+
 def test_secure_round_with_too_many_drops_fails_and_writes_nothing(demo5):
     folder, config, _ = demo5
     grid, nodes = _grid(folder, config, names=config.sites)
@@ -550,19 +610,56 @@ def test_secure_round_with_too_many_drops_fails_and_writes_nothing(demo5):
     seen = []
     with pytest.raises(RoundFailed, match=r"round 2: secure aggregation failed: .*fewer than the threshold t = 3") as info:
         _run(grid, config, aggregator=config.aggregator(), callbacks=[lambda record, _b: seen.append(record.round)])
-    assert "site 0 (hospital-a): unmask: Flower error 3" in str(info.value)
+    assert "site 0 (hospital-a): sign_survivors: Flower error 3" in str(info.value)
     assert seen == [1]
 
 
 def test_a_site_answers_each_secure_step_of_a_round_once(demo):
-    _, config, _ = demo
+    folder, config, _ = demo
     config = config.replace(aggregation="secure")
-    fields, kept = secure_site_step(config, "hospital-a", "advertise_keys", {"round": 2}, {"round": 2, "reply": b""})
+    identity = _identity(folder, "hospital-a", config.sites)
+    fields, kept = secure_site_step(config, "hospital-a", "advertise_keys", {"round": 2}, {"round": 2, "reply": b""}, **identity)
     assert fields["status"] == "ok" and set(kept) == {"round", "reply", "secagg"}
-    fields, kept = secure_site_step(config, "hospital-a", "advertise_keys", {"round": 2}, kept)
+    fields, kept = secure_site_step(config, "hospital-a", "advertise_keys", {"round": 2}, kept, **identity)
     assert fields["error"] == "SecAggProtocolError: site 'hospital-a' already advertised its keys for round 2" and kept is None
-    fields, kept = secure_site_step(config, "hospital-a", "share_keys", {"round": 3, "payload": b""}, {"round": 2, "reply": b""})
+    fields, kept = secure_site_step(config, "hospital-a", "share_keys", {"round": 3, "payload": b""}, {"round": 2, "reply": b""},
+                                    **identity)
     assert fields["error"] == "SecAggProtocolError: site 'hospital-a' holds no reply for round 3" and kept is None
+
+
+def test_a_site_refuses_a_fit_listing_too_few_sites_of_its_roster(demo):
+    """A coordinator lists 3 of the 5 sites of the roster, with t = 2: a sum over 2 sites is not what the operators
+    agreed to; the site refuses (the threshold is measured against the roster, not the fit's list)."""
+    from fedhier.secure.keys import Roster, generate_signing_key
+
+    folder, config, _ = demo
+    config = config.replace(aggregation="secure")
+    identity = _identity(folder, "hospital-a", config.sites)
+    roster = Roster({**identity["roster"], "hospital-d": generate_signing_key(), "hospital-e": generate_signing_key()})
+    fields, kept = secure_site_step(config, "hospital-a", "advertise_keys", {"round": 2}, {"round": 2, "reply": b""},
+                                    signing_key=identity["signing_key"], roster=roster)
+    assert fields["error"] == ("SecAggProtocolError: site 'hospital-a': the fit's threshold t = 2 is not more than half of "
+                               "the 5 sites of the roster; this site refuses the secure sum") and kept is None
+
+
+def test_a_coordinator_repeating_a_secure_round_without_a_site_is_refused(demo5):
+    """The coordinator sends round 1's broadcast again to every site but site 0 and runs the secure sum on them:
+    the difference of the two sums would be site 0's reply.  Each site refuses a broadcast it already answered."""
+    from flwr.app import ConfigRecord
+
+    from fedhier.runtime.flower import _exchange, _secure_sum
+
+    folder, config, _ = demo5
+    grid, nodes = _grid(folder, config, names=config.sites)
+    aggregator = config.aggregator()
+    _run(grid, config.replace(n_rounds=1), aggregator=aggregator)  # an honest round 1
+    requests = {node: content for node, kind, content in grid.delivered if kind == "train"}
+    cohort = {s: nodes[s] for s in (1, 2, 3, 4)}
+    replies, _ = _exchange(grid, {n: RecordDict({"fedhier": ConfigRecord(requests[n])}) for n in cohort.values()},
+                           "train", 1, 5.0, 0.01)
+    assert [dict(r.content.config_records["fedhier"])["status"] for r in replies.values()] == ["held"] * 4
+    with pytest.raises(RoundFailed, match="site 1 .*this site already answered this reply to this broadcast"):
+        _secure_sum(grid, aggregator, config.protocol().reply_spec, 1, cohort, config.sites, 5.0, 0.01)
 
 
 def test_secure_configuration(tmp_path):
@@ -577,7 +674,8 @@ def test_secure_configuration(tmp_path):
         'aggregation = "masked"\n' + base: "aggregation must be 'plain' or 'secure', got 'masked'",
         base + "[secure]\nthreshold = 2\n": 'a \\[secure\\] table needs aggregation = "secure"',
         'aggregation = "secure"\n' + base + "[secure]\nshares = 2\n": r"unknown key\(s\) \['shares'\] in \[secure\]",
-        'aggregation = "secure"\n' + base + "[secure]\nthreshold = 4\n": r"\[secure\] threshold must be between 2 and 3, got 4",
+        'aggregation = "secure"\n' + base + "[secure]\nthreshold = 4\n": r"\[secure\] threshold must be more than half of 3 sites and at most 3, got 4",
+        'aggregation = "secure"\n' + base + "[secure]\nthreshold = 1\n": r"\[secure\] threshold must be more than half of 3 sites",
         'aggregation = "secure"\n' + base + "[secure]\nthreshold = 2.5\n": r"\[secure\] threshold must be an integer, got 2.5",
         'aggregation = "secure"\n' + base + "[secure]\nfrac_bits = 60\n": r"\[secure\] frac_bits must be an integer in \[0, 52\]",
     }
@@ -630,6 +728,20 @@ def test_command_lines(tmp_path, demo):
     link = superlink_command(insecure=True, port=9200, node_auth=True)
     assert {"--insecure", "--enable-supernode-auth", "--disable-runtime-dependency-installation"} <= set(link)
     assert cli_flower(["site", "--site", "hospital-a", "--data", str(tmp_path / "nope.csv"), "--superlink", "h:1", "--insecure"]) == 2
+
+
+def test_a_site_command_carries_its_signing_key_and_the_roster(tmp_path, demo):
+    folder, _, _ = demo
+    key, _ = make_site_key(tmp_path / "hospital-a-key")
+    roster = tmp_path / "roster.txt"
+    roster.write_text("")
+    cmd = supernode_command(superlink="h:1", site="hospital-a", data=folder / "hospital-a.csv", insecure=True, auth_key=key,
+                            roster=roster)
+    node_config = cmd[cmd.index("--node-config") + 1]
+    assert f'site-key="{key.resolve()}"' in node_config and f'roster="{roster.resolve()}"' in node_config
+    with pytest.raises(ValueError, match="the roster file .* must exist"):
+        supernode_command(superlink="h:1", site="hospital-a", data=folder / "hospital-a.csv", insecure=True,
+                          roster=tmp_path / "none.txt")
 
 
 def test_certificates_verify_for_loopback(tmp_path):
@@ -1243,8 +1355,9 @@ def test_a_secure_step_imports_neither_the_model_nor_dp_accounting(demo):
 
     from fedhier.runtime.flower import _spec_from_text, _spec_text
 
-    _, config, _ = demo
+    folder, config, _ = demo
     config = config.replace(aggregation="secure")
+    keys, roster = _site_keys(folder, config.sites)
     spec = config.reply_spec()
     assert _spec_from_text(_spec_text(spec)) == spec and any(f.optional for f in spec.fields.values())
     code = (
@@ -1253,7 +1366,9 @@ def test_a_secure_step_imports_neither_the_model_nor_dp_accounting(demo):
         "from fedhier.runtime.flower import secure_site_step\n"
         f"config = fit_from_json({config.to_json()!r})\n"
         f"kept = {{'round': 2, 'reply': b'', 'spec': {_spec_text(spec)!r}}}\n"
-        "fields, kept = secure_site_step(config, 'hospital-a', 'advertise_keys', {'round': 2}, kept)\n"
+        "from fedhier.secure.keys import Roster, load_signing_key\n"
+        f"identity = dict(signing_key=load_signing_key({str(keys['hospital-a'])!r}), roster=Roster.read({str(roster)!r}))\n"
+        "fields, kept = secure_site_step(config, 'hospital-a', 'advertise_keys', {'round': 2}, kept, **identity)\n"
         "assert fields['status'] == 'ok', fields\n"
         "print(' '.join(sorted(sys.modules)))\n"
     )

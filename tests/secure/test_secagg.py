@@ -17,6 +17,17 @@ from fedhier.protocol.messages import decode, encode
 
 FP = FixedPoint(frac_bits=24)
 SITES = (0, 1, 2, 3, 4)
+#: every test site's long-term key, and the roster of their public keys the operators agreed on
+KEYS = {u: crypto.generate_signing_key() for u in range(80)}
+ROSTER = {u: key.public_key() for u, key in KEYS.items()}
+
+
+def _site(u, params, rng=None):
+    return SecAggSite(u, params, rng, signing_key=KEYS[u], roster=ROSTER)
+
+
+def _resume(params, data):
+    return SecAggSite.from_state(params, data, signing_key=KEYS[secagg._state_site(data)], roster=ROSTER)
 
 
 def _inputs(m=300, seed=0, scale=50.0):
@@ -37,7 +48,7 @@ class Session:
         self.vectors = vectors
         self.params = SecAggParams(tuple(vectors), threshold, FP, len(next(iter(vectors.values()))))
         rngs = np.random.default_rng(seed).spawn(len(self.params.sites))
-        self.sites = {u: SecAggSite(u, self.params, r) for u, r in zip(self.params.sites, rngs)}
+        self.sites = {u: _site(u, self.params, r) for u, r in zip(self.params.sites, rngs)}
         self.server = SecAggServer(self.params)
         self.sent = {u: [] for u in self.params.sites}
 
@@ -47,14 +58,20 @@ class Session:
         return replies
 
     def run_to_masked(self, drop_before=()):
-        roster = self.server.collect_keys(self._send({u: s.advertise_keys() for u, s in self.sites.items()}))
-        routed = self.server.route_shares(self._send({u: s.share_keys(roster) for u, s in self.sites.items()}))
+        key_list = self.server.collect_keys(self._send({u: s.advertise_keys() for u, s in self.sites.items()}))
+        routed = self.server.route_shares(self._send({u: s.share_keys(key_list) for u, s in self.sites.items()}))
         masked = {u: self.sites[u].masked_input(self.vectors[u], routed[u]) for u in routed if u not in drop_before}
         self.listing = self.server.collect_masked(self._send(masked))
         return {u: decode(self.params.masked_spec, data)["y"] for u, data in masked.items()}
 
+    def sign(self, drop_after=()):
+        signed = {u: self.sites[u].sign_survivors(self.listing) for u in self.server.survivors if u not in drop_after}
+        self.signatures = self.server.collect_signatures(self._send(signed))
+        return self.signatures
+
     def unmask_messages(self, drop_after=()):
-        return {u: self.sites[u].unmask(self.listing) for u in self.server.survivors if u not in drop_after}
+        self.sign(drop_after)
+        return {u: self.sites[u].unmask(self.signatures) for u in self.server.survivors if u not in drop_after}
 
 
 # -------------------------------------------------------------------- correctness
@@ -90,8 +107,8 @@ def test_matrix_inputs_with_cryptographic_randomness():
     assert np.abs(result.total - sum(x.values())).max() <= 3 * FP.precision / 2
 
 
-@pytest.mark.parametrize("before,after,step", [([0, 1, 2], [], "collect_masked"), ([], [0, 1, 2], "unmask"),
-                                               ([0, 1], [2], "unmask")])
+@pytest.mark.parametrize("before,after,step", [([0, 1, 2], [], "collect_masked"), ([], [0, 1, 2], "collect_signatures"),
+                                               ([0, 1], [2], "collect_signatures")])
 def test_too_many_drops_abort_without_a_total(before, after, step):
     with pytest.raises(InsufficientSitesError) as info:
         secure_sum(_inputs(), threshold=3, fixed_point=FP, drop_before_masking=before, drop_after_masking=after, rng=5)
@@ -168,12 +185,14 @@ def test_revealing_the_key_share_of_a_surviving_site_is_refused():
 def test_a_site_unmasks_only_once_and_checks_the_survivor_list():
     session = Session(_inputs(seed=15))
     session.run_to_masked(drop_before=[4])
-    session.sites[0].unmask(session.listing)
+    session.unmask_messages()
     with pytest.raises(SecAggProtocolError, match="out of order"):
-        session.sites[0].unmask(session.listing)
+        session.sites[0].unmask(session.signatures)
+    session = Session(_inputs(seed=15))
+    session.run_to_masked(drop_before=[4])
     forged = encode(session.params.survivors_spec, {"included": np.array([True, False, True, True, False])})
     with pytest.raises(SecAggProtocolError, match="omits this site"):
-        session.sites[1].unmask(forged)
+        session.sites[1].sign_survivors(forged)
 
 
 def _resumed_session(params, x, drop_before_sharing, drop_after_masking):
@@ -181,18 +200,20 @@ def _resumed_session(params, x, drop_before_sharing, drop_after_masking):
     saved = {}
 
     def step(u, name, *args):
-        site = SecAggSite(u, params) if name == "advertise_keys" else SecAggSite.from_state(params, saved[u])
+        site = _site(u, params) if name == "advertise_keys" else _resume(params, saved[u])
         message = getattr(site, name)(*args)
         saved[u] = site.to_state()
         return message
 
     server = SecAggServer(params)
-    roster = server.collect_keys({u: step(u, "advertise_keys") for u in params.sites})
-    routed = server.route_shares({u: step(u, "share_keys", to_site(roster, u)) for u in params.sites
+    key_list = server.collect_keys({u: step(u, "advertise_keys") for u in params.sites})
+    routed = server.route_shares({u: step(u, "share_keys", to_site(key_list, u)) for u in params.sites
                                   if u not in drop_before_sharing})
     listing = server.collect_masked({u: step(u, "masked_input", x[u], routed[u]) for u in routed})
-    total = server.unmask({u: step(u, "unmask", to_site(listing, u)) for u in routed if u not in drop_after_masking})
-    return total, saved, listing, routed
+    answering = [u for u in routed if u not in drop_after_masking]
+    signed = server.collect_signatures({u: step(u, "sign_survivors", listing) for u in answering})
+    total = server.unmask({u: step(u, "unmask", to_site(signed, u)) for u in answering})
+    return total, saved, signed, routed
 
 
 def test_a_site_saved_and_resumed_between_steps_gives_the_same_total():
@@ -201,33 +222,34 @@ def test_a_site_saved_and_resumed_between_steps_gives_the_same_total():
     params = SecAggParams(SITES, 3, FP, 50)
     total, saved, listing, routed = _resumed_session(params, x, [4], [1])  # 4 drops before sharing, 1 after masking
     np.testing.assert_array_equal(total, _grid_sum(x, (0, 1, 2, 3)))
-    resumed = SecAggSite.from_state(params, saved[0])
+    resumed = _resume(params, saved[0])
     with pytest.raises(SecAggProtocolError, match="out of order"):
         resumed.unmask(listing)  # the saved step counter forbids a second reveal
     with pytest.raises(SecAggProtocolError, match="no secrets to keep"):
-        SecAggSite(0, params).to_state()
+        _site(0, params).to_state()
     with pytest.raises(SecAggProtocolError, match="expected a 'secagg.site-state' message"):
-        SecAggSite.from_state(params, routed[0])
+        SecAggSite.from_state(params, routed[0], signing_key=KEYS[0], roster=ROSTER)
 
 
 def test_a_site_dropping_before_sharing_is_left_out_and_cannot_be_listed():
     session = Session(_inputs(seed=23))
-    roster = session.server.collect_keys({u: s.advertise_keys() for u, s in session.sites.items()})
-    routed = session.server.route_shares({u: session.sites[u].share_keys(roster) for u in (0, 1, 2, 3)})
+    key_list = session.server.collect_keys({u: s.advertise_keys() for u, s in session.sites.items()})
+    routed = session.server.route_shares({u: session.sites[u].share_keys(key_list) for u in (0, 1, 2, 3)})
     assert sorted(routed) == [0, 1, 2, 3]
     listing = session.server.collect_masked({u: session.sites[u].masked_input(session.vectors[u], routed[u])
                                              for u in routed})
-    total = session.server.unmask({u: session.sites[u].unmask(listing) for u in (0, 1, 2)})
+    signed = session.server.collect_signatures({u: session.sites[u].sign_survivors(listing) for u in (0, 1, 2)})
+    total = session.server.unmask({u: session.sites[u].unmask(signed) for u in (0, 1, 2)})
     np.testing.assert_array_equal(total, _grid_sum(session.vectors, (0, 1, 2, 3)))
     forged = encode(session.params.survivors_spec, {"included": np.ones(5, dtype=bool)})
     with pytest.raises(SecAggProtocolError, match="never shared"):
-        session.sites[3].unmask(forged)
+        session.sites[3].sign_survivors(forged)
 
 
 def test_tampered_share_ciphertext_is_detected_by_its_recipient():
     session = Session(_inputs(seed=16))
-    roster = session.server.collect_keys({u: s.advertise_keys() for u, s in session.sites.items()})
-    routed = session.server.route_shares({u: s.share_keys(roster) for u, s in session.sites.items()})
+    key_list = session.server.collect_keys({u: s.advertise_keys() for u, s in session.sites.items()})
+    routed = session.server.route_shares({u: s.share_keys(key_list) for u, s in session.sites.items()})
     msg = decode(session.params.routed_spec, routed[0])
     msg["from_1"] = msg["from_1"] ^ np.uint64(1)
     with pytest.raises(SecAggProtocolError, match="share bundle from site 1"):
@@ -261,6 +283,8 @@ def test_bad_arguments_are_refused():
         secure_sum(x, threshold=1, fixed_point=FP)
     with pytest.raises(ValueError, match="threshold"):
         secure_sum(x, threshold=6, fixed_point=FP)
+    with pytest.raises(ValueError, match="more than half"):
+        secure_sum(x, threshold=2, fixed_point=FP)
     with pytest.raises(ValueError, match="site 3: input has shape"):
         secure_sum({**x, 3: np.zeros(4)}, threshold=3, fixed_point=FP)
     with pytest.raises(ValueError, match="unknown sites"):
@@ -356,7 +380,8 @@ def test_a_neighbourhood_with_too_few_holders_aborts_without_a_total():
 
 def test_bytes_per_site_follow_the_neighbourhood_not_the_number_of_sites():
     def per_site(n, k):
-        res = secure_sum(_sparse_inputs(tuple(range(n)), seed=3), threshold=3, fixed_point=FP, neighbours=k)
+        res = secure_sum(_sparse_inputs(tuple(range(n)), seed=3), threshold=3 if k else n // 2 + 1, fixed_point=FP,
+                         neighbours=k)
         return np.mean([res.bytes_sent[u] + res.bytes_received[u] for u in res.survivors])
 
     sparse_40, sparse_80 = per_site(40, 4), per_site(80, 4)
@@ -371,14 +396,15 @@ class SparseSession:
     def __init__(self, x, k, t, seed):
         self.params = SecAggParams(tuple(x), t, FP, len(next(iter(x.values()))), b"attack", k)
         rngs = np.random.default_rng(seed).spawn(len(x))
-        self.sites = {u: SecAggSite(u, self.params, r) for u, r in zip(self.params.sites, rngs)}
+        self.sites = {u: _site(u, self.params, r) for u, r in zip(self.params.sites, rngs)}
         self.server = SecAggServer(self.params)
-        roster = self.server.collect_keys({u: s.advertise_keys() for u, s in self.sites.items()})
-        routed = self.server.route_shares({u: s.share_keys(to_site(roster, u)) for u, s in self.sites.items()})
+        key_list = self.server.collect_keys({u: s.advertise_keys() for u, s in self.sites.items()})
+        routed = self.server.route_shares({u: s.share_keys(to_site(key_list, u)) for u, s in self.sites.items()})
         masked = {u: self.sites[u].masked_input(x[u], routed[u]) for u in routed}
         self.y = {u: decode(self.params.masked_spec, data)["y"] for u, data in masked.items()}
         listing = self.server.collect_masked(masked)
-        self.unmasked = {u: self.sites[u].unmask(to_site(listing, u)) for u in self.server.survivors}
+        signed = self.server.collect_signatures({u: self.sites[u].sign_survivors(listing) for u in self.server.survivors})
+        self.unmasked = {u: self.sites[u].unmask(to_site(signed, u)) for u in self.server.survivors}
         self.total = self.server.unmask(self.unmasked)
 
 
@@ -416,7 +442,7 @@ def _residual_after_attack(session, victim, coalition):
             seed = crypto.agree(keys[v], s_pk_victim, salt=p.session, info=secagg._info(b"mask", min(v, victim), max(v, victim)))
         elif victim_key is not None:
             s_pk_v = secagg._raw(states[coalition[0]][f"s_pk_{v}"]) if f"s_pk_{v}" in states[coalition[0]] else None
-            if s_pk_v is None:  # a key the coalition has not seen: ask the server's roster
+            if s_pk_v is None:  # a key the coalition has not seen: ask the server's key list
                 s_pk_v = session.server._public[v][1]
             seed = crypto.agree(victim_key, s_pk_v, salt=p.session, info=secagg._info(b"mask", min(v, victim), max(v, victim)))
         else:
@@ -462,3 +488,38 @@ def test_a_secure_fit_on_a_sparse_graph_equals_the_plain_fit():
     secure = simulate(NoisyMean(), sites, n_rounds=2, random_state=2, aggregation="secure", aggregator=aggregator)
     plain = simulate(NoisyMean(), sites, n_rounds=2, random_state=2)
     np.testing.assert_allclose(secure.broadcast["mean"], plain.broadcast["mean"], rtol=0, atol=1e-6)
+
+
+def test_site_keys_sign_and_the_roster_file_round_trips(tmp_path):
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from fedhier.cli.flower import make_site_key
+
+    private, public = make_site_key(tmp_path / "hospital-a-key")  # ECDSA P-384, as `fedhier flower key` makes it
+    ecdsa = crypto.load_signing_key(private)
+    assert isinstance(ecdsa, ec.EllipticCurvePrivateKey)
+    ed = crypto.generate_signing_key()
+    path = tmp_path / "roster.txt"
+    path.write_text(f"# agreed on 2026-11-28\nhospital-a {public.read_text().strip()}\n\nhospital-b {crypto.public_key_text(ed)}\n")
+    roster = crypto.Roster.read(path)
+    assert list(roster) == ["hospital-a", "hospital-b"]
+    for name, key in (("hospital-a", ecdsa), ("hospital-b", ed)):
+        sig = crypto.sign(key, b"statement")
+        assert len(sig) == crypto.SIGNATURE_BYTES
+        assert crypto.verify(roster[name], sig, b"statement")
+        assert not crypto.verify(roster[name], sig, b"another statement")
+        assert not crypto.verify(roster[name], bytes([sig[0] ^ 1]) + sig[1:], b"statement")
+        assert not crypto.verify(roster["hospital-b" if name == "hospital-a" else "hospital-a"], sig, b"statement")
+    roster.write(tmp_path / "copy.txt")
+    assert {n: crypto.public_key_text(k) for n, k in crypto.Roster.read(tmp_path / "copy.txt").items()} == \
+        {n: crypto.public_key_text(k) for n, k in roster.items()}
+    for text, message in (("hospital-a\n", "line 1: expected 'site-name key-type key'"),
+                          (f"a {crypto.public_key_text(ed)}\na {crypto.public_key_text(ed)}\n", "line 2: site 'a' is listed twice"),
+                          ("a ssh-ed25519 AAAAnotakey\n", "line 1: not an OpenSSH public key"), ("# nobody\n", "lists no site")):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            crypto.Roster.read(path)
+    with pytest.raises(ValueError, match="the roster has no key for sites \\[5\\]"):
+        SecAggSite(0, SecAggParams(SITES + (5,), 4, FP, 3), signing_key=KEYS[0], roster={u: ROSTER[u] for u in SITES})
+    with pytest.raises(ValueError, match="its signing key is not the key the roster holds for it"):
+        SecAggSite(0, SecAggParams(SITES, 3, FP, 3), signing_key=KEYS[1], roster=ROSTER)

@@ -134,6 +134,8 @@ def supernode_command(
     auth_key: str | Path | None = None,
     max_wait_time: float | None = None,
     seed: int | None = None,
+    site_key: str | Path | None = None,
+    roster: str | Path | None = None,
 ) -> list[str]:
     """``flower-supernode`` command line of one site.
 
@@ -149,6 +151,9 @@ def supernode_command(
     max_wait_time : give up after this many seconds without the SuperLink.
     seed : the site's own secret seed (its DP noise, random start), for reproducible tests only;
         None (a deployment): the site's operating system's entropy.  The coordinator never sends one.
+    site_key : the site's long-term private key that signs its part of a secure sum (``fedhier flower
+        key``; the node-authentication key may serve); default ``auth_key``.
+    roster : the roster file of every site's public key, agreed by the operators (a secure fit needs both).
     """
     check_site_name(site, "--site")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", site):
@@ -172,6 +177,13 @@ def supernode_command(
     if max_wait_time is not None:
         cmd += ["--max-wait-time", str(float(max_wait_time))]
     node_config = f'site="{site}" data="{path}"'
+    site_key = auth_key if site_key is None else site_key
+    for key, value in (("site-key", site_key), ("roster", roster)):
+        if value is not None:
+            file = Path(value).resolve()
+            if not file.is_file() or '"' in str(file) or " " in str(file):
+                raise ValueError(f"site {site!r}: the {key} file {file} must exist, without spaces or quotes in its path")
+            node_config += f' {key}="{file}"'
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"site {site!r}: the seed must be a non-negative integer")
@@ -509,8 +521,12 @@ class LoopbackFederation:
     root : folder for logs, Flower homes and certificates.
     sites : mapping site name -> data file.
     tls : serve TLS with certificates made by :func:`make_certificates` in ``root/certs``.
-    node_auth : the SuperLink accepts only registered SuperNodes; a key pair per site is
-        made in ``root/keys`` (:func:`make_site_key`) and registered before the SuperNode starts.
+    node_auth : the SuperLink accepts only registered SuperNodes; each site's key pair (below) is
+        registered before the SuperNode starts.
+
+    Every site gets a key pair in ``root/keys`` (:func:`make_site_key`), and ``root/roster.txt``
+    lists their public keys: each SuperNode signs its part of a secure sum with its key and
+    checks the others' against that roster.
     site_seed : every SuperNode's secret seed (:func:`supernode_command`), so that a fit equals
         :func:`fedhier.runtime.simulate` with ``random_state=site_seed``; None: each site's own entropy.
     database : SQLite file of the SuperLink's state, so that a restarted SuperLink (:meth:`restart`) knows the
@@ -536,14 +552,18 @@ class LoopbackFederation:
             self._start("superlink", superlink_command(host="127.0.0.1", port=link_port, node_auth=node_auth, database=database,
                                                        **link))
             self._wait_for_port(link_port, startup_timeout)
+            keys = {name: make_site_key(self.root / "keys" / name) for name in sites}
+            from ..secure.keys import Roster, load_signing_key
+
+            self.roster = self.root / "roster.txt"
+            Roster({name: load_signing_key(private) for name, (private, _) in keys.items()}).write(self.roster)
             for (name, data), port in zip(sites.items(), site_ports):
-                key = None
+                key, public = keys[name]
                 if node_auth:
-                    key, public = make_site_key(self.root / "keys" / name)
                     register_site_key(public, superlink=self.address, name=name, root_certificates=self.tls_options().get("root_certificates"))
                 self._start(name, supernode_command(
-                    superlink=self.address, site=name, data=data, port=port, auth_key=key, max_wait_time=startup_timeout,
-                    seed=site_seed, **self.tls_options()
+                    superlink=self.address, site=name, data=data, port=port, auth_key=key if node_auth else None,
+                    site_key=key, roster=self.roster, max_wait_time=startup_timeout, seed=site_seed, **self.tls_options()
                 ))
         except BaseException:
             self.stop()
@@ -920,6 +940,8 @@ def _parser() -> argparse.ArgumentParser:
     tls(p, "the coordinator sends it")
     p.add_argument("--port", type=int, default=9094, help="local port of the SuperNode's runtime API")
     p.add_argument("--auth-key", help="this site's private key for node authentication")
+    p.add_argument("--site-key", help="this site's private key that signs its part of a secure sum (default: --auth-key)")
+    p.add_argument("--roster", help="the roster file of every site's public key, agreed by the operators (secure fits)")
     p.add_argument("--config", help="check the data file against this fit.toml before starting")
     p.add_argument("--seed", type=int, default=None,
                    help="this site's own secret seed, for reproducible tests only (default: the machine's entropy)")
@@ -985,7 +1007,8 @@ def _flower(args: argparse.Namespace) -> int:
         return 0
     if args.command == "key":
         private, public = make_site_key(args.out)
-        print(f"wrote {private} (keep it at the site) and {public} (send it to the coordinator)")
+        print(f"wrote {private} (keep it at the site) and {public} (send it to the coordinator, and to the other "
+              f"sites as this site's line of the roster: SITE-NAME followed by the content of {public})")
         return 0
     if args.command == "link":
         cmd = superlink_command(
@@ -1000,7 +1023,8 @@ def _flower(args: argparse.Namespace) -> int:
             print(f"site {args.site!r}: " + _describe(read_fit(args.config).load_site(args.site, args.data)))
         cmd = supernode_command(
             superlink=args.superlink, site=args.site, data=args.data, root_certificates=args.root_certificates,
-            insecure=args.insecure, port=args.port, auth_key=args.auth_key, seed=args.seed,
+            insecure=args.insecure, port=args.port, auth_key=args.auth_key, seed=args.seed, site_key=args.site_key,
+            roster=args.roster,
         )
         return _run(cmd, args.print_command)
     if args.command == "run":

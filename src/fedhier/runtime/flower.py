@@ -53,12 +53,16 @@ Robustness:
 
 Secure summation (``aggregation = "secure"``, ``docs/flower.md``): a site keeps its reply
 in the ClientApp's ``context.state`` and answers the round request with "held"; the
-server then runs the four steps of Bonawitz et al. (:mod:`fedhier.secure.secagg`) as
-Flower messages ``train.advertise_keys``, ``train.share_keys``, ``train.masked_input``
-and ``train.unmask`` (:func:`_secure_sum`), and the global step gets the decoded sum, as
-:func:`fedhier.runtime.simulate` with ``aggregation="secure"``.  A site's secrets between
-two steps stay in its ``context.state`` as declared arrays; a round whose sum cannot be
-recovered (fewer than the threshold of sites left) stops the fit with ``RoundFailed``.
+server then runs the five steps of Bonawitz et al. (:mod:`fedhier.secure.secagg`) as
+Flower messages ``train.advertise_keys``, ``train.share_keys``, ``train.masked_input``,
+``train.sign_survivors`` and ``train.unmask`` (:func:`_secure_sum`), and the global step
+gets the decoded sum, as :func:`fedhier.runtime.simulate` with ``aggregation="secure"``.
+Each site signs with its own long-term key (``node_config["site-key"]``) and checks the
+others' signatures against the roster its operator was given (``node_config["roster"]``),
+never against anything the coordinator sends.  A site's secrets between two steps stay in
+its ``context.state`` as declared arrays, with the broadcasts it has answered; a round
+whose sum cannot be recovered (fewer than the threshold of sites left) stops the fit with
+``RoundFailed``.
 
 Site indices: the fit configuration lists the site names; site ``s`` is the ``s``-th name
 (0-based).  A SuperNode whose ``site`` is not in the list is ignored (and reported); two
@@ -67,6 +71,7 @@ SuperNodes claiming the same site stop the fit.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -139,7 +144,9 @@ _STATE = "fedhier-state"
 #: ``context.state`` record of a site in a secure round: its reply and its secure-sum secrets (never sent).
 _SECURE = "fedhier-secure"
 #: The secure-sum steps of a round, in order; each is the ClientApp action ``train.<step>``.
-SECURE_STEPS = ("advertise_keys", "share_keys", "masked_input", "unmask")
+SECURE_STEPS = ("advertise_keys", "share_keys", "masked_input", "sign_survivors", "unmask")
+#: ``context.state`` record of a site: the broadcasts whose replies it has sent masked (32-byte digests).
+_ANSWERED = "fedhier-answered"
 #: keys of the ``[flower]`` table of a fit configuration, and of its ``[secure]`` table.
 FLOWER_KEYS = frozenset({"sites", "min_sites", "round_timeout", "connect_timeout", "poll_interval", "out"})
 SECURE_KEYS = frozenset({"threshold", "frac_bits"})
@@ -412,8 +419,8 @@ def _secure_sum(
 ) -> tuple[Message, list[int], dict[int, int], dict[int, int], dict[int, str], list[int]]:
     """Secure sum of the ``spec`` replies that the sites ``nodes`` (site -> node) keep in round ``rnd``.
 
-    The four steps of :mod:`fedhier.secure.secagg` (advertise keys, share keys, masked
-    input, unmask), each one Flower message of type ``train.<step>`` per site still taking
+    The five steps of :mod:`fedhier.secure.secagg` (advertise keys, share keys, masked
+    input, sign the survivor list, unmask), each one Flower message of type ``train.<step>`` per site still taking
     part, carrying the bytes of the previous server step.  The server half is a
     :class:`~fedhier.secure.secagg.SecAggServer` with ``aggregator.params(spec, rnd)``: it
     receives public keys, ciphertexts, masked vectors (of which it keeps the running sum)
@@ -473,12 +480,14 @@ def _secure_sum(
 
     try:
         keys = ask("advertise_keys", dict.fromkeys(nodes, b""))
-        roster = server.collect_keys(keys)
-        # on a sparse (SecAgg+) graph each site is sent its own neighbourhood's roster and survivors
-        routed = server.route_shares(ask("share_keys", {s: to_site(roster, s) for s in keys}))
+        key_list = server.collect_keys(keys)
+        # on a sparse (SecAgg+) graph each site is sent its own neighbourhood's keys and signatures
+        routed = server.route_shares(ask("share_keys", {s: to_site(key_list, s) for s in keys}))
         masked = ask("masked_input", routed)
         survivors = server.collect_masked(masked)
-        total = server.unmask(ask("unmask", {s: to_site(survivors, s) for s in masked}))
+        signed = ask("sign_survivors", dict.fromkeys(masked, survivors))
+        signatures = server.collect_signatures(signed)
+        total = server.unmask(ask("unmask", {s: to_site(signatures, s) for s in signed}))
     except (InsufficientSitesError, SecAggProtocolError) as exc:
         detail = "; ".join(f"site {s} ({names[s]}): {m}" for s, m in sorted(dropped.items()))
         raise RoundFailed(rnd, f"secure aggregation failed: {exc}" + (f" ({detail})" if detail else "")) from exc
@@ -763,7 +772,8 @@ def site_round(deployment: Deployment, site: str, data_path: str | Path, request
     return {"site": site, "status": "error", "error": str(payload).splitlines()[0]}, state
 
 
-def secure_site_step(deployment: Deployment, site: str, step: str, request: Mapping[str, Any], kept: Mapping[str, Any] | None):
+def secure_site_step(deployment: Deployment, site: str, step: str, request: Mapping[str, Any], kept: Mapping[str, Any] | None,
+                     *, signing_key: Any, roster: Mapping[str, Any], answered: set[bytes] | None = None):
     """One site's answer to the secure-sum request ``step`` of a round (what the ClientApp does, without Flower).
 
     Parameters
@@ -774,12 +784,21 @@ def secure_site_step(deployment: Deployment, site: str, step: str, request: Mapp
         This site's name.
     step : one of :data:`SECURE_STEPS`
     request : mapping with ``round`` (int) and, after ``advertise_keys``, ``payload``
-        (the server's bytes of the previous step: roster, routed shares, survivor list).
+        (the server's bytes of the previous step: key list, routed shares, survivor list, signatures).
     kept : mapping or None
         What the site keeps for this round and never sends: ``round``, ``reply`` (its
         encoded reply, from the site step), ``spec`` (the reply's declaration; without it
         ``deployment.reply_spec()`` is built) and, from ``advertise_keys`` on, ``secagg``
-        (its secrets, :meth:`fedhier.secure.secagg.SecAggSite.to_state`).
+        (its secrets, :meth:`fedhier.secure.secagg.SecAggSite.to_state`); ``context`` (what
+        the reply answers: a digest of the run, the reply kind and the broadcast).
+    signing_key : private key
+        The site's long-term key (:func:`fedhier.secure.keys.load_signing_key`).
+    roster : mapping site name -> public key
+        The roster the operators agreed on (:class:`fedhier.secure.keys.Roster`); it must
+        hold every site of the fit, and the threshold must be more than half of its sites.
+    answered : set of bytes, optional
+        The contexts this site has already answered; ``masked_input`` adds to it, and refuses
+        a context already in it.
 
     Returns
     -------
@@ -799,16 +818,27 @@ def secure_site_step(deployment: Deployment, site: str, step: str, request: Mapp
         # the reply's declaration, kept by the site's round step: the secure steps then need not import the model
         spec = _spec_from_text(str(kept["spec"])) if "spec" in kept else deployment.reply_spec()
         params = deployment.aggregator().params(spec, rnd)
+        missing = [name for name in deployment.sites if name not in roster]
+        if missing:
+            raise SecAggProtocolError(f"site {site!r}: the roster has no key for sites {missing} of the fit")
+        if 2 * params.threshold <= len(roster):
+            # the coordinator chooses which sites of the roster a fit lists: t is measured against the roster
+            raise SecAggProtocolError(f"site {site!r}: the fit's threshold t = {params.threshold} is not more than half "
+                                      f"of the {len(roster)} sites of the roster; this site refuses the secure sum")
+        identity = dict(signing_key=signing_key, roster={k: roster[name] for k, name in enumerate(deployment.sites)},
+                        journal=answered, context=None if answered is None else bytes(kept["context"]))
         if step == "advertise_keys":
-            secagg = SecAggSite(deployment.sites.index(site), params)
+            secagg = SecAggSite(deployment.sites.index(site), params, **identity)
             message = secagg.advertise_keys()
         else:
-            secagg = SecAggSite.from_state(params, bytes(kept["secagg"]))
+            secagg = SecAggSite.from_state(params, bytes(kept["secagg"]), **identity)
             payload = bytes(request["payload"])
             if step == "share_keys":
                 message = secagg.share_keys(payload)
             elif step == "masked_input":
                 message = secagg.masked_input(spec.flatten(decode(spec, bytes(kept["reply"]))), payload)
+            elif step == "sign_survivors":
+                message = secagg.sign_survivors(payload)
             else:
                 message = secagg.unmask(payload)
     except (KeyError, ValueError, OverflowError, InsufficientSitesError) as exc:
@@ -913,8 +943,10 @@ def make_client_app(resolve: Resolver) -> ClientApp:
         if deployment.aggregator() is not None:
             context.state.pop(_SECURE, None)
             if fields["status"] == "ok":
+                spec = deployment.reply_spec()
+                answers = hashlib.sha256(f"flower-run-{context.run_id}\0{spec.name}\0".encode() + bytes(request["broadcast"]))
                 context.state[_SECURE] = ConfigRecord({"round": int(request["round"]), "reply": fields["reply"],
-                                                       "spec": _spec_text(deployment.reply_spec())})
+                                                       "spec": _spec_text(spec), "context": answers.digest()})
                 fields = {"site": site, "status": "held"}
         return _reply(msg, fields)
 
@@ -922,13 +954,23 @@ def make_client_app(resolve: Resolver) -> ClientApp:
         """ClientApp entry of the secure-sum step ``step`` (message type ``train.<step>``)."""
 
         def handle(msg: FlowerMessage, context: Context) -> FlowerMessage:
+            from ..secure.keys import Roster, load_signing_key
+
             try:
                 deployment = resolve(str(context.run_config[RUN_CONFIG_KEY]))
                 site = _node_setting(context, "site")
-            except (KeyError, ValueError, TypeError) as exc:
+                # the site's own key and the operators' roster: from this SuperNode's config, never from the coordinator
+                signing_key = load_signing_key(_node_setting(context, "site-key"))
+                roster = Roster.read(_node_setting(context, "roster"))
+            except (KeyError, ValueError, TypeError, OSError) as exc:
                 return _reply(msg, _setup_failure(context, exc))
             kept = context.state.config_records.get(_SECURE)
-            fields, keep = secure_site_step(deployment, site, step, msg.content.config_records[_RECORD], kept)
+            record = context.state.config_records.get(_ANSWERED)
+            digests = bytes(record["digests"]) if record is not None else b""
+            answered = {digests[i : i + 32] for i in range(0, len(digests), 32)}
+            fields, keep = secure_site_step(deployment, site, step, msg.content.config_records[_RECORD], kept,
+                                            signing_key=signing_key, roster=roster, answered=answered)
+            context.state[_ANSWERED] = ConfigRecord({"digests": b"".join(sorted(answered))})
             if keep is None:
                 context.state.pop(_SECURE, None)
             else:

@@ -35,7 +35,9 @@ the results:
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import time
 import uuid
 import traceback
@@ -260,9 +262,11 @@ def server_update(
     aggregation: str = "plain",
     aggregator: Any = None,
     seed: int = 0,
+    context: bytes = b"",
 ) -> tuple[Message, dict[str, float], list[int], dict[int, int] | None]:
     """The server-side half of a round: combine the replies and run the global step.
 
+    ``context`` names the run for the secure sum: each site answers a broadcast of a run once.
     Returns (new broadcast, round metrics, contributing sites, bytes per site of the
     secure-sum exchange or None).  Raises :class:`RoundFailed` when secure aggregation
     cannot recover the sum.  Shared by every runtime.
@@ -272,8 +276,9 @@ def server_update(
     if protocol.combine == "sum":
         if aggregation == "secure":
             try:
+                answered = context + hashlib.sha256(encode(protocol.broadcast_spec, broadcast)).digest()
                 combined, secure_bytes, contributors = aggregator.sum(
-                    protocol.reply_spec, replies, round, _runtime_rng(seed, round)
+                    protocol.reply_spec, replies, round, _runtime_rng(seed, round), context=answered
                 )
             except Exception as exc:
                 raise RoundFailed(round, f"secure aggregation failed: {exc}") from exc
@@ -478,6 +483,7 @@ def simulate(
         if stop is not None and history and stop(history[-1], broadcast):
             first_round = n_rounds + 1  # the checkpointed run had already stopped: resume to its end
 
+    run_context = os.urandom(16)  # this run, for the secure sum's record of answered broadcasts
     pool = (SiteWorkers(n_jobs, _site_step_in_worker, _pool_init, (protocol, sites), timeout=site_timeout)
             if n_jobs > 1 or site_timeout is not None else None)
     warned: set[int] = set()  # sites whose failure has been reported by a warning
@@ -525,7 +531,8 @@ def simulate(
                 )
 
             broadcast, metrics, contributors, secure_bytes = server_update(
-                protocol, replies, rnd, broadcast, aggregation=aggregation, aggregator=aggregator, seed=seed
+                protocol, replies, rnd, broadcast, aggregation=aggregation, aggregator=aggregator, seed=seed,
+                context=run_context,
             )
             if secure_bytes is not None:
                 bytes_up = secure_bytes

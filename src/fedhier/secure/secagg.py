@@ -1,34 +1,40 @@
 """Secure summation with dropout recovery for star protocols (Bonawitz et al., CCS 2017).
 
 The server learns ``sum_{u in U3} x_u`` for the sites ``U3`` whose masked inputs arrived,
-and nothing else about any single ``x_u`` (honest-but-curious server and sites, fewer
-than ``t`` colluding sites; see ``docs/secure-aggregation.md``).  This is the
-honest-but-curious protocol of Bonawitz et al. (their Fig. 4 without the signatures and
-the consistency-check round), on fixed-point encodings in Z_q
-(:class:`~fedhier.secure.fixedpoint.FixedPoint`):
+and nothing else about any single ``x_u``, even when it deviates from the protocol, as
+long as fewer than ``t`` sites collude with it and ``t`` is more than half of the sites
+(see ``docs/secure-aggregation.md``).  This is the malicious-server protocol of Bonawitz
+et al. (their Fig. 4 with signatures and the consistency check), on fixed-point encodings
+in Z_q (:class:`~fedhier.secure.fixedpoint.FixedPoint`).  Every site holds a long-term
+signing key and the roster of every site's public key, agreed by the operators.
 
 Step 0 -- ``advertise_keys``
     site ``u`` draws two X25519 key pairs ``(c_u^SK, c_u^PK)`` (encryption) and
-    ``(s_u^SK, s_u^PK)`` (masks) and sends both public keys; the server broadcasts the
-    roster ``U1`` of sites that did.
+    ``(s_u^SK, s_u^PK)`` (masks) and sends both public keys with its long-term signature
+    ``SIG(d_u, H(params, u, c_u^PK, s_u^PK))``; the server broadcasts them (``U1``).
 Step 1 -- ``share_keys``
-    ``u`` draws a self-mask seed ``b_u`` (32 bytes) and Shamir-shares ``b_u`` and
-    ``s_u^SK`` with threshold ``t`` over GF(2^61 - 1) (:mod:`~fedhier.secure.shamir`);
-    share ``j`` goes to site ``v`` (point ``z_v`` = 1 + position of ``v`` in
-    ``params.sites``), AES-GCM-encrypted under ``HKDF(X25519(c_u^SK, c_v^PK))``, and
-    routed through the server, which sees only ciphertexts.  ``U2`` = sites whose shares
-    arrived.
+    ``u`` checks every signature against the roster, draws a self-mask seed ``b_u``
+    (32 bytes) and Shamir-shares ``b_u`` and ``s_u^SK`` with threshold ``t`` over
+    GF(2^61 - 1) (:mod:`~fedhier.secure.shamir`); share ``j`` goes to site ``v`` (point
+    ``z_v`` = 1 + position of ``v`` in ``params.sites``), AES-GCM-encrypted under
+    ``HKDF(X25519(c_u^SK, c_v^PK))``, and routed through the server, which sees only
+    ciphertexts.  ``U2`` = sites whose shares arrived.
 Step 2 -- ``masked_input``
     ``u`` sends ``y_u = enc(x_u) + PRG(b_u) + sum_{v in U2, v > u} PRG(s_uv)
     - sum_{v in U2, v < u} PRG(s_uv)  (mod q)`` with ``s_uv = HKDF(X25519(s_u^SK, s_v^PK))``
-    (= ``s_vu``), PRG = AES-256-CTR (:func:`~fedhier.secure.keys.prg`).  The server
-    only accumulates ``sum_u y_u`` and broadcasts the list ``U3`` of senders.
-Step 3 -- ``unmask``
-    each surviving ``u`` reveals, for every ``v in U2``, its share of ``b_v`` if
-    ``v in U3`` and its share of ``s_v^SK`` if ``v`` dropped (``v in U2 \\ U3``) --
-    never both.  From ``t`` responders the server rebuilds every ``b_v`` (``v in U3``) and
-    every dropped ``s_v^SK``, recomputes the dangling pairwise masks ``PRG(s_uv)``,
-    ``u in U3``, and removes all masks from the accumulated sum.
+    (= ``s_vu``), PRG = AES-256-CTR (:func:`~fedhier.secure.keys.prg`), once per context
+    (analysis, reply, broadcast).  The server only accumulates ``sum_u y_u`` and
+    broadcasts the list ``U3`` of senders.
+Step 3 -- ``sign_survivors`` (consistency check)
+    ``u`` signs the list ``U3`` it was given; the server forwards the signatures (``U4`` =
+    the signers).
+Step 4 -- ``unmask``
+    ``u`` checks that at least ``t`` signatures (its own included) are valid on its own
+    ``U3``, then reveals, for every ``v in U2``, its share of ``b_v`` if ``v in U3`` and its
+    share of ``s_v^SK`` if ``v`` dropped (``v in U2 \\ U3``) -- never both.  From ``t``
+    responders the server rebuilds every ``b_v`` (``v in U3``) and every dropped
+    ``s_v^SK``, recomputes the dangling pairwise masks ``PRG(s_uv)``, ``u in U3``, and
+    removes all masks from the accumulated sum.
 
 Every step refuses (:class:`InsufficientSitesError`, no partial result) when fewer than
 ``t`` sites remain, so the total is recovered whenever at most ``n - t`` sites drop, before
@@ -40,12 +46,14 @@ each one and the byte counts are real.
 Driving it step by step (what a runtime does; :func:`secure_sum` does exactly this)::
 
     params = SecAggParams(sites=(0, 1, 2, 3, 4), threshold=3, fixed_point=FixedPoint(), length=m)
-    sites = {u: SecAggSite(u, params) for u in params.sites}
+    roster = {u: signing_key[u].public_key() for u in params.sites}
+    sites = {u: SecAggSite(u, params, signing_key=signing_key[u], roster=roster) for u in params.sites}
     server = SecAggServer(params)
-    roster = server.collect_keys({u: s.advertise_keys() for u, s in sites.items()})
-    routed = server.route_shares({u: s.share_keys(roster) for u, s in sites.items()})
+    keys = server.collect_keys({u: s.advertise_keys() for u, s in sites.items()})
+    routed = server.route_shares({u: s.share_keys(keys) for u, s in sites.items()})
     listing = server.collect_masked({u: sites[u].masked_input(x[u], routed[u]) for u in routed})
-    total = server.unmask({u: sites[u].unmask(listing) for u in server.survivors})
+    signed = server.collect_signatures({u: sites[u].sign_survivors(listing) for u in server.survivors})
+    total = server.unmask({u: sites[u].unmask(signed) for u in server.survivors})
 
 A site that drops simply sends nothing from then on; the mapping passed to the next
 server step omits it.
@@ -57,7 +65,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Mapping
+from typing import Mapping, MutableSet
 
 import numpy as np
 
@@ -77,6 +85,7 @@ SECRET_ELEMENTS = -(-crypto.KEY_BYTES // _ELEMENT_BYTES)   # a 32-byte secret = 
 _KEY_WORDS = crypto.KEY_BYTES // 8
 _PLAINTEXT_BYTES = 8 * (2 + 2 * SECRET_ELEMENTS)    # sender, recipient, b-share, sk-share
 _CIPHERTEXT_WORDS = (_PLAINTEXT_BYTES + 16) // 8     # + GCM tag
+_SIGNATURE_WORDS = crypto.SIGNATURE_BYTES // 8
 
 
 class InsufficientSitesError(RuntimeError):
@@ -263,6 +272,11 @@ class SecAggParams:
             what = "number of sites" if self.neighbours is None else "neighbours + 1, the size of a neighbourhood"
             raise ValueError(f"threshold must lie in [2, {largest}] ({what}), got {self.threshold!r}")
         object.__setattr__(self, "threshold", int(self.threshold))
+        if 2 * self.threshold <= largest:
+            raise ValueError(f"threshold must be more than half of the {largest} sites of a "
+                             f"{'session' if self.neighbours is None else 'neighbourhood'} (at least {largest // 2 + 1}), "
+                             f"got {self.threshold}: with fewer, a coordinator that tells some sites a site dropped "
+                             "and others that it did not can rebuild that site's input")
         if not isinstance(self.fixed_point, FixedPoint):
             raise ValueError(f"fixed_point must be a FixedPoint, got {type(self.fixed_point).__name__}")
         if len(sites) > self.fixed_point.max_summands:
@@ -294,6 +308,14 @@ class SecAggParams:
         """``site`` and the sites it shares masks and secrets with, in increasing order."""
         return self.sites if self.graph is None else self.graph[int(site)]
 
+    def statement(self, kind: bytes, *parts: bytes) -> bytes:
+        """What a site signs: SHA-256 of ``kind``, these parameters (session, sites, threshold, length, graph) and ``parts``."""
+        h = hashlib.sha256(b"fedhier-secagg/" + kind + b"\0" + self.session + b"\0")
+        h.update(np.array([*self.sites, -1, self.threshold, self.length, self.neighbours or 0], dtype="<i8").tobytes())
+        for part in parts:
+            h.update(len(part).to_bytes(8, "big") + part)
+        return h.digest()
+
     def point(self, holder: int, owner: int | None = None) -> int:
         """Shamir evaluation point of ``holder`` for the secrets of ``owner`` (complete graph: any owner)."""
         nbhd = self.sites if owner is None else self.neighbourhood(owner)
@@ -307,7 +329,7 @@ class SecAggParams:
         return {}
 
     def spec(self, kind: str, site: int) -> MessageSpec:
-        """The spec of message ``kind`` ("roster", "shares", "routed", "survivors", "unmask",
+        """The spec of message ``kind`` ("key-list", "shares", "routed", "signatures", "unmask",
         "site-state") as sent to or by ``site``: it names only ``site``'s neighbourhood."""
         nbhd = self.neighbourhood(site)
         key = (kind, nbhd)
@@ -317,9 +339,19 @@ class SecAggParams:
 
     @cached_property
     def keys_spec(self) -> MessageSpec:
-        """Step 0, site -> server: the two public keys."""
+        """Step 0, site -> server: the two public keys, signed with the site's long-term key."""
         return MessageSpec("secagg.keys", {"site": Field((), "int64"), "c_pk": Field((_KEY_WORDS,), "uint64"),
-                                           "s_pk": Field((_KEY_WORDS,), "uint64")})
+                                           "s_pk": Field((_KEY_WORDS,), "uint64"), "sig": Field((_SIGNATURE_WORDS,), "uint64")})
+
+    @cached_property
+    def survivors_spec(self) -> MessageSpec:
+        """Step 2, server -> sites: which sites' masked inputs arrived (U3, over all ``sites``; one broadcast)."""
+        return MessageSpec("secagg.survivors", {"included": Field((len(self.sites),), "bool")})
+
+    @cached_property
+    def consistency_spec(self) -> MessageSpec:
+        """Step 3, site -> server: the site's signature of the survivor list it was given."""
+        return MessageSpec("secagg.consistency", {"site": Field((), "int64"), "sig": Field((_SIGNATURE_WORDS,), "uint64")})
 
     @cached_property
     def masked_spec(self) -> MessageSpec:
@@ -327,9 +359,9 @@ class SecAggParams:
         return MessageSpec("secagg.masked", {"site": Field((), "int64"), "y": Field((self.length,), "int64")})
 
     @property
-    def roster_spec(self) -> MessageSpec:
+    def key_list_spec(self) -> MessageSpec:
         """Step 0, server -> sites: public keys of the sites in U1 (complete graph)."""
-        return self.spec("roster", self.sites[0])
+        return self.spec("key-list", self.sites[0])
 
     @property
     def shares_spec(self) -> MessageSpec:
@@ -342,11 +374,6 @@ class SecAggParams:
         return self.spec("routed", self.sites[0])
 
     @property
-    def survivors_spec(self) -> MessageSpec:
-        """Step 2, server -> sites: which sites' masked inputs arrived (U3; complete graph)."""
-        return self.spec("survivors", self.sites[0])
-
-    @property
     def unmask_spec(self) -> MessageSpec:
         """Step 3, site -> server: per site v, a share of b_v or of s_v^SK (complete graph)."""
         return self.spec("unmask", self.sites[0])
@@ -357,12 +384,13 @@ class SecAggParams:
         return self.spec("site-state", self.sites[0])
 
     @staticmethod
-    def _roster_spec(nbhd) -> MessageSpec:
+    def _key_list_spec(nbhd) -> MessageSpec:
         fields = {}
         for v in nbhd:
             fields[f"c_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
             fields[f"s_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
-        return MessageSpec("secagg.roster", fields)
+            fields[f"sig_{v}"] = Field((_SIGNATURE_WORDS,), "uint64", optional=True)
+        return MessageSpec("secagg.key-list", fields)
 
     @staticmethod
     def _shares_spec(nbhd) -> MessageSpec:
@@ -377,8 +405,8 @@ class SecAggParams:
         return MessageSpec("secagg.routed", fields)
 
     @staticmethod
-    def _survivors_spec(nbhd) -> MessageSpec:
-        return MessageSpec("secagg.survivors", {"included": Field((len(nbhd),), "bool")})
+    def _signatures_spec(nbhd) -> MessageSpec:
+        return MessageSpec("secagg.signatures", {f"sig_{v}": Field((_SIGNATURE_WORDS,), "uint64", optional=True) for v in nbhd})
 
     @staticmethod
     def _unmask_spec(nbhd) -> MessageSpec:
@@ -388,12 +416,12 @@ class SecAggParams:
             fields[f"sk_{v}"] = Field((SECRET_ELEMENTS,), "int64", optional=True)
         return MessageSpec("secagg.unmask", fields)
 
-    @staticmethod
-    def _site_state_spec(nbhd) -> MessageSpec:
+    def _site_state_spec(self, nbhd) -> MessageSpec:
         fields = {"site": Field((), "int64"), "step": Field((), "int64"),
                   "c_sk": Field((_KEY_WORDS,), "uint64"), "s_sk": Field((_KEY_WORDS,), "uint64"),
                   "b": Field((_KEY_WORDS,), "uint64", optional=True),
-                  "u2": Field((len(nbhd),), "bool", optional=True)}
+                  "u2": Field((len(nbhd),), "bool", optional=True),
+                  "u3": Field((len(self.sites),), "bool", optional=True)}
         for v in nbhd:
             fields[f"c_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
             fields[f"s_pk_{v}"] = Field((_KEY_WORDS,), "uint64", optional=True)
@@ -404,10 +432,21 @@ class SecAggParams:
 class SecAggSite:
     """The site side of one secure-sum session; holds the private input and all secrets.
 
-    Call :meth:`advertise_keys`, :meth:`share_keys`, :meth:`masked_input`, :meth:`unmask`
-    once each, in this order, passing the server's replies; each returns the encoded
-    message to send.  Calling a step twice or out of order raises
-    :class:`SecAggProtocolError` (so a site can never be made to reveal twice).
+    Call :meth:`advertise_keys`, :meth:`share_keys`, :meth:`masked_input`,
+    :meth:`sign_survivors`, :meth:`unmask` once each, in this order, passing the server's
+    replies; each returns the encoded message to send.  Calling a step twice or out of
+    order raises :class:`SecAggProtocolError` (so a site can never be made to reveal twice).
+
+    Against a coordinator that deviates (Bonawitz et al. 2017, the malicious-server
+    variant), the site
+
+    * signs its key advertisement with its long-term key and accepts only advertisements
+      signed by the key ``roster`` holds for the site that claims them (no substituted keys);
+    * signs the survivor list it was given and reveals shares only once at least ``t``
+      sites of its neighbourhood, itself included, signed the very same list (no
+      "that site dropped" told to some sites and not to others);
+    * sends a masked input for a given ``context`` (analysis, reply kind, broadcast) only
+      once, recording it in ``journal`` (no second cohort for the same reply).
 
     Parameters
     ----------
@@ -417,16 +456,39 @@ class SecAggSite:
     rng : numpy.random.Generator or None
         ``None`` = cryptographic randomness for keys, seeds and shares; a Generator
         makes the session reproducible and is not cryptographically secure.
+    signing_key : Ed25519 or ECDSA P-384 private key
+        This site's long-term key (:func:`fedhier.secure.keys.load_signing_key`).
+    roster : mapping site id -> public key
+        The long-term public keys of every site of ``params.sites``, agreed by the
+        operators and given to each site out of band (:class:`fedhier.secure.keys.Roster`).
+    journal : mutable set of bytes, optional
+        The contexts this site has already answered (kept by the site across sessions).
+    context : bytes, optional
+        What this session's input answers, e.g. a hash of the analysis, the reply kind and
+        the broadcast; required with ``journal``.
     """
 
-    def __init__(self, site: int, params: SecAggParams, rng: np.random.Generator | None = None) -> None:
+    def __init__(self, site: int, params: SecAggParams, rng: np.random.Generator | None = None, *,
+                 signing_key: crypto.SigningKey, roster: Mapping[int, object],
+                 journal: MutableSet[bytes] | None = None, context: bytes | None = None) -> None:
         if site not in params.sites:
             raise ValueError(f"site {site} is not one of the session's sites {list(params.sites)}")
         if rng is not None and not isinstance(rng, np.random.Generator):
             raise ValueError(f"rng must be None or a numpy.random.Generator, got {type(rng).__name__}")
+        missing = sorted(set(params.sites) - set(roster))
+        if missing:
+            raise ValueError(f"site {site}: the roster has no key for sites {missing} of the session")
+        if crypto.public_key_text(signing_key) != crypto.public_key_text(roster[site]):
+            raise ValueError(f"site {site}: its signing key is not the key the roster holds for it")
+        if journal is not None and not isinstance(context, bytes):
+            raise ValueError(f"site {site}: a journal needs the session's context (bytes)")
         self.site = int(site)
         self.params = params
         self._rng = rng
+        self._signing_key = signing_key
+        self._roster = {int(v): roster[v] for v in params.sites}
+        self._journal = journal
+        self._context = context
         self._step = 0
 
     def to_state(self) -> bytes:
@@ -450,25 +512,31 @@ class SecAggSite:
             state.update({f"held_{v}": held for v, held in self._shares_held.items()})
         if self._step >= 3:
             state["u2"] = np.array([v in self._u2 for v in nbhd])
+        if self._step >= 4:
+            state["u3"] = self._included
         return encode(p.spec("site-state", self.site), state)
 
     @classmethod
-    def from_state(cls, params: SecAggParams, data: bytes) -> "SecAggSite":
+    def from_state(cls, params: SecAggParams, data: bytes, *, signing_key: crypto.SigningKey,
+                   roster: Mapping[int, object], journal: MutableSet[bytes] | None = None,
+                   context: bytes | None = None) -> "SecAggSite":
         """The site saved by :meth:`to_state`, at the step where it stopped.
 
-        Later steps draw cryptographic randomness (``rng=None``).  Raises
-        :class:`SecAggProtocolError` if ``data`` is not a site state of ``params``.
+        ``signing_key``, ``roster``, ``journal`` and ``context`` as in :class:`SecAggSite` (the
+        site's own, never saved in the state).  Later steps draw cryptographic randomness
+        (``rng=None``).  Raises :class:`SecAggProtocolError` if ``data`` is not a site state
+        of ``params``.
         """
         owner = _state_site(data)
         if owner not in params.sites:
             raise SecAggProtocolError(f"saved state names site {owner}, not one of the session's sites")
         nbhd = params.neighbourhood(owner)
         msg = _decode(params.spec("site-state", owner), data)
-        site = cls(int(msg["site"]), params)
+        site = cls(int(msg["site"]), params, signing_key=signing_key, roster=roster, journal=journal, context=context)
         site._step = int(msg["step"])
-        needed = {2: "b", 3: "u2"}
+        needed = {2: "b", 3: "u2", 4: "u3"}
         missing = [key for step, key in needed.items() if site._step >= step and key not in msg]
-        if not 1 <= site._step <= 4 or missing:
+        if not 1 <= site._step <= 5 or missing:
             raise SecAggProtocolError(f"site {site.site}: saved state at step {site._step} is incomplete {missing}")
         site._c_key = crypto.private_key_from_bytes(_raw(msg["c_sk"]))
         site._s_key = crypto.private_key_from_bytes(_raw(msg["s_sk"]))
@@ -478,6 +546,8 @@ class SecAggSite:
             site._shares_held = {v: msg[f"held_{v}"] for v in nbhd if f"held_{v}" in msg}
         if site._step >= 3:
             site._u2 = [v for v, inc in zip(nbhd, msg["u2"]) if inc]
+        if site._step >= 4:
+            site._included = np.asarray(msg["u3"], dtype=bool)
         return site
 
     def _advance(self, step: int, name: str) -> None:
@@ -486,30 +556,41 @@ class SecAggSite:
         self._step = step + 1
 
     def advertise_keys(self) -> bytes:
-        """Step 0: generate the encryption and mask key pairs; return the public keys."""
+        """Step 0: generate the encryption and mask key pairs; return the public keys, signed.
+
+        The signature (long-term key) covers the session's parameters, this site's id and
+        both public keys: ``sig_u = SIG(d_u, H(params, u, c_u^PK, s_u^PK))``.
+        """
         self._advance(0, "advertise_keys")
         self._c_key = crypto.generate_private_key(self._rng)
         self._s_key = crypto.generate_private_key(self._rng)
-        return encode(self.params.keys_spec, {"site": self.site, "c_pk": _words(crypto.public_bytes(self._c_key)),
-                                              "s_pk": _words(crypto.public_bytes(self._s_key))})
+        c_pk, s_pk = crypto.public_bytes(self._c_key), crypto.public_bytes(self._s_key)
+        sig = crypto.sign(self._signing_key, _keys_statement(self.params, self.site, c_pk, s_pk))
+        return encode(self.params.keys_spec, {"site": self.site, "c_pk": _words(c_pk), "s_pk": _words(s_pk),
+                                              "sig": _words(sig)})
 
-    def share_keys(self, roster: bytes) -> bytes:
-        """Step 1: Shamir-share ``b_u`` and ``s_u^SK``; return one encrypted bundle per other site
-        of U1 in this site's neighbourhood (every other site of U1 on the complete graph)."""
+    def share_keys(self, key_list: bytes) -> bytes:
+        """Step 1: check every advertisement's signature against the roster; Shamir-share ``b_u``
+        and ``s_u^SK``; return one encrypted bundle per other site of U1 in this site's
+        neighbourhood (every other site of U1 on the complete graph)."""
         self._advance(1, "share_keys")
         p, u = self.params, self.site
         nbhd = p.neighbourhood(u)
-        msg = _decode(p.spec("roster", u), roster)
+        msg = _decode(p.spec("key-list", u), key_list)
         self._public = {}
         for v in nbhd:
-            has_c, has_s = f"c_pk_{v}" in msg, f"s_pk_{v}" in msg
-            if has_c != has_s:
-                raise SecAggProtocolError(f"roster lists only one public key of site {v}")
-            if has_c:
-                self._public[v] = (_raw(msg[f"c_pk_{v}"]), _raw(msg[f"s_pk_{v}"]))
+            present = [f"{k}_{v}" in msg for k in ("c_pk", "s_pk", "sig")]
+            if any(present) and not all(present):
+                raise SecAggProtocolError(f"site {u}: the server's key list carries only part of site {v}'s advertisement")
+            if all(present):
+                c_pk, s_pk = _raw(msg[f"c_pk_{v}"]), _raw(msg[f"s_pk_{v}"])
+                if not crypto.verify(self._roster[v], _raw(msg[f"sig_{v}"]), _keys_statement(p, v, c_pk, s_pk)):
+                    raise SecAggProtocolError(f"site {u}: the keys listed for site {v} are not signed by its key in "
+                                              "the roster; this site aborts the secure sum")
+                self._public[v] = (c_pk, s_pk)
         mine = (crypto.public_bytes(self._c_key), crypto.public_bytes(self._s_key))
         if self._public.get(u) != mine:
-            raise SecAggProtocolError(f"roster does not carry the public keys of site {u}")
+            raise SecAggProtocolError(f"site {u}: the server's key list does not carry this site's public keys")
         _require("share_keys", self._public, p.threshold)
         self._b = crypto.random_bytes(crypto.KEY_BYTES, self._rng)
         secrets = np.concatenate([_secret_to_elements(self._b), _secret_to_elements(crypto.private_bytes(self._s_key))])
@@ -539,9 +620,16 @@ class SecAggSite:
         ------
         ValueError / OverflowError
             If ``x`` has the wrong shape, non-finite entries, or ``|x| > max_abs``.
+        SecAggProtocolError
+            If the site already sent a masked input for this session's ``context``.
         """
         self._advance(2, "masked_input")
         p, u, q = self.params, self.site, self.params.modulus
+        if self._journal is not None:
+            if self._context in self._journal:
+                raise SecAggProtocolError(f"site {u}: this site already answered this reply to this broadcast; "
+                                          "it refuses to answer it again for another cohort")
+            self._journal.add(self._context)
         x = np.asarray(x, dtype=np.float64)
         if x.shape != (p.length,):
             raise ValueError(f"site {u}: input has shape {x.shape}, expected ({p.length},)")
@@ -552,7 +640,7 @@ class SecAggSite:
         msg = _decode(p.spec("routed", u), routed, u)
         senders = [v for v in p.neighbourhood(u) if f"from_{v}" in msg]
         if u in senders or not set(senders) <= set(self._public):
-            raise SecAggProtocolError(f"site {u}: routed shares come from sites {senders} outside the roster")
+            raise SecAggProtocolError(f"site {u}: routed shares come from sites {senders} outside the key list")
         self._u2 = sorted(senders + [u])
         _require("masked_input", self._u2, p.threshold)
         for v in senders:
@@ -574,17 +662,48 @@ class SecAggSite:
             y = _ring_add(y, mask, q) if v > u else _ring_sub(y, mask, q)
         return encode(p.masked_spec, {"site": np.int64(u), "y": y})
 
-    def unmask(self, survivors: bytes) -> bytes:
-        """Step 3: for each ``v`` in U2 reveal the share of ``b_v`` (v in U3) or of ``s_v^SK`` (v dropped)."""
-        self._advance(3, "unmask")
+    def sign_survivors(self, survivors: bytes) -> bytes:
+        """Step 3 (consistency check): sign the survivor list U3 the server sent; return the signature."""
+        self._advance(3, "sign_survivors")
         p, u = self.params, self.site
-        msg = _decode(p.spec("survivors", u), survivors)
-        u3 = {v for v, inc in zip(p.neighbourhood(u), msg["included"]) if inc}
+        included = np.asarray(_decode(p.survivors_spec, survivors)["included"], dtype=bool)
+        u3 = {v for v, inc in zip(p.sites, included) if inc} & set(p.neighbourhood(u))
         if not u3 <= set(self._u2):
             raise SecAggProtocolError(f"site {u}: survivor list {sorted(u3)} includes sites that never shared keys")
         if u not in u3:
             raise SecAggProtocolError(f"site {u}: survivor list omits this site, which sent its masked input")
-        _require("unmask", u3, p.threshold)
+        _require("sign_survivors", u3, p.threshold)
+        self._included = included
+        sig = crypto.sign(self._signing_key, p.statement(b"survivors", included.tobytes()))
+        return encode(p.consistency_spec, {"site": np.int64(u), "sig": _words(sig)})
+
+    def unmask(self, signatures: bytes) -> bytes:
+        """Step 4: check that at least ``t`` sites of this site's neighbourhood, itself included,
+        signed the same survivor list; then for each ``v`` in U2 reveal the share of ``b_v``
+        (v in U3) or of ``s_v^SK`` (v dropped).
+
+        Raises
+        ------
+        SecAggProtocolError
+            A signature that does not verify on this site's survivor list (the sites were
+            told different lists): nothing is revealed.
+        InsufficientSitesError
+            Fewer than ``t`` sites of its neighbourhood signed this list: nothing is revealed.
+        """
+        self._advance(4, "unmask")
+        p, u = self.params, self.site
+        msg = _decode(p.spec("signatures", u), signatures)
+        u3 = {v for v, inc in zip(p.sites, self._included) if inc} & set(p.neighbourhood(u))
+        statement = p.statement(b"survivors", self._included.tobytes())
+        signers = [v for v in p.neighbourhood(u) if f"sig_{v}" in msg]
+        for v in signers:
+            if v not in u3 or not crypto.verify(self._roster[v], _raw(msg[f"sig_{v}"]), statement):
+                raise SecAggProtocolError(f"site {u}: site {v} did not sign the survivor list this site was given "
+                                          "(the sites were told different lists); this site aborts the secure sum")
+        if u not in signers:
+            raise SecAggProtocolError(f"site {u}: its own signature of the survivor list is missing; this site aborts "
+                                      "the secure sum")
+        _require("unmask", signers, p.threshold)  # fewer than t confirmed this list: reveal nothing
         out: dict[str, np.ndarray] = {"site": np.int64(u)}
         for v in self._u2:
             held = self._shares_held[v]
@@ -595,12 +714,18 @@ class SecAggSite:
         return encode(p.spec("unmask", u), out)
 
 
+def _keys_statement(params: SecAggParams, site: int, c_pk: bytes, s_pk: bytes) -> bytes:
+    """What site ``site`` signs in its key advertisement."""
+    return params.statement(b"keys", int(site).to_bytes(8, "big"), c_pk, s_pk)
+
+
 class SecAggServer:
     """The server side of one secure-sum session.
 
-    It receives only public keys, ciphertexts it cannot read, masked vectors (of which it
-    keeps only their running modular sum) and Shamir shares of self-mask seeds of sites
-    whose input is in the sum or of mask keys of sites that dropped.  It never holds an
+    It receives only signed public keys, ciphertexts it cannot read, masked vectors (of
+    which it keeps only their running modular sum), the sites' signatures of the survivor
+    list, and Shamir shares of self-mask seeds of sites whose input is in the sum or of
+    mask keys of sites that dropped.  It holds no roster: the sites check the signatures.  It never holds an
     unmasked individual input.  Each method takes ``{site: bytes}`` from the sites that
     answered the previous step and returns what to send back.
     """
@@ -609,6 +734,10 @@ class SecAggServer:
         self.params = params
         self._step = 0
         self._aborted = False
+        self._public: dict[int, tuple] = {}
+        self._u2: list[int] = []
+        self._u3: list[int] = []
+        self._u4: list[int] = []
 
     def _advance(self, step: int, name: str, messages: Mapping[int, bytes], allowed) -> None:
         if self._aborted:
@@ -633,7 +762,7 @@ class SecAggServer:
         return tuple(self._u3)
 
     def collect_keys(self, messages: Mapping[int, bytes]) -> bytes | dict[int, bytes]:
-        """Step 0: gather public keys; return the roster of U1.
+        """Step 0: gather the signed public keys; return the key list of U1.
 
         Complete graph: one message, broadcast to every site of U1.  Sparse graph: a mapping
         ``{u: bytes}``, site ``u`` receiving the keys of its own neighbourhood only.
@@ -643,17 +772,18 @@ class SecAggServer:
         self._public = {}
         for u, data in messages.items():
             msg = _decode(p.keys_spec, data, u)
-            self._public[u] = (_raw(msg["c_pk"]), _raw(msg["s_pk"]))
+            self._public[u] = (_raw(msg["c_pk"]), _raw(msg["s_pk"]), msg["sig"])
         self._check("collect_keys", self._public)
 
-        def roster(u: int) -> bytes:
+        def key_list(u: int) -> bytes:
             out = {}
             for v in p.neighbourhood(u):
                 if v in self._public:
                     out[f"c_pk_{v}"], out[f"s_pk_{v}"] = _words(self._public[v][0]), _words(self._public[v][1])
-            return encode(p.spec("roster", u), out)
+                    out[f"sig_{v}"] = self._public[v][2]
+            return encode(p.spec("key-list", u), out)
 
-        return {u: roster(u) for u in sorted(self._public)} if p.sparse else roster(p.sites[0])
+        return {u: key_list(u) for u in sorted(self._public)} if p.sparse else key_list(p.sites[0])
 
     def route_shares(self, messages: Mapping[int, bytes]) -> dict[int, bytes]:
         """Step 1: forward each encrypted share bundle to its recipient; returns ``{v: bytes}`` for v in U2."""
@@ -667,7 +797,7 @@ class SecAggServer:
             expected = (set(self._public) & set(nbhd)) - {u}
             if recipients != expected:
                 raise SecAggProtocolError(f"site {u} sent shares to {sorted(recipients)}, expected every other "
-                                          f"site of the roster in its neighbourhood {sorted(expected)}")
+                                          f"site of the key list in its neighbourhood {sorted(expected)}")
             bundles[u] = msg
         self._u2 = sorted(bundles)
         self._check("route_shares", self._u2)
@@ -676,12 +806,8 @@ class SecAggServer:
                            **{f"from_{u}": bundles[u][f"to_{v}"] for u in p.neighbourhood(v) if u != v and u in bundles}})
                 for v in self._u2}
 
-    def collect_masked(self, messages: Mapping[int, bytes]) -> bytes | dict[int, bytes]:
-        """Step 2: add up the masked inputs; return the survivor list U3 for the sites of U3.
-
-        Complete graph: one message for all.  Sparse graph: ``{u: bytes}``, each site told
-        which sites of its own neighbourhood are in U3.
-        """
+    def collect_masked(self, messages: Mapping[int, bytes]) -> bytes:
+        """Step 2: add up the masked inputs; return the survivor list U3, one broadcast to the sites of U3."""
         p, q = self.params, self.params.modulus
         self._advance(2, "collect_masked", messages, self._u2)
         self._masked_sum = np.zeros(p.length, dtype=np.int64)
@@ -692,11 +818,25 @@ class SecAggServer:
             self._masked_sum = _ring_add(self._masked_sum, y, q)
         self._u3 = sorted(messages)
         self._check("collect_masked", self._u3)
+        return encode(p.survivors_spec, {"included": np.array([v in messages for v in p.sites])})
 
-        def listing(u: int) -> bytes:
-            return encode(p.spec("survivors", u), {"included": np.array([v in messages for v in p.neighbourhood(u)])})
+    def collect_signatures(self, messages: Mapping[int, bytes]) -> bytes | dict[int, bytes]:
+        """Step 3 (consistency check): gather the sites' signatures of the survivor list; return them.
 
-        return {u: listing(u) for u in self._u3} if p.sparse else listing(p.sites[0])
+        Complete graph: one message for all.  Sparse graph: ``{u: bytes}``, each site sent
+        the signatures of its own neighbourhood.  The sites that signed (U4) answer the
+        unmasking step.
+        """
+        p = self.params
+        self._advance(3, "collect_signatures", messages, self._u3)
+        signed = {u: _decode(p.consistency_spec, data, u)["sig"] for u, data in messages.items()}
+        self._u4 = sorted(signed)
+        self._check("collect_signatures", self._u4)
+
+        def signatures(u: int) -> bytes:
+            return encode(p.spec("signatures", u), {f"sig_{v}": signed[v] for v in p.neighbourhood(u) if v in signed})
+
+        return {u: signatures(u) for u in self._u4} if p.sparse else signatures(p.sites[0])
 
     def unmask(self, messages: Mapping[int, bytes]) -> np.ndarray:
         """Step 3: rebuild the seeds and dropped keys from the shares, remove all masks.
@@ -716,7 +856,7 @@ class SecAggServer:
             input is in the sum, or shares that do not reconstruct consistent secrets.
         """
         p, q = self.params, self.params.modulus
-        self._advance(3, "unmask", messages, self._u3)
+        self._advance(4, "unmask", messages, self._u4)
         u3, dropped = set(self._u3), set(self._u2) - set(self._u3)
         b_shares: dict[int, dict[int, np.ndarray]] = {v: {} for v in u3}
         sk_shares: dict[int, dict[int, np.ndarray]] = {v: {} for v in dropped}
@@ -760,7 +900,7 @@ class SecAggServer:
                 pair = crypto.prg(seed, p.length, q)
                 # y_u carries +PRG(s_uv) if v > u and -PRG(s_uv) if v < u; remove that term
                 masks = _ring_add(masks, pair, q) if v > u else _ring_sub(masks, pair, q)
-        self._step = 4
+        self._step = 5
         try:
             return p.fixed_point.decode(_ring_sub(self._masked_sum, masks, q), n_summands=len(u3))
         except OverflowError as exc:
@@ -805,7 +945,9 @@ class SecureSumResult:
 
 def secure_sum(vectors: Mapping[int, np.ndarray], *, threshold: int, fixed_point: FixedPoint,
                drop_before_masking=(), drop_after_masking=(), rng=None,
-               session: bytes = b"fedhier-secagg", neighbours: int | None = None) -> SecureSumResult:
+               session: bytes = b"fedhier-secagg", neighbours: int | None = None,
+               signing_keys: Mapping[int, crypto.SigningKey] | None = None,
+               journals: Mapping[int, MutableSet[bytes]] | None = None, context: bytes | None = None) -> SecureSumResult:
     """Run a whole secure-sum session in-process, with optional site drops.
 
     Parameters
@@ -830,6 +972,13 @@ def secure_sum(vectors: Mapping[int, np.ndarray], *, threshold: int, fixed_point
     neighbours : int or None
         None: the complete graph; an even ``k``: SecAgg+ on a public k-regular graph
         (:class:`SecAggParams`, :func:`default_neighbours`).
+    signing_keys : mapping site id -> private key, optional
+        Each site's long-term key; the roster is their public keys.  Default: a fresh
+        Ed25519 key per site from the operating system.
+    journals : mapping site id -> mutable set of bytes, optional
+        Each site's record of the contexts it answered (:class:`SecAggSite`); with ``context``.
+    context : bytes, optional
+        What the inputs answer; a site whose journal holds it refuses to send its masked input.
 
     Returns
     -------
@@ -860,7 +1009,12 @@ def secure_sum(vectors: Mapping[int, np.ndarray], *, threshold: int, fixed_point
     if rng is not None and not isinstance(rng, np.random.Generator):
         raise ValueError(f"rng must be None, an int or a numpy.random.Generator, got {type(rng).__name__}")
     site_rngs = rng.spawn(len(params.sites)) if rng is not None else [None] * len(params.sites)
-    sites = {u: SecAggSite(u, params, r) for u, r in zip(params.sites, site_rngs)}
+    if signing_keys is None:
+        signing_keys = {u: crypto.generate_signing_key() for u in params.sites}
+    roster = {u: key.public_key() for u, key in signing_keys.items()}
+    sites = {u: SecAggSite(u, params, r, signing_key=signing_keys[u], roster=roster,
+                           journal=None if journals is None else journals[u], context=context)
+             for u, r in zip(params.sites, site_rngs)}
     server = SecAggServer(params)
     sent = {u: 0 for u in params.sites}
     received = {u: 0 for u in params.sites}
@@ -874,11 +1028,12 @@ def secure_sum(vectors: Mapping[int, np.ndarray], *, threshold: int, fixed_point
         received[u] += len(data)
         return data
 
-    roster = server.collect_keys(send({u: s.advertise_keys() for u, s in sites.items()}))
-    routed = server.route_shares(send({u: s.share_keys(deliver(u, to_site(roster, u))) for u, s in sites.items()}))
+    key_list = server.collect_keys(send({u: s.advertise_keys() for u, s in sites.items()}))
+    routed = server.route_shares(send({u: s.share_keys(deliver(u, to_site(key_list, u))) for u, s in sites.items()}))
     listing = server.collect_masked(send({u: sites[u].masked_input(arrays[u].ravel(), deliver(u, data))
                                           for u, data in routed.items() if u not in before}))
     responders = [u for u in server.survivors if u not in after]
-    total = server.unmask(send({u: sites[u].unmask(deliver(u, to_site(listing, u))) for u in responders}))
+    signatures = server.collect_signatures(send({u: sites[u].sign_survivors(deliver(u, listing)) for u in responders}))
+    total = server.unmask(send({u: sites[u].unmask(deliver(u, to_site(signatures, u))) for u in responders}))
     return SecureSumResult(total=total.reshape(shape), survivors=server.survivors, bytes_sent=sent,
                            bytes_received=received, unmasked_by=tuple(responders))

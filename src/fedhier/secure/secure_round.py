@@ -11,12 +11,14 @@ See ``docs/secure-aggregation.md``.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Iterable, Mapping
 
 import numpy as np
 
 from ..protocol.messages import Message, MessageSpec
+from . import keys as crypto
 from .fixedpoint import FixedPoint
 from .secagg import SecAggParams, default_neighbours, harary_graph, secure_sum
 
@@ -51,6 +53,10 @@ class SecureAggregator:
         Fault injection for tests and demonstrations: sites that drop out of the secure
         sum before sending their masked input (their reply is not counted) or after it
         (it is counted, its masks are removed with the other sites' shares).
+
+    In a simulation (:meth:`sum`) every site gets a long-term Ed25519 key from the
+    operating system when the aggregator is made; the roster is their public keys
+    (:attr:`roster`), and each site keeps a journal of the broadcasts it answered.
     """
 
     def __init__(
@@ -76,15 +82,30 @@ class SecureAggregator:
         self.neighbours = neighbours
         largest = self.n_sites if neighbours is None else int(neighbours) + 1
         self.threshold = int(threshold) if threshold is not None else largest // 2 + 1
-        if not 2 <= self.threshold <= largest:
-            raise ValueError(f"threshold must be between 2 and {largest}"
-                             f"{'' if neighbours is None else ' (neighbours + 1)'}, got {self.threshold}")
+        if not largest // 2 + 1 <= self.threshold <= largest:
+            raise ValueError(f"threshold must be more than half of {largest}"
+                             f"{' sites' if neighbours is None else ' (neighbours + 1)'} and at most {largest}, "
+                             f"got {self.threshold}")
         self.fixed_point = FixedPoint(
             frac_bits=frac_bits, max_abs=2.0 ** (60 - frac_bits - math.ceil(math.log2(self.n_sites + 1)))
         )
         self.drop_before_masking = {int(r): [int(s) for s in v] for r, v in (drop_before_masking or {}).items()}
         self.drop_after_masking = {int(r): [int(s) for s in v] for r, v in (drop_after_masking or {}).items()}
+        self._signing_keys = {s: crypto.generate_signing_key() for s in range(self.n_sites)}
+        self._journals: dict[int, set[bytes]] = {s: set() for s in range(self.n_sites)}
 
+    def __getstate__(self) -> dict:
+        # the simulated sites' long-term keys are secrets of this process: a copy (pickle) draws its own
+        return {k: v for k, v in self.__dict__.items() if k != "_signing_keys"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._signing_keys = {s: crypto.generate_signing_key() for s in range(self.n_sites)}
+
+    @property
+    def roster(self) -> dict[int, object]:
+        """The simulated sites' long-term public keys (site -> Ed25519 public key)."""
+        return {s: key.public_key() for s, key in self._signing_keys.items()}
     @property
     def precision(self) -> float:
         """Rounding step of each summand (the bound on a sum's error is n * precision / 2)."""
@@ -99,7 +120,7 @@ class SecureAggregator:
         Each site's input is ``spec.flatten(reply)``, of length ``sum of the field sizes``;
         the server's total unflattens with ``spec.unflatten``.  Threshold, fixed point and
         session label are those of :meth:`sum`, so both give the same total.  On a sparse
-        graph (``neighbours`` not None) the server's roster and survivor list are one
+        graph (``neighbours`` not None) the server's key list and signatures are one
         message per site (:func:`fedhier.secure.secagg.to_site`).
         """
         length = sum(f.size for f in spec.fields.values())
@@ -107,12 +128,16 @@ class SecureAggregator:
                             self.neighbours)
 
     def sum(
-        self, spec: MessageSpec, replies: Mapping[int, Message], round: int, rng: np.random.Generator
+        self, spec: MessageSpec, replies: Mapping[int, Message], round: int, rng: np.random.Generator,
+        context: bytes = b"",
     ) -> tuple[Message, dict[int, int], list[int]]:
         """Field-wise sum of ``replies``; returns (sum, bytes sent per site, contributing sites).
 
-        Raises :class:`fedhier.secure.secagg.InsufficientSitesError` (no partial sum) when
-        fewer than ``threshold`` sites remain.
+        ``context`` names what the replies answer (the run and its broadcast): each site
+        sends a masked input for a given context and reply kind once.  Raises
+        :class:`fedhier.secure.secagg.InsufficientSitesError` (no partial sum) when fewer
+        than ``threshold`` sites remain, :class:`fedhier.secure.secagg.SecAggProtocolError`
+        when a site already answered this context.
         """
         vectors = {int(s): spec.flatten(r) for s, r in replies.items()}
         before = [s for s in self.drop_before_masking.get(round, ()) if s in vectors]
@@ -126,6 +151,9 @@ class SecureAggregator:
             rng=None,  # cryptographic randomness: masks cancel exactly, the sum is deterministic
             session=_session(spec, round),
             neighbours=self.neighbours,
+            signing_keys=self._signing_keys,
+            journals=self._journals,
+            context=hashlib.sha256(b"fedhier-secagg-answer\0" + spec.name.encode() + b"\0" + context).digest(),
         )
         contributors = sorted(s for s in vectors if s not in before)
         return spec.unflatten(result.total), {int(k): int(v) for k, v in result.bytes_sent.items()}, contributors
