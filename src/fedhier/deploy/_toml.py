@@ -36,6 +36,7 @@ CONFIG_KEYS = DATA_KEYS | {"model", "flower", "secure"} | frozenset().union(*MOD
 
 _STRING, _BOOLEAN, _INTEGER, _NUMBER, _TABLE = "string", "boolean", "integer", "number", "table"
 _STRINGS, _NUMBERS, _TABLES = "list of strings", "list of numbers", "list of tables"
+_NONE = "none"  # the string "none", where a key may be turned off (tol = "none": no stopping rule)
 #: the TOML type(s) each top-level key takes; a value of another type is refused (a string is never a boolean)
 KEY_TYPES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(["file", "site_column", "id", "scale", "partial", "model", "target", "label", "init", "ig_solver",
@@ -44,7 +45,8 @@ KEY_TYPES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(["scaling_outside_privacy", "intercept", "jitter", "standardize"], (_BOOLEAN,)),
     **dict.fromkeys(["n_components", "n_rounds", "n_local_iter", "n_first_iter", "n_init", "seed", "n_local_steps",
                      "batch_size", "n_draws", "n_posterior_draws", "max_iter"], (_INTEGER,)),
-    **dict.fromkeys(["tol", "local_tol", "epsilon", "delta", "eta", "alpha", "shrink_scale", "mu_scale", "damping",
+    **dict.fromkeys(["tol", "local_tol"], (_NUMBER, _NONE)),
+    **dict.fromkeys(["epsilon", "delta", "eta", "alpha", "shrink_scale", "mu_scale", "damping",
                      "level", "rho"], (_NUMBER,)),
     **dict.fromkeys(["missing_values", "ranges", "views", "mcmc", "flower", "secure"], (_TABLE,)),
     "sites": (_TABLE, _TABLES),  # [sites] name = "file", or [[sites]] with name and path
@@ -66,6 +68,8 @@ def _is(value: Any, kind: str) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind == _TABLE:
         return isinstance(value, dict)
+    if kind == _NONE:
+        return value == "none"
     item = {_STRINGS: _STRING, _NUMBERS: _NUMBER, _TABLES: _TABLE}[kind]
     return isinstance(value, list) and all(_is(v, item) for v in value)
 
@@ -88,7 +92,7 @@ def _toml_type(value: Any) -> str:
 _HOW = {_STRING: "a string in quotes", _BOOLEAN: "true or false, without quotes",
         _INTEGER: "a whole number without quotes, e.g. 20", _NUMBER: "a number without quotes, e.g. 0.5",
         _TABLE: "a table", _TABLES: "a list of tables", _STRINGS: 'a list of strings, e.g. ["age", "bmi"]',
-        _NUMBERS: "a list of numbers, e.g. [0.5, 1.0]"}
+        _NUMBERS: "a list of numbers, e.g. [0.5, 1.0]", _NONE: '"none"'}
 
 
 def check_key_types(raw: Mapping[str, Any], source: str) -> None:
