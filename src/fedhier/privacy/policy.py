@@ -5,8 +5,9 @@ data (``fedhier.privacy.policy.SitePolicy.read``); for Flower, the SuperNode's
 ``node_config`` names it (``policy="..."``).  Before the site reads its data for an
 analysis, the runtime builds an :class:`AnalysisRequest` from the analysis' own
 configuration (which views, which mode, every DP release it would make over all its
-rounds) and :meth:`SitePolicy.check` refuses it, with a reason the coordinator sees, when
-it would break the policy:
+rounds) and :meth:`SitePolicy.check` refuses it when it would break the policy.  The
+coordinator is told only that the site's policy refused (:attr:`PolicyRefusal.public_summary`);
+the reason, with its numbers, stays in the site's log:
 
 .. code-block:: toml
 
@@ -18,14 +19,21 @@ it would break the policy:
     lifetime_epsilon = 4.0               # over every analysis in the site's ledger, at delta
     delta = 1e-5
     ledger = "privacy-ledger.jsonl"      # the site's persistent ledger (relative to this file)
+    anchor = "/backup/site-a/ledger.anchor"  # its roll-back anchor, kept apart from the ledger (optional)
 
 The lifetime budget composes the site's :class:`~fedhier.privacy.site_ledger.SiteLedger`
-(every release of every earlier analysis) with the request's planned releases, with
-dp_accounting's PLD accountant.
+(every release of every earlier analysis, and the reserved plan of every analysis still
+running) with the request's planned releases, with dp_accounting's PLD accountant; the
+check and the reservation of the request's plan are one step under the ledger's lock.
+Each admission records the policy file's SHA-256, ``lifetime_epsilon`` and ``delta`` in
+the ledger; a policy whose lifetime budget is larger (or whose ``delta`` is larger) than
+one the ledger recorded is refused: a lifetime budget is never raised on the same ledger.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -37,19 +45,25 @@ from dp_accounting import dp_event
 from .ledger import epsilon_of_events
 from .site_ledger import SiteLedger
 
+_log = logging.getLogger("fedhier.site")
+
 __all__ = ["SitePolicy", "AnalysisRequest", "PolicyRefusal", "MODES", "UNITS", "request_mode"]
 
 MODES = ("plain", "dp", "secure", "dp+secure")
 #: a guarantee for the whole site implies one for each record: "site" is the stronger unit
 UNITS = ("record", "site")
-_KEYS = {"views", "min_subjects", "modes", "unit", "max_epsilon", "lifetime_epsilon", "delta", "ledger"}
+_KEYS = {"views", "min_subjects", "modes", "unit", "max_epsilon", "lifetime_epsilon", "delta", "ledger", "anchor"}
 
 
 class PolicyRefusal(RuntimeError):
-    """The site refuses an analysis that would break its policy (before reading its data)."""
+    """The site refuses an analysis that would break its policy (before reading its data).
 
-    #: its text names the rule and the request's configuration, never data
-    public_message = True
+    Its text (the rule, the budget, the views) is for the site's own log; the coordinator is
+    told :attr:`public_summary` only, so that refusals do not disclose the policy or the
+    budget left.
+    """
+
+    public_summary = "refused by the site's policy (the reason is in the site's own log)"
 
 
 @dataclass(frozen=True)
@@ -91,7 +105,10 @@ class SitePolicy:
     lifetime_epsilon: float | None = None
     delta: float = 1e-5
     ledger: Path | None = None
+    anchor: Path | None = None
     source: str = field(default="", compare=False)
+    #: SHA-256 of the policy file's bytes ("" for a policy made in code), recorded with each admission
+    sha256: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         where = f"site policy {self.source}" if self.source else "site policy"
@@ -112,6 +129,8 @@ class SitePolicy:
             raise ValueError(f"{where}: delta must be a number in (0, 1), got {self.delta!r}")
         if self.lifetime_epsilon is not None and self.ledger is None:
             raise ValueError(f"{where}: a lifetime_epsilon needs a ledger file to compose the site's analyses")
+        if self.anchor is not None and self.ledger is None:
+            raise ValueError(f"{where}: an anchor protects a ledger; name the ledger file too")
         budgeted = self.max_epsilon is not None or self.lifetime_epsilon is not None
         if budgeted and set(self.modes) & {"plain", "secure"}:
             raise ValueError(f"{where}: a budget (max_epsilon, lifetime_epsilon) bounds only DP analyses; "
@@ -122,7 +141,8 @@ class SitePolicy:
         """Read a policy TOML file; a relative ``ledger`` path is relative to the file's folder."""
         path = Path(path)
         try:
-            data = tomllib.loads(path.read_text())
+            raw = path.read_bytes()
+            data = tomllib.loads(raw.decode())
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"site policy {path}: cannot be read ({exc})") from None
         except tomllib.TOMLDecodeError as exc:
@@ -138,21 +158,44 @@ class SitePolicy:
                 options[key] = tuple(options[key])
         if "delta" in options and isinstance(options["delta"], int):
             options["delta"] = float(options["delta"])
-        if "ledger" in options:
-            if not isinstance(options["ledger"], str) or not options["ledger"]:
-                raise ValueError(f"site policy {path}: ledger must be a file name")
-            options["ledger"] = (path.parent / options["ledger"]).resolve()
-        return cls(**options, source=str(path))
+        for key in ("ledger", "anchor"):
+            if key in options:
+                if not isinstance(options[key], str) or not options[key]:
+                    raise ValueError(f"site policy {path}: {key} must be a file name")
+                options[key] = (path.parent / options[key]).resolve()
+        return cls(**options, source=str(path), sha256=hashlib.sha256(raw).hexdigest())
 
     # ------------------------------------------------------------------ enforcement
     def site_ledger(self) -> SiteLedger | None:
         """The site's persistent ledger (verified on open), or None when the policy keeps none."""
-        return None if self.ledger is None else SiteLedger(self.ledger)
+        return None if self.ledger is None else SiteLedger(self.ledger, anchor=self.anchor)
 
-    def check(self, request: AnalysisRequest, ledger: SiteLedger | None = None) -> None:
+    def record(self) -> dict[str, Any]:
+        """What an admission records of this policy in the ledger: the file's SHA-256 and the lifetime budget."""
+        return {"sha256": self.sha256, "lifetime_epsilon": self.lifetime_epsilon, "delta": self.delta}
+
+    def admit(self, request: AnalysisRequest, ledger: SiteLedger | None = None) -> None:
+        """Check ``request`` and, with a ledger, reserve its whole plan there in one locked step.
+
+        Raises :class:`PolicyRefusal` (nothing reserved).  An analysis already running in the
+        ledger (a second round 1 of it) is checked but not reserved again.
+        """
+        ledger = ledger if ledger is not None else self.site_ledger()
+        if ledger is None:
+            self.check(request)
+            return
+        with ledger.locked():
+            ledger.verify()
+            if request.name in ledger.open_analyses:
+                self.check(request, ledger, running=True)
+                return
+            ledger.start(request.name, request.events, self.record(), admit=lambda led: self.check(request, led))
+
+    def check(self, request: AnalysisRequest, ledger: SiteLedger | None = None, *, running: bool = False) -> None:
         """Refuse ``request`` (:class:`PolicyRefusal`) when it breaks this policy; nothing is read or spent.
 
         ``ledger``: the site's ledger, for the lifetime budget (default: :meth:`site_ledger`).
+        ``running``: the request is already admitted there (its plan is reserved; not added again).
         """
         if request.mode not in self.modes:
             raise PolicyRefusal(f"the site allows modes {list(self.modes)}; the analysis runs {request.mode!r}")
@@ -172,13 +215,34 @@ class SitePolicy:
             if epsilon > self.max_epsilon * (1 + 1e-9):
                 raise PolicyRefusal(f"the analysis would spend epsilon {epsilon:.4g} at delta {self.delta:g}; "
                                     f"the site allows {self.max_epsilon:g} per analysis")
-        if self.lifetime_epsilon is not None:
+        if self.ledger is not None:
             ledger = ledger if ledger is not None else self.site_ledger()
+            self._check_unchanged_budget(ledger)
+        if self.lifetime_epsilon is not None:
             spent = ledger.epsilon(self.delta)
-            after = ledger.epsilon(self.delta, request.events)
+            after = spent if running else ledger.epsilon(self.delta, request.events)
             if after > self.lifetime_epsilon * (1 + 1e-9):
-                raise PolicyRefusal(f"the site has spent epsilon {spent:.4g} of its lifetime {self.lifetime_epsilon:g} "
-                                    f"(delta {self.delta:g}); with this analysis it would reach {after:.4g}")
+                raise PolicyRefusal(f"the site has spent or reserved epsilon {spent:.4g} of its lifetime "
+                                    f"{self.lifetime_epsilon:g} (delta {self.delta:g}); with this analysis it would "
+                                    f"reach {after:.4g}")
+
+    def _check_unchanged_budget(self, ledger: SiteLedger) -> None:
+        """Refuse when this policy's lifetime budget is looser than one an earlier admission recorded."""
+        for earlier in ledger.policies:
+            was, delta = earlier.get("lifetime_epsilon"), earlier.get("delta")
+            if was is None:
+                continue
+            now = math.inf if self.lifetime_epsilon is None else self.lifetime_epsilon
+            if now > was * (1 + 1e-12) or (delta is not None and self.delta > delta * (1 + 1e-12)):
+                raise PolicyRefusal(
+                    f"the policy file {self.source or '(in code)'} allows lifetime epsilon {now:g} at delta "
+                    f"{self.delta:g}, but an earlier analysis in the ledger was admitted under {was:g} at delta "
+                    f"{delta:g}: a lifetime budget cannot be raised on the same ledger (start a new ledger and "
+                    "anchor to change it)"
+                )
+        if ledger.policies and self.sha256 and ledger.policies[-1].get("sha256") not in ("", self.sha256):
+            _log.warning("site policy %s changed since the ledger's last admission (its SHA-256 differs)",
+                         self.source)
 
     def check_subjects(self, counts: dict[str, int]) -> None:
         """Refuse when a view the site would release has fewer than ``min_subjects`` subjects."""

@@ -148,6 +148,8 @@ def failure_report(exc: BaseException) -> str:
     for an error whose text is safe to send (``public_message``, e.g.
     :class:`~fedhier.protocol.base.SiteError`), its first line.  Never a value of the data."""
     name = type(exc).__name__
+    if getattr(exc, "public_summary", None):  # e.g. a site policy's refusal: its category only
+        return f"{name}: {exc.public_summary}"
     if getattr(exc, "public_message", False):
         text = str(exc).splitlines()[0] if str(exc) else ""
         return f"{name}: {text}" if text else name
@@ -555,4 +557,7 @@ def simulate(
     finally:
         if pool is not None:
             pool.close()
+        for guard in guards:  # each site gives back what it reserved and did not spend
+            if guard is not None:
+                guard.finish()
     return SimulationResult(broadcast=broadcast, history=history, site_states=states, seed=seed)
