@@ -260,6 +260,40 @@ def _refusals(tmp_path):
     return out
 
 
+def test_min_subjects_is_not_an_exact_membership_oracle(tmp_path):
+    """The coordinator starts many DP analyses against a site whose minimum is 30 subjects: with the target
+    in (30 subjects) the site must sometimes refuse, with the target out (29) sometimes take part."""
+    protocol = _protocol()
+    policy = SitePolicy(modes=("dp",), min_subjects=30, subjects_epsilon=0.5, ledger=tmp_path / "l.jsonl")
+    trials = 60
+
+    def refusals(n):
+        refused = 0
+        for k in range(trials):
+            guard = SiteGuard(policy, f"probe-{n}-{k}")
+            try:
+                guard.check_data(protocol, {"a": np.zeros((n, 4))})
+            except PolicyRefusal:
+                refused += 1
+        return refused
+
+    with_target, without_target = refusals(30), refusals(29)
+    assert 0 < with_target < trials and 0 < without_target < trials  # the exact check gives 0 and `trials`
+    # one analysis decides alike in every round, and its count is one release in the ledger
+    guard, outcomes = SiteGuard(policy, "one-analysis"), []
+    for _ in range(3):
+        try:
+            guard.check_data(protocol, {"a": np.zeros((30, 4))})
+            outcomes.append("ok")
+        except PolicyRefusal:
+            outcomes.append("refused")
+    assert len(set(outcomes)) == 1
+    ledger = SiteLedger(policy.ledger)
+    mine = [e for e in ledger.entries if e.analysis == "one-analysis"]
+    assert [(e.block, e.event) for e in mine] == [("subjects/a", dp_event.LaplaceDpEvent(2.0))]
+    assert ledger.epsilon(1e-5) == pytest.approx(pld_epsilon([dp_event.LaplaceDpEvent(2.0)] * (2 * trials + 1)), rel=2e-3)
+
+
 def _record_protocol():
     """A protocol whose DP protects each record (a site's policy may demand each site)."""
     from fedhier.privacy.analyze_gauss import RecordDP

@@ -12,7 +12,8 @@ the reason, with its numbers, stays in the site's log:
 .. code-block:: toml
 
     views = ["proteins", "csf"]          # views an analysis may use (omit: any)
-    min_subjects = 20                    # fewest subjects in a view the site releases
+    min_subjects = 20                    # fewest subjects in a view the site releases (a noisy count in DP analyses)
+    subjects_epsilon = 0.1               # epsilon of that noisy count, per view and analysis
     modes = ["dp", "dp+secure"]          # allowed: "plain", "dp", "secure", "dp+secure"
     unit = "site"                        # the unit DP must protect: "site" (whole data set) or "record"
     max_epsilon = 1.0                    # per analysis, at delta
@@ -28,6 +29,14 @@ check and the reservation of the request's plan are one step under the ledger's 
 Each admission records the policy file's SHA-256, ``lifetime_epsilon`` and ``delta`` in
 the ledger; a policy whose lifetime budget is larger (or whose ``delta`` is larger) than
 one the ledger recorded is refused: a lifetime budget is never raised on the same ledger.
+
+In a DP analysis ``min_subjects`` is decided on a noisy count, so that one subject does not
+decide whether the site takes part: the count ``n`` of a view plus Laplace noise of scale
+``1 / subjects_epsilon`` (sensitivity 1: one subject added or removed), drawn once per
+analysis and view from a secret of the site's ledger key, must reach ``min_subjects``.  Each
+count is a release of ``subjects_epsilon`` (a ``LaplaceDpEvent``) recorded in the site's
+ledger and reserved at admission; it counts against ``lifetime_epsilon``, not against the
+analysis' ``max_epsilon``.  It protects each subject, not the size of the whole data set.
 """
 
 from __future__ import annotations
@@ -52,7 +61,8 @@ __all__ = ["SitePolicy", "AnalysisRequest", "PolicyRefusal", "MODES", "UNITS", "
 MODES = ("plain", "dp", "secure", "dp+secure")
 #: a guarantee for the whole site implies one for each record: "site" is the stronger unit
 UNITS = ("record", "site")
-_KEYS = {"views", "min_subjects", "modes", "unit", "max_epsilon", "lifetime_epsilon", "delta", "ledger", "anchor"}
+_KEYS = {"views", "min_subjects", "subjects_epsilon", "modes", "unit", "max_epsilon", "lifetime_epsilon", "delta",
+         "ledger", "anchor"}
 
 
 class PolicyRefusal(RuntimeError):
@@ -78,6 +88,8 @@ class AnalysisRequest:
     unit : the unit its DP protects ("site" or "record"), None without DP.
     events : every DP release (``dp_accounting`` events) it would make at this site over all
         its rounds (the most it could make: the admission check is on this plan).
+    site_events : the releases the site itself makes to check the analysis (its noisy subject
+        counts, :meth:`SitePolicy.count_events`); reserved and charged to the lifetime budget.
     """
 
     name: str
@@ -85,6 +97,7 @@ class AnalysisRequest:
     views: tuple[str, ...]
     unit: str | None = None
     events: tuple[dp_event.DpEvent, ...] = ()
+    site_events: tuple[dp_event.DpEvent, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -99,6 +112,7 @@ class SitePolicy:
 
     views: tuple[str, ...] | None = None
     min_subjects: int = 1
+    subjects_epsilon: float = 0.1
     modes: tuple[str, ...] = MODES
     unit: str = "record"
     max_epsilon: float | None = None
@@ -121,7 +135,7 @@ class SitePolicy:
             raise ValueError(f"{where}: modes must be a non-empty list of {list(MODES)}, got {list(self.modes)}")
         if self.unit not in UNITS:
             raise ValueError(f"{where}: unit must be one of {list(UNITS)}, got {self.unit!r}")
-        for name in ("max_epsilon", "lifetime_epsilon"):
+        for name in ("max_epsilon", "lifetime_epsilon", "subjects_epsilon"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{where}: {name} must be a positive number, got {value!r}")
@@ -189,7 +203,8 @@ class SitePolicy:
             if request.name in ledger.open_analyses:
                 self.check(request, ledger, running=True)
                 return
-            ledger.start(request.name, request.events, self.record(), admit=lambda led: self.check(request, led))
+            ledger.start(request.name, request.events + request.site_events, self.record(),
+                         admit=lambda led: self.check(request, led))
 
     def check(self, request: AnalysisRequest, ledger: SiteLedger | None = None, *, running: bool = False) -> None:
         """Refuse ``request`` (:class:`PolicyRefusal`) when it breaks this policy; nothing is read or spent.
@@ -215,12 +230,15 @@ class SitePolicy:
             if epsilon > self.max_epsilon * (1 + 1e-9):
                 raise PolicyRefusal(f"the analysis would spend epsilon {epsilon:.4g} at delta {self.delta:g}; "
                                     f"the site allows {self.max_epsilon:g} per analysis")
+        if request.site_events and self.ledger is None:
+            raise PolicyRefusal("min_subjects in a DP analysis is decided on a noisy count, which needs a ledger "
+                                "to record it; the site's policy names none")
         if self.ledger is not None:
             ledger = ledger if ledger is not None else self.site_ledger()
             self._check_unchanged_budget(ledger)
         if self.lifetime_epsilon is not None:
             spent = ledger.epsilon(self.delta)
-            after = spent if running else ledger.epsilon(self.delta, request.events)
+            after = spent if running else ledger.epsilon(self.delta, request.events + request.site_events)
             if after > self.lifetime_epsilon * (1 + 1e-9):
                 raise PolicyRefusal(f"the site has spent or reserved epsilon {spent:.4g} of its lifetime "
                                     f"{self.lifetime_epsilon:g} (delta {self.delta:g}); with this analysis it would "
@@ -244,8 +262,44 @@ class SitePolicy:
             _log.warning("site policy %s changed since the ledger's last admission (its SHA-256 differs)",
                          self.source)
 
+    def count_events(self, views: tuple[str, ...]) -> tuple[dp_event.DpEvent, ...]:
+        """The releases of the noisy subject counts of a DP analysis of ``views`` (none without a minimum)."""
+        if self.min_subjects <= 1:
+            return ()
+        return (dp_event.LaplaceDpEvent(1.0 / self.subjects_epsilon),) * len(views)
+
+    def check_noisy_subjects(self, counts: dict[str, int], ledger: SiteLedger | None, analysis: str) -> None:
+        """Refuse when a view's noisy count ``n + Laplace(1 / subjects_epsilon)`` is below ``min_subjects``.
+
+        The noise of each (analysis, view) is fixed by the ledger's key
+        (:meth:`~fedhier.privacy.site_ledger.SiteLedger.secret_uniform`), so every round of
+        an analysis decides alike; the first check records each count's release in the ledger.
+        """
+        if self.min_subjects <= 1:
+            return
+        if ledger is None:
+            raise PolicyRefusal("min_subjects in a DP analysis is decided on a noisy count, which needs a ledger "
+                                "to record it; the site's policy names none")
+        with ledger.locked():
+            ledger.verify()
+            done = {e.block for e in ledger.entries if e.analysis == analysis}
+            new = [(f"subjects/{view}", event) for view, event in zip(sorted(counts), self.count_events(tuple(counts)))
+                   if f"subjects/{view}" not in done]
+            ledger.record(analysis, 1, new)
+        scale = 1.0 / self.subjects_epsilon
+        few = []
+        for view, n in sorted(counts.items()):
+            u = ledger.secret_uniform(f"subjects|{analysis}|{view}") - 0.5  # in (-1/2, 1/2)
+            noise = -scale * math.copysign(1.0, u) * math.log1p(-2.0 * abs(u))  # Laplace(scale), by inversion
+            if n + noise < self.min_subjects:
+                few.append(view)
+        if few:
+            raise PolicyRefusal(f"view(s) {few}: the noisy subject count is below the site's minimum of "
+                                f"{self.min_subjects}")
+
     def check_subjects(self, counts: dict[str, int]) -> None:
-        """Refuse when a view the site would release has fewer than ``min_subjects`` subjects."""
+        """Refuse when a view the site would release has fewer than ``min_subjects`` subjects (exact count: for
+        analyses without DP, whose releases are exact anyway)."""
         few = sorted(v for v, n in counts.items() if n < self.min_subjects)
         if few:
             raise PolicyRefusal(f"view(s) {few} have fewer than the {self.min_subjects} subjects the site's policy "

@@ -298,6 +298,15 @@ class SiteLedger:
         self._append({"kind": "release", "analysis": str(analysis), "round": int(round), "block": str(block),
                       "event": event_to_dict(event)} for block, event in releases)
 
+    def secret_uniform(self, label: str) -> float:
+        """A number in (0, 1) that only this site can compute, the same every time for ``label``.
+
+        ``(HMAC-SHA256(key, label) + 1/2) / 2^256`` with the ledger's key: noise that a site draws
+        once per analysis yet must reproduce in every round (its noisy subject counts).
+        """
+        digest = hmac.new(self._key, ("noise\n" + label).encode(), hashlib.sha256).digest()
+        return (int.from_bytes(digest, "big") + 0.5) / 2.0**256
+
     # ------------------------------------------------------------------ queries
     def events(self) -> list[dp_event.DpEvent]:
         """Every recorded event, in order."""

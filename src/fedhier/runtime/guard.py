@@ -12,7 +12,7 @@ pool worker, in a Flower ClientApp:
    same locked step as the check (two analyses admitted at once cannot both take the last
    of the budget);
 2. :meth:`SiteGuard.check_data`, after reading and before any computation: the policy's
-   minimum number of subjects per view;
+   minimum number of subjects per view (on a noisy count in a DP analysis);
 3. :meth:`SiteGuard.record`, after each step: the releases it made are appended to the
    site's ledger, so that later analyses compose with them;
 4. :meth:`SiteGuard.finish`, when the analysis ends: what it reserved and did not spend is
@@ -42,12 +42,14 @@ class SiteGuard:
 
     def request(self, protocol: RoundProtocol, n_rounds: int, secure: bool) -> AnalysisRequest:
         """What the analysis asks of this site, from its configuration only."""
+        views = tuple(protocol.requested_views())
         return AnalysisRequest(
             name=self.analysis,
             mode=request_mode(protocol.private, secure),
-            views=tuple(protocol.requested_views()),
+            views=views,
             unit=protocol.protected_unit,
             events=tuple(protocol.release_plan(n_rounds)),
+            site_events=self.policy.count_events(views) if protocol.private else (),
         )
 
     def admit(self, protocol: RoundProtocol, n_rounds: int, secure: bool) -> None:
@@ -61,7 +63,12 @@ class SiteGuard:
             raise PolicyRefusal(f"analysis {self.analysis!r} was never admitted by this site")
 
     def check_data(self, protocol: RoundProtocol, data: Any) -> None:
-        self.policy.check_subjects(protocol.subject_counts(data))
+        """The policy's minimum of subjects per view: a noisy count in a DP analysis, exact otherwise."""
+        counts = protocol.subject_counts(data)
+        if protocol.private and self.policy.min_subjects > 1:
+            self.policy.check_noisy_subjects(counts, self.policy.site_ledger(), self.analysis)
+        else:
+            self.policy.check_subjects(counts)
 
     def record(self, round: int, releases: list) -> None:
         """Append the step's releases ``[(block, DpEvent)]`` to the site's ledger (no-op without one)."""
