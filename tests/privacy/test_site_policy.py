@@ -225,11 +225,12 @@ def test_privacy_reports_are_json_and_their_epsilons_recompute_with_dp_accountin
         assert [r["round"] for r in entry["epsilon_after_round"]] == [1, 2]
         assert entry["epsilon_after_round"][-1]["epsilon"] == pytest.approx(entry["epsilon"])
 
-    policy = SitePolicy(modes=("dp",), lifetime_epsilon=5.0, ledger=tmp_path / "l.jsonl")
+    policy = SitePolicy(modes=("dp",), lifetime_epsilon=5.0, ledger=tmp_path / "l.jsonl", anchor=tmp_path / "l.anchor")
     for k in range(2):
         simulate(_protocol(epsilon=1.0), _sites(), n_rounds=2, random_state=k, site_policies=[policy, None, None],
                  analysis=f"study-{k}")
     report = json.loads(json.dumps(site_report(SiteLedger(policy.ledger), 1e-5, policy)))
     assert report["analyses"] == ["study-0", "study-1"] and report["policy"]["lifetime_epsilon"] == 5.0
+    assert report["policy"]["anchor"] == str(tmp_path / "l.anchor")
     events = _protocol(epsilon=1.0).release_plan(2) * 2
     assert report["epsilon"] == pytest.approx(pld_epsilon(events), rel=1e-3)
