@@ -407,9 +407,11 @@ def simulate(
     site_policies : sequence of SitePolicy or None, optional
         Each site's own privacy policy (:class:`fedhier.privacy.policy.SitePolicy`), enforced
         at the site as in a deployment (:class:`fedhier.runtime.guard.SiteGuard`): before
-        round 1 a site whose policy refuses the analysis takes no part (its reason is in
-        every round's ``failed`` and in a :class:`SiteFailedWarning`), and every release a
-        site makes is appended to its policy's ledger.
+        round 1 a site whose policy refuses the analysis takes no part (every round's
+        ``failed`` and a :class:`SiteFailedWarning` say that its policy refused; the reason is
+        in the site's log, ``fedhier.site``), an admitted analysis reserves its plan in the
+        site's ledger, every release a site makes is appended there, and when the fit ends
+        the unspent reservation is given back.
     analysis : str, optional
         The analysis' name in the sites' ledgers (default: a fresh random id).
     site_timeout : float, optional
