@@ -9,6 +9,7 @@ accountant on the events, composed here independently of the ledger.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import re
 import shutil
@@ -291,6 +292,9 @@ def test_min_subjects_is_not_an_exact_membership_oracle(tmp_path):
     ledger = SiteLedger(policy.ledger)
     mine = [e for e in ledger.entries if e.analysis == "one-analysis"]
     assert [(e.block, e.event) for e in mine] == [("subjects/a", dp_event.LaplaceDpEvent(2.0))]
+    line = next(json.loads(json.loads(row)["body"]) for row in policy.ledger.read_text().splitlines()
+                if '\\"one-analysis\\"' in row)
+    assert set(line) == {"kind", "analysis", "round", "block", "event", "passed"}  # the outcome, not the count
     assert ledger.epsilon(1e-5) == pytest.approx(pld_epsilon([dp_event.LaplaceDpEvent(2.0)] * (2 * trials + 1)), rel=2e-3)
 
 

@@ -33,7 +33,8 @@ one the ledger recorded is refused: a lifetime budget is never raised on the sam
 In a DP analysis ``min_subjects`` is decided on a noisy count, so that one subject does not
 decide whether the site takes part: the count ``n`` of a view plus Laplace noise of scale
 ``1 / subjects_epsilon`` (sensitivity 1: one subject added or removed), drawn once per
-analysis and view from a secret of the site's ledger key, must reach ``min_subjects``.  Each
+analysis and view from the operating system's CSPRNG, must reach ``min_subjects``; the
+outcome is kept in the ledger for the analysis' later rounds.  Each
 count is a release of ``subjects_epsilon`` (a ``LaplaceDpEvent``) recorded in the site's
 ledger and reserved at admission; it counts against ``lifetime_epsilon``, not against the
 analysis' ``max_epsilon``.  It protects each subject, not the size of the whole data set.
@@ -44,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import secrets
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -271,28 +273,23 @@ class SitePolicy:
     def check_noisy_subjects(self, counts: dict[str, int], ledger: SiteLedger | None, analysis: str) -> None:
         """Refuse when a view's noisy count ``n + Laplace(1 / subjects_epsilon)`` is below ``min_subjects``.
 
-        The noise of each (analysis, view) is fixed by the ledger's key
-        (:meth:`~fedhier.privacy.site_ledger.SiteLedger.secret_uniform`), so every round of
-        an analysis decides alike; the first check records each count's release in the ledger.
+        The noise is drawn from the operating system's CSPRNG the first time an (analysis,
+        view) is checked; the release and its outcome (never the noise or the count) are
+        recorded in the ledger, and every later round of the analysis reuses the outcome.
         """
         if self.min_subjects <= 1:
             return
         if ledger is None:
             raise PolicyRefusal("min_subjects in a DP analysis is decided on a noisy count, which needs a ledger "
                                 "to record it; the site's policy names none")
+        event = dp_event.LaplaceDpEvent(1.0 / self.subjects_epsilon)
         with ledger.locked():
             ledger.verify()
-            done = {e.block for e in ledger.entries if e.analysis == analysis}
-            new = [(f"subjects/{view}", event) for view, event in zip(sorted(counts), self.count_events(tuple(counts)))
-                   if f"subjects/{view}" not in done]
-            ledger.record(analysis, 1, new)
-        scale = 1.0 / self.subjects_epsilon
-        few = []
-        for view, n in sorted(counts.items()):
-            u = ledger.secret_uniform(f"subjects|{analysis}|{view}") - 0.5  # in (-1/2, 1/2)
-            noise = -scale * math.copysign(1.0, u) * math.log1p(-2.0 * abs(u))  # Laplace(scale), by inversion
-            if n + noise < self.min_subjects:
-                few.append(view)
+            for view, n in sorted(counts.items()):
+                if (analysis, view) not in ledger.count_checks:
+                    noisy = n + _laplace(1.0 / self.subjects_epsilon)
+                    ledger.record_count_check(analysis, view, event, noisy >= self.min_subjects)
+            few = sorted(view for view in counts if not ledger.count_checks[(analysis, view)])
         if few:
             raise PolicyRefusal(f"view(s) {few}: the noisy subject count is below the site's minimum of "
                                 f"{self.min_subjects}")
@@ -304,6 +301,12 @@ class SitePolicy:
         if few:
             raise PolicyRefusal(f"view(s) {few} have fewer than the {self.min_subjects} subjects the site's policy "
                                 "requires for a release")
+
+
+def _laplace(scale: float) -> float:
+    """One draw of Laplace(0, ``scale``) from the operating system's CSPRNG, by inversion of a uniform in (-1/2, 1/2)."""
+    u = (secrets.randbits(53) + 0.5) / 2.0**53 - 0.5
+    return -scale * math.copysign(1.0, u) * math.log1p(-2.0 * abs(u))
 
 
 def request_mode(private: bool, secure: bool) -> str:

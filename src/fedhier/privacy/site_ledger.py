@@ -27,7 +27,8 @@ a file the site's administrator owns, next to the data:
   ledger must extend the anchor: a ledger restored from an older backup, or deleted, is
   detected.  A roll-back of the ledger *and* its anchor together is not detectable.
 
-Only events are recorded -- never data, never a released value.
+Only events are recorded -- never data, and of released values only the outcome of a noisy
+subject count (pass or refuse), which the coordinator sees anyway.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class SiteLedger:
     plans : analysis -> the events its latest admission reserved.
     open_analyses : the admitted analyses that have not finished.
     policies : the policy records (``sha256``, ``lifetime_epsilon``, ``delta``) of every admission.
+    count_checks : (analysis, view) -> whether its noisy subject count reached the site's minimum.
     """
 
     def __init__(self, path: str | os.PathLike, anchor: str | os.PathLike | None = None) -> None:
@@ -105,6 +107,7 @@ class SiteLedger:
         self.plans: dict[str, list[dp_event.DpEvent]] = {}
         self.open_analyses: set[str] = set()
         self.policies: list[dict[str, Any]] = []
+        self.count_checks: dict[tuple[str, str], bool] = {}
         self._last_mac = _GENESIS
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.locked():
@@ -214,6 +217,7 @@ class SiteLedger:
         if not hmac.compare_digest(mac, self._mac("head", body)) or fields.get("format") != _FORMAT:
             raise LedgerIntegrityError(f"{self.path}: its head file {self.head_path.name} does not check out")
         entries, analyses, plans, finished, policies, macs, previous = [], [], {}, set(), [], [], _GENESIS
+        count_checks: dict[tuple[str, str], bool] = {}
         lines = self.path.read_text().splitlines()
         for number, line in enumerate(lines, start=1):
             try:
@@ -237,6 +241,8 @@ class SiteLedger:
             elif kind == "release":
                 entries.append(LedgerEntry(analysis, int(record["round"]), str(record["block"]),
                                            event_from_dict(record["event"])))
+                if "passed" in record:
+                    count_checks[(analysis, str(record["block"]).removeprefix("subjects/"))] = bool(record["passed"])
             elif kind == "finish":
                 finished.add(analysis)
             else:
@@ -248,6 +254,7 @@ class SiteLedger:
         self._check_anchor(macs)
         self.entries, self.analyses, self._last_mac, self._lines = entries, analyses, previous, len(lines)
         self.plans, self.open_analyses, self.policies = plans, set(plans) - finished, policies
+        self.count_checks = count_checks
 
     # ------------------------------------------------------------------ recording
     def _append(self, records: Iterable[dict[str, Any]]) -> None:
@@ -298,14 +305,14 @@ class SiteLedger:
         self._append({"kind": "release", "analysis": str(analysis), "round": int(round), "block": str(block),
                       "event": event_to_dict(event)} for block, event in releases)
 
-    def secret_uniform(self, label: str) -> float:
-        """A number in (0, 1) that only this site can compute, the same every time for ``label``.
+    def record_count_check(self, analysis: str, view: str, event: dp_event.DpEvent, passed: bool) -> None:
+        """Append the release of a noisy subject count of ``view`` for ``analysis`` and its outcome.
 
-        ``(HMAC-SHA256(key, label) + 1/2) / 2^256`` with the ledger's key: noise that a site draws
-        once per analysis yet must reproduce in every round (its noisy subject counts).
+        The outcome (whether the noisy count reached the site's minimum) is the one released
+        value a ledger holds: the coordinator learns it anyway, from the site taking part or not.
         """
-        digest = hmac.new(self._key, ("noise\n" + label).encode(), hashlib.sha256).digest()
-        return (int.from_bytes(digest, "big") + 0.5) / 2.0**256
+        self._append([{"kind": "release", "analysis": str(analysis), "round": 1, "block": f"subjects/{view}",
+                       "event": event_to_dict(event), "passed": bool(passed)}])
 
     # ------------------------------------------------------------------ queries
     def events(self) -> list[dp_event.DpEvent]:
