@@ -56,7 +56,7 @@ from dp_accounting import dp_event
 from .ledger import epsilon_of_events
 from .site_ledger import SiteLedger
 
-_log = logging.getLogger("fedhier.site")
+site_log = logging.getLogger("fedhier.site")
 
 __all__ = ["SitePolicy", "AnalysisRequest", "PolicyRefusal", "MODES", "UNITS", "request_mode"]
 
@@ -261,7 +261,7 @@ class SitePolicy:
                     "anchor to change it)"
                 )
         if ledger.policies and self.sha256 and ledger.policies[-1].get("sha256") not in ("", self.sha256):
-            _log.warning("site policy %s changed since the ledger's last admission (its SHA-256 differs)",
+            site_log.warning("site policy %s changed since the ledger's last admission (its SHA-256 differs)",
                          self.source)
 
     def count_events(self, views: tuple[str, ...]) -> tuple[dp_event.DpEvent, ...]:
