@@ -155,7 +155,8 @@ def _policy_file(folder, lifetime, anchor="../anchor/ledger.anchor"):
 
 
 @pytest.mark.parametrize("attack", ["restore backup", "delete ledger and head", "delete every ledger file",
-                                    "point the policy at a new ledger"])
+                                    "point the policy at a new ledger", "restore backup, delete anchor",
+                                    "drop the anchor from the policy"])
 def test_rolling_the_ledger_back_is_detected_where_the_anchor_is_kept(tmp_path, attack):
     site, backup = tmp_path / "site", tmp_path / "backup"
     site.mkdir()
@@ -181,11 +182,18 @@ def test_rolling_the_ledger_back_is_detected_where_the_anchor_is_kept(tmp_path, 
     elif attack == "delete every ledger file":
         for name in ("ledger.jsonl", "ledger.jsonl.head", "ledger.jsonl.key"):
             (site / name).unlink()
-    else:
+    elif attack == "point the policy at a new ledger":
         path.write_text(path.read_text().replace('ledger = "ledger.jsonl"', 'ledger = "fresh.jsonl"'))
+    elif attack == "restore backup, delete anchor":
+        for name in ("ledger.jsonl", "ledger.jsonl.head"):
+            shutil.copy(backup / name, site / name)
+        (tmp_path / "anchor" / "ledger.anchor").unlink()
+    else:
+        path.write_text(path.read_text().replace('anchor = "../anchor/ledger.anchor"\n', ""))
     third = SiteGuard(SitePolicy.read(path), "study-3")
     with pytest.raises(LedgerIntegrityError, match="anchor"):
         third.admit(protocol, N_ROUNDS, secure=False)
+    assert not (site / "fresh.jsonl").exists() or SiteLedger(site / "fresh.jsonl").entries == []
 
 
 def test_rolling_back_the_ledger_and_its_anchor_together_stays_undetectable(tmp_path):

@@ -54,7 +54,7 @@ from typing import Any
 from dp_accounting import dp_event
 
 from .ledger import epsilon_of_events
-from .site_ledger import SiteLedger
+from .site_ledger import LedgerIntegrityError, SiteLedger
 
 site_log = logging.getLogger("fedhier.site")
 
@@ -183,8 +183,14 @@ class SitePolicy:
 
     # ------------------------------------------------------------------ enforcement
     def site_ledger(self) -> SiteLedger | None:
-        """The site's persistent ledger (verified on open), or None when the policy keeps none."""
-        return None if self.ledger is None else SiteLedger(self.ledger, anchor=self.anchor)
+        """The site's persistent ledger (verified on open, with its anchor), or None when the policy keeps none."""
+        if self.ledger is None:
+            return None
+        ledger = SiteLedger(self.ledger, anchor=self.anchor)
+        if ledger.anchored and self.anchor is None:
+            raise LedgerIntegrityError(f"{self.ledger}: the ledger keeps an anchor but the site's policy "
+                                       f"{self.source or '(in code)'} names none")
+        return ledger
 
     def record(self) -> dict[str, Any]:
         """What an admission records of this policy in the ledger: the file's SHA-256 and the lifetime budget."""

@@ -23,9 +23,11 @@ a file the site's administrator owns, next to the data:
   (``fcntl.flock``): two analyses admitted at once are admitted one after the other, the
   second seeing the first's reservation, and two fits writing at once never interleave;
 * an optional *anchor* file, kept by the operator apart from the ledger (another disk or
-  machine), holds the number of lines and the last MAC after every write.  At open the
-  ledger must extend the anchor: a ledger restored from an older backup, or deleted, is
-  detected.  A roll-back of the ledger *and* its anchor together is not detectable.
+  machine), holds the number of lines and the last MAC after every write, and the head
+  records that the ledger is anchored.  At open the ledger must extend the anchor: a ledger
+  restored from an older backup, or deleted, is detected, and so is an anchored ledger
+  opened without its anchor.  A roll-back of the ledger *and* its anchor together, or to a
+  state from before it was anchored with the anchor deleted, is not detectable.
 
 Only events are recorded -- never data, and of released values only the outcome of a noisy
 subject count (pass or refuse), which the coordinator sees anyway.
@@ -92,6 +94,7 @@ class SiteLedger:
     open_analyses : the admitted analyses that have not finished.
     policies : the policy records (``sha256``, ``lifetime_epsilon``, ``delta``) of every admission.
     count_checks : (analysis, view) -> whether its noisy subject count reached the site's minimum.
+    anchored : the ledger has kept an anchor (its head says so).
     """
 
     def __init__(self, path: str | os.PathLike, anchor: str | os.PathLike | None = None) -> None:
@@ -108,6 +111,7 @@ class SiteLedger:
         self.open_analyses: set[str] = set()
         self.policies: list[dict[str, Any]] = []
         self.count_checks: dict[tuple[str, str], bool] = {}
+        self.anchored = False
         self._last_mac = _GENESIS
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.locked():
@@ -153,6 +157,7 @@ class SiteLedger:
         self.path.write_text("")
         self._key = self._read_key()
         self._write_head(0, _GENESIS)
+        self._write_anchor(0, _GENESIS)
 
     def _read_key(self) -> bytes:
         try:
@@ -167,7 +172,8 @@ class SiteLedger:
         return hmac.new(self._key, (previous + "\n" + body).encode(), hashlib.sha256).hexdigest()
 
     def _write_head(self, count: int, last: str) -> None:
-        body = json.dumps({"format": _FORMAT, "lines": count, "last": last}, sort_keys=True)
+        anchored = self.anchor_path is not None or self.anchored
+        body = json.dumps({"format": _FORMAT, "lines": count, "last": last, "anchored": anchored}, sort_keys=True)
         tmp = self.head_path.with_name(self.head_path.name + ".tmp")
         tmp.write_text(json.dumps({"head": body, "mac": self._mac("head", body)}) + "\n")
         os.replace(tmp, self.head_path)
@@ -180,12 +186,23 @@ class SiteLedger:
         tmp.write_text(json.dumps({"format": _ANCHOR_FORMAT, "lines": count, "last": last}) + "\n")
         os.replace(tmp, self.anchor_path)
 
-    def _check_anchor(self, macs: list[str]) -> None:
-        """The ledger (its line MACs ``macs``) must extend the anchor's state; a missing anchor is written."""
+    def _check_anchor(self, macs: list[str], anchored: bool) -> None:
+        """The ledger (its line MACs ``macs``) must extend the anchor's state.
+
+        ``anchored``: the head says an anchor was kept; then it must be present (opened without
+        one, e.g. to read a report, nothing is checked).  An unanchored ledger opened with an
+        anchor is anchored from now on.
+        """
+        self.anchored = anchored
         if self.anchor_path is None:
             return
+        last = macs[-1] if macs else _GENESIS
         if not self.anchor_path.exists():
-            self._write_anchor(len(macs), macs[-1] if macs else _GENESIS)
+            if anchored:
+                raise LedgerIntegrityError(f"{self.path}: its anchor {self.anchor_path} is missing (deleted or moved?)")
+            self._write_anchor(len(macs), last)
+            self._write_head(len(macs), last)
+            self.anchored = True
             return
         try:
             fields = json.loads(self.anchor_path.read_text())
@@ -251,7 +268,7 @@ class SiteLedger:
             raise LedgerIntegrityError(
                 f"{self.path}: it holds {len(lines)} line(s) but its head records {fields['lines']}: lines were removed or added"
             )
-        self._check_anchor(macs)
+        self._check_anchor(macs, bool(fields.get("anchored", False)))
         self.entries, self.analyses, self._last_mac, self._lines = entries, analyses, previous, len(lines)
         self.plans, self.open_analyses, self.policies = plans, set(plans) - finished, policies
         self.count_checks = count_checks
