@@ -245,9 +245,9 @@ class SitePolicy:
             ledger = ledger if ledger is not None else self.site_ledger()
             self._check_unchanged_budget(ledger)
         if self.lifetime_epsilon is not None:
-            spent = ledger.epsilon(self.delta)
-            after = spent if running else ledger.epsilon(self.delta, request.events + request.site_events)
+            after = ledger.epsilon(self.delta, () if running else request.events + request.site_events)
             if after > self.lifetime_epsilon * (1 + 1e-9):
+                spent = ledger.epsilon(self.delta)  # for the site's log
                 raise PolicyRefusal(f"the site has spent or reserved epsilon {spent:.4g} of its lifetime "
                                     f"{self.lifetime_epsilon:g} (delta {self.delta:g}); with this analysis it would "
                                     f"reach {after:.4g}")
