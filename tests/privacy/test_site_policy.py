@@ -72,29 +72,32 @@ def test_policy_file_is_read_and_checked(tmp_path):
     (SitePolicy(modes=("dp", "dp+secure")), "allows modes"),
     (SitePolicy(views=("a",)), "allows views"),
 ])
-def test_a_request_beyond_the_policy_is_refused_before_the_site_reads_its_data(policy, reason):
+def test_a_request_beyond_the_policy_is_refused_before_the_site_reads_its_data(policy, reason, caplog):
     sites = _sites()
     sites[1] = Untouchable()
-    with pytest.warns(SiteFailedWarning, match=reason):
+    with pytest.warns(SiteFailedWarning, match="refused by the site's policy"), caplog.at_level("WARNING", "fedhier.site"):
         run = simulate(_protocol(), sites, n_rounds=2, random_state=0, site_policies=[None, policy, None])
+    assert reason in caplog.text  # the reason stays in the site's log
     assert all(r.sites == [0, 2] and "PolicyRefusal" in r.failed[1] for r in run.history)
     reference = simulate(_protocol(), _sites(), n_rounds=2, random_state=0, participation={1: [1], 2: [1]})
     assert all(np.array_equal(run.broadcast[k], reference.broadcast[k]) for k in reference.broadcast)
 
 
-def test_per_analysis_budget_and_minimum_subjects():
+def test_per_analysis_budget_and_minimum_subjects(caplog):
     sites = _sites()
     sites[0] = Untouchable()
     strict = SitePolicy(modes=("dp",), max_epsilon=0.5)
-    with pytest.warns(SiteFailedWarning, match="would spend epsilon 1 .* allows 0.5 per analysis"):
+    with pytest.warns(SiteFailedWarning, match="refused by the site's policy"), caplog.at_level("WARNING", "fedhier.site"):
         simulate(_protocol(epsilon=1.0), sites, n_rounds=2, random_state=0, site_policies=[strict, None, None])
+    assert "would spend epsilon 1 at delta 1e-05; the site allows 0.5 per analysis" in caplog.text
     few = SitePolicy(min_subjects=41)  # the site has 40 subjects per view: refused before any computation
-    with pytest.warns(SiteFailedWarning, match="fewer than the 41 subjects"):
+    with pytest.warns(SiteFailedWarning, match="refused by the site's policy"), caplog.at_level("WARNING", "fedhier.site"):
         run = simulate(_protocol(), _sites(), n_rounds=1, random_state=0, site_policies=[None, few, None])
+    assert "fewer than the 41 subjects" in caplog.text
     assert run.history[0].sites == [0, 2]
 
 
-def test_the_lifetime_ledger_composes_two_fits_and_stops_the_third(tmp_path):
+def test_the_lifetime_ledger_composes_two_fits_and_stops_the_third(tmp_path, caplog):
     plan = _protocol(epsilon=1.0).release_plan(2)
     two, three = pld_epsilon(plan * 2), pld_epsilon(plan * 3)
     assert two < three
@@ -108,8 +111,9 @@ def test_the_lifetime_ledger_composes_two_fits_and_stops_the_third(tmp_path):
     assert ledger.analyses == ["study-0", "study-1"] and len(ledger.entries) == len(plan) * 2
     assert ledger.epsilon(1e-5) == pytest.approx(two, rel=1e-3)  # the ledger's figure, checked independently
     sites[0] = Untouchable()
-    with pytest.warns(SiteFailedWarning, match="has spent epsilon .* it would reach"):
+    with pytest.warns(SiteFailedWarning, match="refused by the site's policy"), caplog.at_level("WARNING", "fedhier.site"):
         run = simulate(_protocol(epsilon=1.0), sites, n_rounds=2, random_state=2, site_policies=[policy, None, None])
+    assert "has spent or reserved epsilon" in caplog.text and "it would reach" in caplog.text
     assert all(0 not in r.sites for r in run.history)
     assert len(SiteLedger(tmp_path / "ledger.jsonl").entries) == len(plan) * 2  # nothing more was spent
 
@@ -152,7 +156,7 @@ def test_an_untampered_ledger_reopens_with_every_entry(tmp_path):
     assert again.epsilon(1e-5) == pytest.approx(pld_epsilon([dp_event.GaussianDpEvent(2.0)]), rel=1e-3)
 
 
-def test_flower_and_simulate_enforce_the_same_policy(tmp_path, monkeypatch):
+def test_flower_and_simulate_enforce_the_same_policy(tmp_path, monkeypatch, caplog):
     """The ClientApp of a SuperNode started with a policy refuses what simulate() refuses, with the same reason,
     before reading its file; an admitted run's releases land in the site's ledger as in simulate()."""
     pytest.importorskip("flwr")
@@ -183,13 +187,15 @@ def test_flower_and_simulate_enforce_the_same_policy(tmp_path, monkeypatch):
     strict = tmp_path / "strict.toml"
     strict.write_text('modes = ["dp"]\nmax_epsilon = 0.5\n')
     missing = tmp_path / "no-such-file.csv"  # reading it would fail: a refusal must come first
-    reply = ask(strict, missing)
+    with caplog.at_level("WARNING", "fedhier.site"):
+        reply = ask(strict, missing)
+    assert "the analysis would spend epsilon" in caplog.text  # in the site's log only
     sites = [config.load_site(name, tmp_path / f"{name}.csv") for name in config.sites[:2]]
     with pytest.warns(SiteFailedWarning):
         run = simulate(protocol, sites, n_rounds=config.n_rounds, random_state=0,
                        site_policies=[SitePolicy.read(strict), None])
     assert reply["status"] == "error" and reply["error"] == run.history[0].failed[0]
-    assert reply["error"].startswith("PolicyRefusal: the analysis would spend epsilon")
+    assert reply["error"] == "PolicyRefusal: refused by the site's policy (the reason is in the site's own log)"
 
     kept = tmp_path / "kept.toml"
     kept.write_text('modes = ["dp"]\nlifetime_epsilon = 10.0\nledger = "site-ledger.jsonl"\n')
@@ -219,11 +225,12 @@ def test_privacy_reports_are_json_and_their_epsilons_recompute_with_dp_accountin
         assert [r["round"] for r in entry["epsilon_after_round"]] == [1, 2]
         assert entry["epsilon_after_round"][-1]["epsilon"] == pytest.approx(entry["epsilon"])
 
-    policy = SitePolicy(modes=("dp",), lifetime_epsilon=5.0, ledger=tmp_path / "l.jsonl")
+    policy = SitePolicy(modes=("dp",), lifetime_epsilon=5.0, ledger=tmp_path / "l.jsonl", anchor=tmp_path / "l.anchor")
     for k in range(2):
         simulate(_protocol(epsilon=1.0), _sites(), n_rounds=2, random_state=k, site_policies=[policy, None, None],
                  analysis=f"study-{k}")
     report = json.loads(json.dumps(site_report(SiteLedger(policy.ledger), 1e-5, policy)))
     assert report["analyses"] == ["study-0", "study-1"] and report["policy"]["lifetime_epsilon"] == 5.0
+    assert report["policy"]["anchor"] == str(tmp_path / "l.anchor")
     events = _protocol(epsilon=1.0).release_plan(2) * 2
     assert report["epsilon"] == pytest.approx(pld_epsilon(events), rel=1e-3)

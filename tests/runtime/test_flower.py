@@ -295,7 +295,7 @@ def test_record_level_dp_over_flower_is_one_noisy_release_per_site_and_equals_th
     refused, _ = site_round(record, SITES[0], folder / f"{SITES[0]}.csv", {"round": 1, "broadcast": b""}, {},
                             guard=SiteGuard(SitePolicy(unit="site", modes=("dp",)), "flower-run-1"))
     assert refused == {"site": SITES[0], "status": "error",
-                       "error": "PolicyRefusal: the site requires DP protecting each site; the analysis protects each record"}
+                       "error": "PolicyRefusal: refused by the site's policy (the reason is in the site's own log)"}
     # the noise is the site's: other site seeds, the same coordinator seed, another model
     grid.node_seed = {"seed": str(record.seed + 1)}
     other = _run(grid, record)

@@ -929,7 +929,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--insecure", action="store_true", help="no TLS (loopback tests only)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default all interfaces)")
     p.add_argument("--port", type=int, default=9091, help="port of the SuperLink's APIs (default 9091)")
-    p.add_argument("--node-auth", action="store_true", help="accept only registered SuperNodes (flwr supernode register)")
+    p.add_argument("--node-auth", action=argparse.BooleanOptionalAction, default=None,
+                   help="accept only registered SuperNodes (flwr supernode register); on by default with TLS, "
+                        "off with --insecure; --no-node-auth lets any SuperNode claim a site's name")
     p.add_argument("--database", help="SQLite file for the SuperLink state")
     p.add_argument("--print-command", action="store_true", help="print the flower-superlink command instead of running it")
 
@@ -1013,7 +1015,7 @@ def _flower(args: argparse.Namespace) -> int:
     if args.command == "link":
         cmd = superlink_command(
             host=args.host, port=args.port, certificates=args.certificates, insecure=args.insecure,
-            node_auth=args.node_auth, database=args.database,
+            node_auth=not args.insecure if args.node_auth is None else args.node_auth, database=args.database,
         )
         return _run(cmd, args.print_command)
     if args.command == "site":

@@ -54,7 +54,8 @@ def _policy(policy: SitePolicy | None) -> dict[str, Any] | None:
     if policy is None:
         return None
     out = asdict(policy)
-    out["ledger"] = None if policy.ledger is None else str(policy.ledger)
+    for key in ("ledger", "anchor"):
+        out[key] = None if getattr(policy, key) is None else str(getattr(policy, key))
     out.pop("source", None)
     return out
 

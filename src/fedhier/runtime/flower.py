@@ -743,7 +743,8 @@ def site_round(deployment: Deployment, site: str, data_path: str | Path, request
     guard : SiteGuard or None
         The site's own policy (``node_config["policy"]``) for this run: in round 1 the
         analysis is admitted or refused before the site reads its file; every release is
-        recorded in the site's ledger.
+        recorded in the site's ledger; after its last round the unspent reservation is given back
+        (a run that stops early keeps its whole plan reserved).
 
     Returns
     -------
@@ -767,6 +768,8 @@ def site_round(deployment: Deployment, site: str, data_path: str | Path, request
     status, payload, new_state = run_site_step(
         protocol, data, index, rnd, site_seed, bytes(request["broadcast"]), dict(state), guard
     )
+    if guard is not None and rnd >= deployment.n_rounds:  # the plan's last round: give back what was not spent
+        guard.finish()
     if status == "ok":
         return {"site": site, "status": "ok", "reply": payload}, new_state
     return {"site": site, "status": "error", "error": str(payload).splitlines()[0]}, state

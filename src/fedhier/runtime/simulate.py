@@ -150,6 +150,8 @@ def failure_report(exc: BaseException) -> str:
     for an error whose text is safe to send (``public_message``, e.g.
     :class:`~fedhier.protocol.base.SiteError`), its first line.  Never a value of the data."""
     name = type(exc).__name__
+    if getattr(exc, "public_summary", None):  # e.g. a site policy's refusal: its category only
+        return f"{name}: {exc.public_summary}"
     if getattr(exc, "public_message", False):
         text = str(exc).splitlines()[0] if str(exc) else ""
         return f"{name}: {text}" if text else name
@@ -410,9 +412,11 @@ def simulate(
     site_policies : sequence of SitePolicy or None, optional
         Each site's own privacy policy (:class:`fedhier.privacy.policy.SitePolicy`), enforced
         at the site as in a deployment (:class:`fedhier.runtime.guard.SiteGuard`): before
-        round 1 a site whose policy refuses the analysis takes no part (its reason is in
-        every round's ``failed`` and in a :class:`SiteFailedWarning`), and every release a
-        site makes is appended to its policy's ledger.
+        round 1 a site whose policy refuses the analysis takes no part (every round's
+        ``failed`` and a :class:`SiteFailedWarning` say that its policy refused; the reason is
+        in the site's log, ``fedhier.site``), an admitted analysis reserves its plan in the
+        site's ledger, every release a site makes is appended there, and when the fit ends
+        the unspent reservation is given back.
     analysis : str, optional
         The analysis' name in the sites' ledgers (default: a fresh random id).
     site_timeout : float, optional
@@ -562,4 +566,7 @@ def simulate(
     finally:
         if pool is not None:
             pool.close()
+        for guard in guards:  # each site gives back what it reserved and did not spend
+            if guard is not None:
+                guard.finish()
     return SimulationResult(broadcast=broadcast, history=history, site_states=states, seed=seed)
