@@ -215,7 +215,11 @@ def _loadings_section(report: Report, model: Any, names: Mapping[str, Sequence[s
     report.paragraph(
         "The features that weigh most on each latent factor in the global model (largest absolute loading over all "
         "views). A feature's loading is how much the feature moves, in the data's units, when the factor moves by one "
-        "standard deviation; the sign says in which direction. The sign of a whole factor is arbitrary."
+        "standard deviation; the sign says in which direction. The model is the same for any rotation of its factors "
+        "(turning the loadings and the latent values together changes no prediction), so the fit reports them in one "
+        "canonical rotation, as PCA does: the factors are uncorrelated directions of the stacked loadings, numbered by the "
+        "variance of the views they explain, each signed so that its largest loading is positive; they can be compared "
+        "with PCA's components of the same rank."
     )
     W = {view: np.asarray(p.W) for view, p in model.model_.items()}
     report.table(top_loadings(W, names), caption="Five largest loadings of each factor, largest first: feature (view) loading")
