@@ -329,3 +329,18 @@ def test_global_loadings_come_in_the_canonical_rotation_that_pca_uses():
     np.testing.assert_allclose(model.transform(views), before[2] @ Q, rtol=0, atol=1e-10)
     back = rotate(model._global, canonical_rotation(model._global))
     np.testing.assert_allclose(np.vstack([back["a"].W, back["b"].W]), stacked, rtol=0, atol=1e-10)
+
+
+def test_default_n_components_follows_the_data_and_survives_save_and_load(tmp_path):
+    """n_components=None: 5 latent factors on wide data, one less than the widest view on narrow data; a saved
+    model loads with its fitted dimension and transforms the same."""
+    rng = np.random.default_rng(13)
+    wide, narrow = rng.standard_normal((60, 8)), rng.standard_normal((60, 3))
+    assert FedMVPPCA(random_state=0).fit(wide).n_components_ == 5
+    assert FedMVPPCA(random_state=0).fit({"a": narrow, "b": narrow[:, :2]}).n_components_ == 2
+    model = FedMVPPCA(random_state=0).fit(narrow)
+    loaded = FedMVPPCA.load(model.save(tmp_path / "m.npz"))
+    assert loaded.n_components is None and loaded.n_components_ == 2
+    np.testing.assert_allclose(loaded.transform(narrow), model.transform(narrow))
+    with pytest.raises(ValueError, match="at least 2 features"):
+        FedMVPPCA().fit(narrow[:, :1])
