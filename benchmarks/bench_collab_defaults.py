@@ -11,6 +11,7 @@ IsolationForest and a 2-component Gaussian mixture are fitted centrally on the p
 rows.  The figure of merit is the AUROC of the held-out rows; differences are paired over the splits.
 
 Run:  OPENBLAS_NUM_THREADS=1 python benchmarks/bench_collab_defaults.py [--splits 5] [--settings default,...]
+      [--data breast_cancer,wine]
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--splits", type=int, default=5)
     parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--data", default="breast_cancer,wine")
     args = parser.parse_args()
     chosen = {k: SETTINGS[k] for k in args.settings.split(",")}
-    for name in ("breast_cancer", "wine"):
+    for name in args.data.split(","):
         t0 = time.perf_counter()
         rows = []
         for seed in range(args.splits):
