@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .params import GlobalParams, GlobalView
+from .params import GlobalParams
 
 __all__ = ["canonical_rotation", "rotate"]
 
