@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-integration bench
+.PHONY: demo test test-integration bench docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,3 +39,13 @@ test-integration: $(VENV)/.installed-test
 bench: $(VENV)/.installed-test
 	OPENBLAS_NUM_THREADS=1 $(BIN)/python benchmarks/bench_mvppca.py
 	OPENBLAS_NUM_THREADS=1 $(BIN)/python benchmarks/bench_fedlin.py
+
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[docs]"
+	touch $@
+
+## make docs: the API reference from the docstrings (Sphinx + numpydoc), warnings as errors, links checked
+docs: $(VENV)/.installed-docs
+	$(BIN)/sphinx-build -W --keep-going -q -b html docs/api build/docs/html
+	$(BIN)/sphinx-build -W --keep-going -q -b linkcheck docs/api build/docs/linkcheck
+	$(BIN)/python docs/check_links.py

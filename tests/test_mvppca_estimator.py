@@ -287,3 +287,60 @@ def test_data_far_above_unit_scale_warn_where_the_cap_on_the_loadings_variance_b
     with warnings.catch_warnings():
         warnings.simplefilter("error", DataScaleWarning)
         FedMVPPCA(n_components=2, n_rounds=2, random_state=0).fit(data_scale.make_sites(10.0))
+
+
+def test_global_loadings_come_in_the_canonical_rotation_that_pca_uses():
+    """Data drawn from a two-view PPCA with known loadings (factor variances 9, 4, 1) at three sites: the
+    fitted global loadings are orthogonal, ordered by variance explained, each column's largest entry
+    positive and within a few degrees of the pooled PCA's components, column by column; any other rotation
+    of the latent space gives the same predictions and turns back to the same loadings."""
+    from scipy.linalg import subspace_angles
+    from scipy.stats import ortho_group
+    from sklearn.decomposition import PCA
+
+    from fedhier.models.mvppca.rotation import canonical_rotation, rotate
+
+    rng = np.random.default_rng(12)
+    q, dims = 3, {"a": 5, "b": 4}
+    axes = ortho_group.rvs(sum(dims.values()), random_state=1)[:, :q] * [3.0, 2.0, 1.0]
+    W = {"a": axes[:5], "b": axes[5:]}
+    sites = []
+    for n in (150, 200, 250):
+        Z = rng.standard_normal((n, q))
+        sites.append({v: Z @ W[v].T + 0.2 * rng.standard_normal((n, dims[v])) for v in dims})
+    model = FedMVPPCA(n_components=q, random_state=0).fit(sites)
+    glob = model.global_params_
+    stacked = np.vstack([glob["a"]["W"], glob["b"]["W"]])
+    gram = stacked.T @ stacked
+    np.testing.assert_allclose(gram - np.diag(np.diag(gram)), 0.0, atol=1e-10)
+    assert np.all(np.diff(np.diag(gram)) < 0)
+    assert np.all(stacked[np.argmax(np.abs(stacked), axis=0), range(q)] > 0)
+    pooled = np.vstack([np.hstack([s["a"], s["b"]]) for s in sites])
+    pca = PCA(q).fit(pooled)
+    angles = [np.degrees(subspace_angles(stacked[:, [j]], pca.components_[j][:, None]))[0] for j in range(q)]
+    assert max(angles) < 5.0, angles
+    # another rotation: the same predictions, latents turned, and the canonical rotation undoes it
+    views = {v: np.vstack([s[v] for s in sites])[:40] for v in dims}
+    before = (model.score_samples(views), model.impute({"a": views["a"]})["b"], model.transform(views))
+    Q = ortho_group.rvs(q, random_state=2)
+    model._global = rotate(model._global, Q)
+    np.testing.assert_allclose(model.score_samples(views), before[0], rtol=0, atol=1e-10)
+    np.testing.assert_allclose(model.impute({"a": views["a"]})["b"], before[1], rtol=0, atol=1e-10)
+    np.testing.assert_allclose(model.transform(views), before[2] @ Q, rtol=0, atol=1e-10)
+    back = rotate(model._global, canonical_rotation(model._global))
+    np.testing.assert_allclose(np.vstack([back["a"].W, back["b"].W]), stacked, rtol=0, atol=1e-10)
+
+
+def test_default_n_components_follows_the_data_and_survives_save_and_load(tmp_path):
+    """n_components=None: 5 latent factors on wide data, one less than the widest view on narrow data; a saved
+    model loads with its fitted dimension and transforms the same."""
+    rng = np.random.default_rng(13)
+    wide, narrow = rng.standard_normal((60, 8)), rng.standard_normal((60, 3))
+    assert FedMVPPCA(random_state=0).fit(wide).n_components_ == 5
+    assert FedMVPPCA(random_state=0).fit({"a": narrow, "b": narrow[:, :2]}).n_components_ == 2
+    model = FedMVPPCA(random_state=0).fit(narrow)
+    loaded = FedMVPPCA.load(model.save(tmp_path / "m.npz"))
+    assert loaded.n_components is None and loaded.n_components_ == 2
+    np.testing.assert_allclose(loaded.transform(narrow), model.transform(narrow))
+    with pytest.raises(ValueError, match="at least 2 features"):
+        FedMVPPCA().fit(narrow[:, :1])

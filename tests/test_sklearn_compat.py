@@ -21,6 +21,7 @@ from fedhier.estimators.mvppca import FedMVPPCA
 
 # Small settings keep each check to a fraction of a second; the defaults are unchanged.
 ESTIMATORS = [
+    FedMVPPCA(),  # as constructed: n_components=None fits the data's width
     FedMVPPCA(n_components=1, n_rounds=3, random_state=0),
     FedHM1Regressor(n_rounds=20, random_state=0),
     FedHM2Regressor(n_rounds=3, n_draws=500, n_posterior_draws=200, random_state=0),
@@ -209,3 +210,73 @@ def test_a_safeguard_repeated_every_round_is_logged_once_at_info(caplog):
     info = [r.getMessage() for r in master if r.levelno == logging.INFO]
     assert len(master) > len(info) >= 1  # it did repeat
     assert len(info) == len({m.split(": ", 1)[1] for m in info})  # each note once at INFO
+
+
+def test_collabdict_as_constructed_passes_the_estimator_checks():
+    """The default CollabDict on scikit-learn's small check data: every check passes (about 40 s on a quiet
+    machine, so marked slow)."""
+    from sklearn.utils.estimator_checks import check_estimator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        results = check_estimator(CollabDict(), on_fail=None)
+    failed = [r["check_name"] for r in results if r["status"] == "failed"]
+    assert not failed, failed
+
+
+test_collabdict_as_constructed_passes_the_estimator_checks = pytest.mark.slow(
+    test_collabdict_as_constructed_passes_the_estimator_checks)
+
+
+def _sites_frame(rng, n_sites=4, n=30):
+    """A DataFrame of rows of ``n_sites`` sites (column "site"), 6 features on 2 latent factors, and a response."""
+    pd = pytest.importorskip("pandas")
+    Z = rng.standard_normal((n_sites * n, 2))
+    X = Z @ rng.standard_normal((2, 6)) + 0.3 * rng.standard_normal((n_sites * n, 6))
+    frame = pd.DataFrame(X, columns=[f"x{j}" for j in range(6)])
+    frame.insert(2, "site", np.repeat([f"s{k}" for k in range(n_sites)], n))
+    y = 3.0 + rng.normal(0.0, 0.5, n_sites)[np.repeat(np.arange(n_sites), n)] + X[:, 0] - 0.5 * X[:, 1] \
+        + 0.3 * rng.standard_normal(n_sites * n)
+    return frame, y
+
+
+def test_site_column_carries_the_sites_through_group_kfold_without_routing():
+    """Without metadata routing GridSearchCV gives ``groups`` to GroupKFold only; ``site_column`` keeps each
+    fold's fit federated over its training sites, and its scores are those of the routed search."""
+    from sklearn.model_selection import cross_validate
+
+    frame, y = _sites_frame(np.random.default_rng(10))
+    cv = GroupKFold(n_splits=4)
+    warnings.simplefilter("ignore", ConvergenceWarning)  # EP's few rounds on these small folds
+    for est in (FedMVPPCA(site_column="site", random_state=0), FedHM2Regressor(n_posterior_draws=200, random_state=0,
+                                                                               site_column="site")):
+        out = cross_validate(est, frame, y, groups=frame["site"], cv=cv, return_estimator=True, return_indices=True)
+        for fitted, train in zip(out["estimator"], out["indices"]["train"]):
+            assert list(fitted.sites_) == sorted(set(frame["site"].iloc[train]))  # 3 training sites, not 1
+            assert "site" not in list(fitted.feature_names_in_)
+    hm2 = FedHM2Regressor(n_posterior_draws=200, random_state=0)
+    search = GridSearchCV(clone(hm2).set_params(site_column="site"), {"damping": [0.5, 0.8]}, cv=cv)
+    search.fit(frame, y, groups=frame["site"])
+    assert search.best_estimator_.n_sites_ == 4
+    with sklearn.config_context(enable_metadata_routing=True):
+        routed = GridSearchCV(clone(hm2).set_fit_request(groups=True).set_score_request(groups=True),
+                              {"damping": [0.5, 0.8]}, cv=cv)
+        routed.fit(frame.drop(columns="site"), y, groups=frame["site"])
+    np.testing.assert_allclose(search.cv_results_["mean_test_score"], routed.cv_results_["mean_test_score"])
+    mv = GridSearchCV(FedMVPPCA(site_column="site", random_state=0), {"n_components": [1, 2]}, cv=cv)
+    assert mv.fit(frame, groups=frame["site"]).best_estimator_.n_sites_ == 4
+    with pytest.raises(ValueError, match="X has no column 'site'"):
+        FedMVPPCA(site_column="site").fit(frame.drop(columns="site"))
+    with pytest.raises(ValueError, match="DataFrame"):
+        FedHM2Regressor(site_column="site").fit(frame.drop(columns="site").to_numpy(), y)
+
+
+def test_set_output_pandas_in_a_pipeline():
+    frame, _ = _sites_frame(np.random.default_rng(11))
+    X = frame.drop(columns="site").set_axis(np.arange(100, 100 + len(frame)))
+    pipe = make_pipeline(StandardScaler(), FedMVPPCA(n_components=2, random_state=0)).set_output(transform="pandas")
+    out = pipe.fit(X).transform(X)
+    assert list(out.columns) == ["fedmvppca0", "fedmvppca1"] and list(out.index) == list(X.index)
+    plain = make_pipeline(StandardScaler(), FedMVPPCA(n_components=2, random_state=0)).fit(X)
+    np.testing.assert_allclose(out.to_numpy(), plain.transform(X))
+    assert list(pipe[-1].get_feature_names_out()) == ["fedmvppca0", "fedmvppca1"]

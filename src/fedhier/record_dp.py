@@ -33,7 +33,7 @@ def fit_mvppca(model: Any, sites: Sequence[dict], schema, *, site_policies=None)
     if model.aggregation != "plain":
         raise ValueError("record-level DP post-processes each site's release on its own, so secure summation does "
                          "not apply: use aggregation='plain' (the releases are already private)")
-    protocol = MVPPCARecordDPProtocol(schema, model.n_components, model.privacy, ig_solver=model.ig_solver)
+    protocol = MVPPCARecordDPProtocol(schema, model.n_components_, model.privacy, ig_solver=model.ig_solver)
     result = simulate(protocol, sites, n_rounds=1, random_state=model.random_state, min_sites=model.min_sites,
                       site_policies=site_policies)
     model._adopt(result.broadcast, schema, result.history, seed=result.seed, n_sites=len(sites))

@@ -183,7 +183,7 @@ def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tu
                  "columns' ranges fitted across the sites"} if data.ranges else {}),
         **({"scaling_outside_privacy": disclosure} if disclosure else {}),
         "partial": data.partial,
-        "n_components": model.n_components,
+        "n_components": model.n_components_,
         "n_rounds": model.n_rounds,
         "rounds_run": model.n_rounds_,
         "n_init": model.n_init,
@@ -210,7 +210,7 @@ def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tu
     intro = (
         f"Fed-mv-PPCA on {len(sites)} sites ({', '.join(f'{n}: {len(next(iter(s.values())))} subjects' for n, s in zip(names, sites))}) "
         f"and {len(views)} views ({', '.join(f'{v}: {len(c)} features' for v, c in views.items())}), "
-        f"{model.n_components} latent factors, {model.n_rounds_} rounds run. {units}"
+        f"{model.n_components_} latent factors, {model.n_rounds_} rounds run. {units}"
     )
     write_mvppca_report(
         staging, model, title="Fed-mv-PPCA fit", intro=intro, command=f"fedhier fit --config {config_path.name}",

@@ -6,6 +6,11 @@
   (``sites_`` of the fitted estimator);
 * one array (or one mapping of views), no ``groups``: a single site, the centralised special case,
   which is what scikit-learn's own tools (``check_estimator``, ``Pipeline``) pass.
+
+Cross-validation passes ``groups`` to the splitter only (``GroupKFold``), not to ``fit``, unless
+scikit-learn's metadata routing is switched on.  An estimator constructed with ``site_column="site"``
+instead reads each row's site from that column of a pandas DataFrame ``X``
+(:func:`split_site_column`), which travels with the rows through every split.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import numpy as np
 from scipy.sparse import issparse
 from sklearn.utils.validation import validate_data
 
-__all__ = ["ARRAY_VIEW", "NOT_FITTED", "array_view", "site_labels", "site_of_rows", "take_rows", "view_sites"]
+__all__ = ["ARRAY_VIEW", "NOT_FITTED", "array_view", "site_labels", "site_of_rows", "split_site_column", "take_rows",
+           "view_sites"]
 
 #: ``msg`` of :func:`sklearn.utils.validation.check_is_fitted` for every estimator of the package.
 NOT_FITTED = "this %(name)s is not fitted yet: call fit first"
@@ -39,6 +45,29 @@ def site_labels(groups: Any, n_samples: int) -> tuple[np.ndarray, np.ndarray]:
     except TypeError:  # mixed label types that do not sort
         raise ValueError("groups mixes label types that cannot be sorted (e.g. numbers and strings); use one type") from None
     return labels, index.reshape(-1)
+
+
+def split_site_column(estimator: Any, X: Any, groups: Any = None, *, required: bool = True) -> tuple[Any, Any]:
+    """``(X without the site column, groups)`` for an estimator whose ``site_column`` names a column of X.
+
+    With ``site_column=None`` (the default), ``(X, groups)`` unchanged.  Otherwise X must be a pandas
+    DataFrame holding that column; its values become ``groups`` (n,) and the column is not a feature.
+    ValueError if X is not a DataFrame, lacks the column, or ``groups=`` is given as well; with
+    ``required=False`` (prediction), X without the column is returned unchanged.
+    """
+    column = getattr(estimator, "site_column", None)
+    if column is None or (not required and not (hasattr(X, "columns") and column in X.columns)):
+        return X, groups
+    name = type(estimator).__name__
+    if not hasattr(X, "columns"):
+        raise ValueError(f"{name}(site_column={column!r}) reads each row's site from that column of a pandas "
+                         f"DataFrame; X is a {type(X).__name__}")
+    if column not in X.columns:
+        raise ValueError(f"{name}(site_column={column!r}): X has no column {column!r}; "
+                         f"its columns are {[str(c) for c in X.columns][:10]}")
+    if groups is not None:
+        raise ValueError(f"{name}(site_column={column!r}) reads the sites from X; do not pass groups= as well")
+    return X.drop(columns=[column]), X[column].to_numpy()
 
 
 def take_rows(X: Any, rows: np.ndarray) -> Any:

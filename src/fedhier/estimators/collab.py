@@ -41,7 +41,7 @@ from ..models.collabdict.rdp import (dp_event, epsilon_dp, optimal_order, paper_
 from ..models.collabdict.scores import score_expected, score_logloss, variable_scores
 from ..utils.io import atomic_write_bytes, json_text
 from ..utils.untrusted import check_finite, read_meta_json, read_npz
-from ._input import NOT_FITTED, site_labels, site_of_rows
+from ._input import NOT_FITTED, site_labels, site_of_rows, split_site_column
 
 __all__ = ["CollabDict", "CollabVAE"]
 
@@ -122,6 +122,7 @@ class _SiteOutlierDetector(OutlierMixin, BaseEstimator):
             return [np.asarray(x, dtype=float) for x in X]
         if isinstance(X, (list, tuple)) and X and any(np.ndim(x) == 2 for x in X):
             raise ValueError(f"{name}.fit: pass a list of 2-D arrays, one per site, or one array with groups=")
+        X, groups = split_site_column(self, X, groups)
         X = validate_data(self, X, ensure_min_samples=2, ensure_min_features=self._min_features, dtype=np.float64)
         if groups is None:
             self.sites_ = np.arange(1)
@@ -152,10 +153,16 @@ class _SiteOutlierDetector(OutlierMixin, BaseEstimator):
         check_is_fitted(self, "center_", msg=NOT_FITTED)
         return np.asarray(validate_data(self, X, reset=False, dtype=np.float64), dtype=float)
 
+    def _checked_rows(self, X: Any, site: Any, groups: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The checked rows of X and each one's site index (from ``site``, ``groups`` or ``site_column``)."""
+        if site is None:
+            X, groups = split_site_column(self, X, groups, required=False)
+        X = self._checked(X)
+        return X, self._rows_sites(X.shape[0], site, groups)
+
     def anomaly_score(self, X, site: int | None = None, groups=None) -> np.ndarray:
         """The paper's anomaly score of each row at its site (higher = more anomalous), shape (n,)."""
-        X = self._checked(X)
-        return self._anomaly_at(X, self._rows_sites(X.shape[0], site, groups))
+        return self._anomaly_at(*self._checked_rows(X, site, groups))
 
     def score_samples(self, X, site: int | None = None, groups=None) -> np.ndarray:
         """scikit-learn's convention, higher = more normal: minus :meth:`anomaly_score`, shape (n,)."""
@@ -163,8 +170,7 @@ class _SiteOutlierDetector(OutlierMixin, BaseEstimator):
 
     def decision_function(self, X, site: int | None = None, groups=None) -> np.ndarray:
         """The row's site threshold minus its anomaly score (negative = outlier), shape (n,)."""
-        X = self._checked(X)
-        index = self._rows_sites(X.shape[0], site, groups)
+        X, index = self._checked_rows(X, site, groups)
         thr = self.thresholds_[index]
         if np.any(np.isnan(thr)):
             raise ValueError("a site's threshold is not held by this process; use anomaly_score and a threshold of your own")
@@ -180,8 +186,7 @@ class _SiteOutlierDetector(OutlierMixin, BaseEstimator):
 
     def predict(self, X, site: int | None = None, groups=None, threshold: float | None = None) -> np.ndarray:
         """-1 for an outlier (anomaly score above the site's threshold, or ``threshold``), 1 otherwise."""
-        X = self._checked(X)
-        index = self._rows_sites(X.shape[0], site, groups)
+        X, index = self._checked_rows(X, site, groups)
         thr = self.thresholds_[index] if threshold is None else np.full(X.shape[0], float(threshold))
         if np.any(np.isnan(thr)):
             raise ValueError("a site's training threshold is not held by this process; pass threshold=")
@@ -264,6 +269,9 @@ class CollabDict(_SiteOutlierDetector):
         then run in a worker process; a site that has not answered by then is left out: of that
         round on the star runtime, of the rest of the fit on the peer runtime (as a peer that stops
         answering).  Under MPI the peers' deadline is ``fit_mpi``'s ``timeout``.
+    site_column : str or None
+        The column of a pandas DataFrame ``X`` that holds each row's site, used as ``groups`` (in fit
+        and scoring) and not as a variable; it carries the sites through cross-validation.
 
     Attributes
     ----------
@@ -290,7 +298,7 @@ class CollabDict(_SiteOutlierDetector):
                  tol: float = 1e-4, glasso_tol: float = 1e-4, ell0: float = 10.0, diversity_rule: str = "min",
                  mitigate: bool = True,
                  clip_norm: float | None = None, delta: float = 1e-5, contamination: float = 0.05,
-                 random_state: int = 0, site_timeout: float | None = None) -> None:
+                 random_state: int = 0, site_timeout: float | None = None, site_column: str | None = None) -> None:
         self.n_components = n_components
         self.site_timeout = site_timeout
         self.rho = rho
@@ -315,6 +323,7 @@ class CollabDict(_SiteOutlierDetector):
         self.delta = delta
         self.contamination = contamination
         self.random_state = random_state
+        self.site_column = site_column
 
     # ------------------------------------------------------------------ helpers
     def _params(self) -> dict[str, Any]:
@@ -628,13 +637,14 @@ class CollabVAE(_SiteOutlierDetector):
                  max_grad_norm: float | None = 10.0, local_steps: int = 2, max_iter: int = 200,
                  aggregation: str = "consensus", graph: np.ndarray | None = None, step: str | float = "max-degree",
                  rel_tol: float = 1e-12, n_chunks: int = 3, runtime: str = "peer", n_draws: int = 32,
-                 contamination: float = 0.05, random_state: int = 0) -> None:
+                 contamination: float = 0.05, random_state: int = 0, site_column: str | None = None) -> None:
         self.n_latent, self.width, self.learning_rate = n_latent, width, learning_rate
         self.max_grad_norm = max_grad_norm
         self.local_steps, self.max_iter, self.aggregation = local_steps, max_iter, aggregation
         self.graph, self.step, self.rel_tol, self.n_chunks = graph, step, rel_tol, n_chunks
         self.runtime, self.n_draws, self.random_state = runtime, n_draws, random_state
         self.contamination = contamination
+        self.site_column = site_column
 
     def fit(self, X, y=None, groups=None) -> "CollabVAE":
         """Fit on the sites' private data: a list of arrays, one per site, or one array with ``groups`` (the

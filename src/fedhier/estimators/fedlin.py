@@ -41,7 +41,7 @@ from ..runtime.observers import unobserved
 from ..runtime.simulate import simulate, site_rng
 from ..utils.io import atomic_write_bytes, json_text
 from ..utils.untrusted import check_finite, read_meta_json, read_npz
-from ._input import NOT_FITTED, site_labels, site_of_rows
+from ._input import NOT_FITTED, site_labels, site_of_rows, split_site_column
 
 __all__ = ["FedHM1Regressor", "FedHM2Regressor", "FedLinWarning", "load"]
 
@@ -97,6 +97,10 @@ def _read_npz(path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 class _SiteRegressor(RegressorMixin, BaseEstimator):
     """What HM1 and HM2 share: the three data forms, the intercept column, prediction and R^2.
 
+    ``site_column`` (both constructors, default None): the column of a pandas DataFrame ``X`` that
+    holds each row's site, used as ``groups`` in ``fit`` and in prediction and not as a feature; it
+    carries the sites through scikit-learn's cross-validation without metadata routing.
+
     Fitted attributes set here: ``sites_`` (the site labels: ``0..K-1`` for a list of sites, the
     sorted distinct ``groups`` otherwise), ``n_features_in_`` and, for DataFrame input,
     ``feature_names_in_``.
@@ -109,6 +113,8 @@ class _SiteRegressor(RegressorMixin, BaseEstimator):
     def _fit_sites(self, X, y, groups) -> list[tuple[np.ndarray, np.ndarray]]:
         """The sites' ``(X_k, y_k)`` (user features) of any of the three forms; sets ``sites_``."""
         name = type(self).__name__
+        if not _is_site_list(X):
+            X, groups = split_site_column(self, X, groups)
         if _is_site_list(X):
             if y is not None or groups is not None:
                 raise ValueError(f"{name}.fit: give either a list of (X_k, y_k) pairs, one per site, or X, y "
@@ -162,6 +168,8 @@ class _SiteRegressor(RegressorMixin, BaseEstimator):
         fixed effects), which is also what a site left out of the fit should use.
         """
         _check_fitted(self)
+        if site is None:
+            X, groups = split_site_column(self, X, groups, required=False)
         if site is not None and groups is not None:
             raise ValueError("give site= (one site for every row) or groups= (a site per row), not both")
         X = validate_data(self, X, reset=False)
@@ -246,6 +254,7 @@ class FedHM1Regressor(_SiteRegressor):
         random_state: int | None = None,
         n_jobs: int = 1,
         site_timeout: float | None = None,
+        site_column: str | None = None,
     ):
         self.fit_intercept = fit_intercept
         self.site_timeout = site_timeout
@@ -253,6 +262,7 @@ class FedHM1Regressor(_SiteRegressor):
         self.omega_rule, self.batch_size, self.gradient, self.shrink_scale = omega_rule, batch_size, gradient, shrink_scale
         self.init, self.oracle_omega, self.jitter, self.participation = init, oracle_omega, jitter, participation
         self.record_theta, self.random_state, self.n_jobs = record_theta, random_state, n_jobs
+        self.site_column = site_column
 
     def _params(self) -> dict[str, Any]:
         keys = ["fit_intercept", "n_rounds", "n_local_steps", "eta", "alpha", "omega_rule", "batch_size", "gradient", "shrink_scale", "init", "jitter", "participation", "record_theta", "random_state", "n_jobs", "site_timeout"]
@@ -477,6 +487,7 @@ class FedHM2Regressor(_SiteRegressor):
         n_jobs: int = 1,
         site_timeout: float | None = None,
         privacy: Any = None,
+        site_column: str | None = None,
     ):
         self.fit_intercept = fit_intercept
         self.privacy = privacy
@@ -486,6 +497,7 @@ class FedHM2Regressor(_SiteRegressor):
         self.scale = scale
         self.participation, self.aggregation, self.aggregator = participation, aggregation, aggregator
         self.random_state, self.n_jobs, self.site_timeout = random_state, n_jobs, site_timeout
+        self.site_column = site_column
 
     # ------------------------------------------------------------------ set-up
     def _params(self) -> dict[str, Any]:

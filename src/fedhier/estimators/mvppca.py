@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
-from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.utils.validation import check_is_fitted
 
@@ -29,12 +29,13 @@ from ..models.mvppca import predictive
 from ..models.mvppca.waic import waic_site_terms
 from ..models.mvppca.params import GlobalParams, GlobalView, point_model
 from ..protocol.defaults import MVPPCA_TOL
+from ..models.mvppca.rotation import canonical_rotation, rotate
 from ..protocol.mvppca import GLOBAL_FIELDS, BroadcastMetrics, DataScaleWarning, MVPPCAProtocol, global_from_message, stopping_rule
 from ..runtime.checkpoint import read_checkpoint
 from ..runtime.simulate import RoundRecord, simulate
 from ..utils.io import atomic_write_bytes, json_text
 from ..utils.untrusted import check_finite, read_meta_json, read_npz
-from ._input import ARRAY_VIEW, NOT_FITTED, array_view, view_sites
+from ._input import ARRAY_VIEW, NOT_FITTED, array_view, split_site_column, view_sites
 
 __all__ = ["FedMVPPCA", "ComponentScores", "NotFittedError", "DataScaleWarning"]  # NotFittedError: scikit-learn's
 
@@ -74,13 +75,18 @@ class ComponentScores:
     criterion: str
 
 
-class FedMVPPCA(TransformerMixin, BaseEstimator):
+#: The latent dimension of ``n_components=None``, if the views are wide enough.
+DEFAULT_COMPONENTS = 5
+
+
+class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Federated multi-view probabilistic PCA with hierarchical priors.
 
     Parameters
     ----------
-    n_components : int, default 5
-        Latent dimension q.  Views with d_k <= q use d_k - 1 columns (§4.4).
+    n_components : int or None, default None
+        Latent dimension q.  Views with d_k <= q use d_k - 1 columns (§4.4).  None: 5, or one less
+        than the widest view's number of features if that is smaller (``n_components_``).
     n_rounds : int, default 100
         Communication rounds R.
     n_local_iter : int, default 100
@@ -160,13 +166,26 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         :func:`fedhier.runtime.simulate`).
     progress : bool, default False
         Show a progress bar over rounds.
+    site_column : str or None, default None
+        The column of a pandas DataFrame ``X`` (one view) that holds each row's site, used as
+        ``groups`` and not as a feature, in ``fit`` and dropped in every other method.  It carries the
+        sites through scikit-learn's cross-validation (``GridSearchCV(..., cv=GroupKFold())``), which
+        passes ``groups`` to the splitter but not to ``fit`` unless metadata routing is switched on.
 
     A fit whose ``tol`` rule has not stopped it after ``n_rounds`` rounds issues scikit-learn's
     ``ConvergenceWarning``; without privacy it advises more rounds, with privacy released per round it
     does not (the noise can keep the model moving, and every round spends budget).
 
+    The latent space of the model is defined up to a rotation (any orthogonal R turns the loadings
+    W~ into W~ R and the latents x into R^T x without changing a prediction); a fit returns it in the
+    canonical rotation (:mod:`fedhier.models.mvppca.rotation`): the stacked global loadings of the
+    views have orthogonal columns ordered by the variance they explain, each column's largest entry
+    positive, as PCA's components are.
+
     Attributes
     ----------
+    n_components_ : int
+        The latent dimension q of the fit.
     global_params_ : dict
         ``{view: {"mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta", "noise_var", "var_sigma"}}``.
     history_ : list of dict
@@ -192,7 +211,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
 
     def __init__(
         self,
-        n_components: int = 5,
+        n_components: int | None = None,
         n_rounds: int = 100,
         n_local_iter: int = 100,
         n_first_iter: int = 30,
@@ -212,6 +231,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         participation: Any = None,
         min_sites: int = 1,
         progress: bool = False,
+        site_column: str | None = None,
     ):
         self.n_components = n_components
         self.n_rounds = n_rounds
@@ -232,11 +252,14 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         self.participation = participation
         self.min_sites = min_sites
         self.progress = progress
+        self.site_column = site_column
 
     # ------------------------------------------------------------------ checks
     def _check_params(self) -> None:
         for name in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "n_init"):
             value = getattr(self, name)
+            if name == "n_components" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.tol is not None and (
@@ -290,7 +313,8 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fitting
     def _protocol(self, schema: ViewSchema) -> MVPPCAProtocol:
-        return MVPPCAProtocol.from_settings(schema, self, self.privacy)
+        settings = {name: getattr(self, name) for name in MVPPCAProtocol.SETTINGS}
+        return MVPPCAProtocol(schema, self.n_components_, privacy=self.privacy, **settings)
 
     def _aggregator(self, n_sites: int):
         if not isinstance(self.aggregation, str):
@@ -326,11 +350,15 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
             for name, value in (("privacy", self.privacy), ("participation", self.participation), ("checkpoint", checkpoint)):
                 if value is not None:
                     raise ValueError(f"n_init > 1 cannot be combined with {name} (see the n_init parameter); fit one start at a time")
+        X, groups = split_site_column(self, X, groups)
         given = view_sites(self, X, groups)
-        if self._array_input and self.n_components >= given[0][ARRAY_VIEW].shape[1]:
-            d = given[0][ARRAY_VIEW].shape[1]
-            raise ValueError(f"n_components={self.n_components} must be below the number of features; X has {d} feature(s)")
-        sites, schema = check_sites(given, n_components=self.n_components, min_subjects=2)
+        widest = max(np.shape(V)[1] for site in given for V in site.values())
+        self.n_components_ = min(DEFAULT_COMPONENTS, widest - 1) if self.n_components is None else int(self.n_components)
+        if self._array_input and self.n_components_ >= widest:
+            raise ValueError(f"n_components={self.n_components} must be below the number of features; X has {widest} feature(s)")
+        if self.n_components_ < 1:
+            raise ValueError(f"Fed-mv-PPCA needs a view of at least 2 features for one latent factor; the widest has {widest}")
+        sites, schema = check_sites(given, n_components=self.n_components_, min_subjects=2)
         if self._array_input:  # scikit-learn's names, set by validate_data
             names = getattr(self, "feature_names_in_", None)
         else:
@@ -452,7 +480,10 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         return float(budget.delta) if isinstance(budget, TotalBudget) else 1e-5
 
     def _adopt(self, broadcast, schema: ViewSchema, history: Sequence[RoundRecord], *, seed: int, n_sites: int) -> None:
-        self._global: GlobalParams = global_from_message(broadcast, schema)
+        """The fitted state from a run's final broadcast, its latent space in the canonical rotation."""
+        glob = global_from_message(broadcast, schema)
+        self._global: GlobalParams = rotate(glob, canonical_rotation(glob))
+        self.n_components_ = int(next(iter(self._global.values())).W.shape[1])
         self.schema_ = schema
         self.n_sites_ = int(n_sites)
         self.seed_ = int(seed)
@@ -501,8 +532,14 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         self._check_fitted()
         return point_model(self._global)
 
+    @property
+    def _n_features_out(self) -> int:
+        """Number of columns of :meth:`transform` (scikit-learn's ``get_feature_names_out``)."""
+        return self.n_components_
+
     def _views(self, X: Mapping[str, Any]) -> dict[str, np.ndarray]:
         self._check_fitted()
+        X, _ = split_site_column(self, X, required=False)  # the global model predicts at any site
         X = array_view(self, X)
         views = check_views(X, self.schema_)
         if isinstance(getattr(self, "feature_names_in_", None), dict):
@@ -691,6 +728,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
             },
             "schema": {"names": list(self.schema_.names), "dims": list(self.schema_.dims)},
             "n_sites": self.n_sites_,
+            "n_components": self.n_components_,
             "feature_names_in": ({view: list(names) for view, names in self.feature_names_in_.items()}
                                  if isinstance(getattr(self, "feature_names_in_", None), dict) else {}),
             "array_input": bool(getattr(self, "_array_input", False)),
@@ -718,7 +756,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
         try:
             model = cls(**{"prior_update": "paper", **meta["params"]})  # files from before the EM update
             schema = ViewSchema(tuple(meta["schema"]["names"]), tuple(int(d) for d in meta["schema"]["dims"]))
-            q = int(model.n_components)
+            q = int(meta.get("n_components", model.n_components))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{path}: damaged model metadata ({type(exc).__name__}: {exc})") from None
         glob: GlobalParams = {}
@@ -735,6 +773,7 @@ class FedMVPPCA(TransformerMixin, BaseEstimator):
             check_finite({f"{view}/{name}": value for name, value in v.items()}, str(path))
             glob[view] = GlobalView(mu=v["mu"], W=v["W"], **{n: float(v[n]) for n in GLOBAL_FIELDS if n not in ("mu", "W")})
         model._global = glob
+        model.n_components_ = q
         model.schema_ = schema
         model.n_sites_ = meta["n_sites"]
         model.history_ = meta["history"]

@@ -70,7 +70,7 @@ def site_estimates(model: Any, sites: Sequence[Mapping[str, np.ndarray]], seed: 
     out = []
     for c, site in enumerate(sites):
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(11, c))))
-        fit = fit_local(site, model.n_components, None, n_iter=model.n_first_iter, rng=rng, sigma2_prior=model.sigma2_prior)
+        fit = fit_local(site, model.n_components_, None, n_iter=model.n_first_iter, rng=rng, sigma2_prior=model.sigma2_prior)
         views = [v for v in fit.params if v in glob]
         R, _ = orthogonal_procrustes(np.vstack([fit.params[v].W for v in views]), np.vstack([glob[v]["W"] for v in views]))
         out.append({v: ViewParams(mu=fit.params[v].mu, W=fit.params[v].W @ R, sigma2=fit.params[v].sigma2) for v in views})
@@ -182,7 +182,7 @@ def _variance_section(report: Report, model: Any, scale_note: str) -> None:
     report.heading("Variance explained per view and factor")
     point = model.model_
     views = list(point)
-    q = model.n_components
+    q = model.n_components_
     table = np.array([variance_explained(point[v].W, point[v].sigma2) for v in views]) * 100
     rows = [
         {"view": v, **{f"factor {j + 1} (%)": float(table[i, j]) for j in range(q)}, "all factors (%)": float(table[i].sum())}
@@ -215,7 +215,11 @@ def _loadings_section(report: Report, model: Any, names: Mapping[str, Sequence[s
     report.paragraph(
         "The features that weigh most on each latent factor in the global model (largest absolute loading over all "
         "views). A feature's loading is how much the feature moves, in the data's units, when the factor moves by one "
-        "standard deviation; the sign says in which direction. The sign of a whole factor is arbitrary."
+        "standard deviation; the sign says in which direction. The model is the same for any rotation of its factors "
+        "(turning the loadings and the latent values together changes no prediction), so the fit reports them in one "
+        "canonical rotation, as PCA does: the factors are uncorrelated directions of the stacked loadings, numbered by the "
+        "variance of the views they explain, each signed so that its largest loading is positive; they can be compared "
+        "with PCA's components of the same rank."
     )
     W = {view: np.asarray(p.W) for view, p in model.model_.items()}
     report.table(top_loadings(W, names), caption="Five largest loadings of each factor, largest first: feature (view) loading")
@@ -291,7 +295,7 @@ def _latent_section(report, model, sites, site_names, site_classes, class_names)
     Z = np.vstack(z)
     site_of = np.concatenate([np.full(len(zc), c) for c, zc in enumerate(z)])
     classes = np.concatenate([np.asarray(k) for k in site_classes]) if site_classes is not None else None
-    k = min(model.n_components, MAX_PAIRS)
+    k = min(model.n_components_, MAX_PAIRS)
     plt = pyplot()
     size = min(2.0 * k + 1.0, 11.3) if k > 1 else 5
     fig, axes = plt.subplots(k, k, figsize=(size, size), squeeze=False)
@@ -324,7 +328,7 @@ def _latent_section(report, model, sites, site_names, site_classes, class_names)
     handles += [plt.Line2D([], [], ls="", marker="os^dv<>P*X"[c % 10], color=site_colour(c), label=site_names[c]) for c in range(len(z))]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
-    shown = f"the first {k} of {model.n_components} factors" if k < model.n_components else f"all {k} factors"
+    shown = f"the first {k} of {model.n_components_} factors" if k < model.n_components_ else f"all {k} factors"
     if classes is not None:
         how = ("Below the diagonal, points are coloured by class; above it, by site (colour and marker); on the diagonal, "
                "the distribution of each factor per class. A pair of factors that separates the classes below the "
