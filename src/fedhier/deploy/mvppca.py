@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..protocol.base import RoundProtocol
-from ..protocol.defaults import MVPPCA_TOL
+from ..protocol.defaults import MVPPCA_TOL, default_n_components
 from ..protocol.messages import MessageSpec
 from ._toml import TomlFit, check_privacy_unit, check_range_columns, deployment_keys
 from ..runtime.flower import Deployment, FitHooks, FlowerFitResult, check_flower_settings, check_secure_settings, read_fit_tables
@@ -97,7 +97,7 @@ class FlowerFitConfig(TomlFit, Deployment):
 
     views: Mapping[str, tuple[str, ...]]
     sites: tuple[str, ...]
-    n_components: int = 5
+    n_components: int | None = None
     n_rounds: int = 100
     n_local_iter: int = 100
     n_first_iter: int = 30
@@ -148,11 +148,13 @@ class FlowerFitConfig(TomlFit, Deployment):
         check_flower_settings(self)
         if self.ranges:
             check_range_columns(self.ranges, list(seen), "fit configuration")
+        largest = max(len(c) for c in self.views.values())
+        if self.n_components is None:  # the estimator's default, from the declared views' widths
+            object.__setattr__(self, "n_components", default_n_components(largest))
         for name in ("n_components", "n_local_iter", "n_first_iter"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"fit configuration: {name} must be a positive integer, got {value!r}")
-        largest = max(len(c) for c in self.views.values())
         if self.n_components >= largest:
             raise ValueError(
                 f"fit configuration: n_components={self.n_components} must be smaller than the largest view dimension ({largest})"

@@ -28,7 +28,7 @@ from ..data.validation import check_feature_names, check_sites, check_views, fea
 from ..models.mvppca import predictive
 from ..models.mvppca.waic import waic_site_terms
 from ..models.mvppca.params import GlobalParams, GlobalView, point_model
-from ..protocol.defaults import MVPPCA_TOL
+from ..protocol.defaults import MVPPCA_TOL, default_n_components
 from ..models.mvppca.rotation import canonical_rotation, rotate
 from ..protocol.mvppca import GLOBAL_FIELDS, BroadcastMetrics, DataScaleWarning, MVPPCAProtocol, global_from_message, stopping_rule
 from ..runtime.checkpoint import read_checkpoint
@@ -73,10 +73,6 @@ class ComponentScores:
     errors: np.ndarray
     best: int
     criterion: str
-
-
-#: The latent dimension of ``n_components=None``, if the views are wide enough.
-DEFAULT_COMPONENTS = 5
 
 
 class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
@@ -353,7 +349,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         X, groups = split_site_column(self, X, groups)
         given = view_sites(self, X, groups)
         widest = max(np.shape(V)[1] for site in given for V in site.values())
-        self.n_components_ = min(DEFAULT_COMPONENTS, widest - 1) if self.n_components is None else int(self.n_components)
+        self.n_components_ = default_n_components(widest) if self.n_components is None else int(self.n_components)
         if self._array_input and self.n_components_ >= widest:
             raise ValueError(f"n_components={self.n_components} must be below the number of features; X has {widest} feature(s)")
         if self.n_components_ < 1:
