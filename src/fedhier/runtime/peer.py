@@ -133,7 +133,7 @@ class PeerAggregation:
     step: StepRule | float = "max-degree"
     rel_tol: float = 1e-12
     n_chunks: int = 3
-    mask_scale: float = 1e6
+    mask_scale: float = 1e4
     relabel: bool = True
     agree: bool = True
     frac_bits: int = 24

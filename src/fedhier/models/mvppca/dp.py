@@ -383,8 +383,9 @@ def privatize_site_params(
         theta~[r-1], the previous broadcast (public).  In round 1 with
         ``first_round="public_prior"``, None means ``master.data_independent_prior``.
     config : DPConfig
-    rng : numpy.random.Generator
-        The site's generator for this round.
+    rng : NoiseSource
+        The site's source of secrets (:class:`fedhier.privacy.sampling.NoiseSource`, the
+        operating system's CSPRNG); never a generator seeded from anything public.
     site, round : the site's identifier and the 1-based round (ledger labels).
     ledger : PrivacyLedger
         Receives one event per released block.
