@@ -57,8 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--seed", type=int, default=None,
                      help="the run's seed (with --runtime mpi: public, every site knows it)")
     fit.add_argument("--site-seed", type=int, default=None,
-                     help="with --runtime mpi: each site's secret seed, for reproducible tests only "
-                          "(default: each site's own entropy, as a deployment needs)")
+                     help="with --runtime mpi: seed of each site's starts, for reproducible tests only; "
+                          "chunk masks come from each site's operating system whatever it is")
     fit.add_argument("--label-column", default=None,
                      help="column marking known anomalies (1) and normal samples (0); not used in the fit, only to "
                           "evaluate it in the report")
