@@ -72,11 +72,6 @@ class NoiseSource:
         source._generator = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         return source
 
-    @property
-    def reproducible(self) -> bool:
-        """True when the bits come from a seed (not private)."""
-        return self._generator is not None
-
     def words(self, n: int) -> np.ndarray:
         """``n`` independent uniform 64-bit words, shape (n,), dtype uint64."""
         if self._generator is None:
