@@ -60,6 +60,7 @@ from ...privacy.calibration import GaussianCalibration
 from ...privacy.clipping import clip_difference, clipping_bound
 from ...privacy.ledger import PrivacyLedger
 from ...privacy.mechanisms import release_gaussian, release_laplace
+from ...privacy.sampling import NoiseSource
 from .mstep import effective_columns
 from .params import GlobalParams, GlobalView, LocalParams, ViewParams
 
@@ -313,7 +314,7 @@ def privatize_spread(
     spread: dict[str, tuple[float, float]],
     anchor: GlobalParams,
     config: DPConfig,
-    rng: np.random.Generator,
+    rng: NoiseSource,
     *,
     site,
     round: int,
@@ -366,7 +367,7 @@ def privatize_site_params(
     params: LocalParams,
     anchor: GlobalParams | None,
     config: DPConfig,
-    rng: np.random.Generator,
+    rng: NoiseSource,
     *,
     site,
     round: int,
