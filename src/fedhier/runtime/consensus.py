@@ -13,8 +13,7 @@ Two views of the same iteration:
 
 from __future__ import annotations
 
-from typing import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
