@@ -95,8 +95,9 @@ def test_a_private_fit_that_does_not_settle_is_not_told_to_run_more_rounds(sites
 
 def test_dp_fit_is_deterministic_and_pool_independent(sites):
     config = DPConfig.total(5.0, 1e-5, n_rounds=R, n_views=2)
-    a = FedMVPPCA(privacy=config, **KW).fit(sites)
-    b = FedMVPPCA(privacy=config, n_jobs=2, **KW).fit(sites)
+    # reproducible noise needs the insecure switch (each site's noise otherwise comes from its operating system)
+    a = FedMVPPCA(privacy=config, insecure_reproducible_noise=True, **KW).fit(sites)
+    b = FedMVPPCA(privacy=config, n_jobs=2, insecure_reproducible_noise=True, **KW).fit(sites)
     for view in a.global_params_:
         assert np.asarray(a.global_params_[view]["W"]).tobytes() == np.asarray(b.global_params_[view]["W"]).tobytes()
     assert a.privacy_spent_ == b.privacy_spent_

@@ -134,13 +134,13 @@ def test_wrong_forms_get_plain_errors():
     with pytest.raises(ValueError, match="list of sites"):
         FedMVPPCA().fit([X, X])
     assert CollabDict(n_components=2, max_iter=3).fit(X).n_sites_ == 1  # one array: one site, not its rows as sites
-    model = CollabDict(n_components=2, max_iter=3).fit(X, groups=groups)  # one array + groups: 3 sites
+    model = CollabDict(n_components=2, max_iter=3, random_state=0).fit(X, groups=groups)  # one array + groups: 3 sites
     assert model.n_sites_ == 3
     with pytest.raises(ValueError, match="pass site= .* or groups="):
         model.predict(X)
     with pytest.raises(ValueError, match=r"label\(s\) \['9'\] not in the fit"):
         model.predict(X[:2], groups=[9, 9])
-    labels = CollabDict(n_components=2, max_iter=3).fit_predict(X, groups=groups)
+    labels = CollabDict(n_components=2, max_iter=3, random_state=0).fit_predict(X, groups=groups)  # the same seed
     np.testing.assert_array_equal(labels, model.predict(X, groups=groups))
     for unfitted in (FedMVPPCA(), FedHM1Regressor(), FedHM2Regressor(), CollabDict(), CollabVAE()):
         with pytest.raises(NotFittedError):

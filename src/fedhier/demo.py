@@ -28,6 +28,7 @@ from .data import (
     MinMaxScaling, MultiViewDataset, Partition, combine_ranges, load_alzheimer, mask_test_views, partition, site_ranges,
 )
 from .models.mvppca.dp import DPConfig
+from .privacy.sampling import NOT_PRIVATE
 from .protocol.mvppca import stopping_rule
 from .metrics import imputation_mae, latent_accuracy, observed_rows, reconstruction_mae
 from .estimators.mvppca import FedMVPPCA
@@ -86,6 +87,7 @@ def run_demo(
     per_release: tuple[float, float] | None = None,
     progress: bool = True,
     site_timeout: float | None = None,
+    insecure_reproducible_noise: bool = False,
 ) -> dict[str, Any]:
     """Run the demo, write the report folder and return the summary metrics.
 
@@ -96,18 +98,21 @@ def run_demo(
     site for the whole fit (client-level DP, spec §8; ``docs/privacy.md``);
     ``per_release=(epsilon, delta)`` uses the paper's semantics, (epsilon, delta) per
     block per round (§12.4), and reports the true cumulative epsilon at delta = 1e-5.
+    The privacy noise comes from each site's operating system, so two runs differ;
+    ``insecure_reproducible_noise=True`` derives it from ``seed`` instead, and the result then
+    says it is not private and claims no epsilon.
     """
     if total_budget is not None and per_release is not None:
         raise ValueError("choose either a total budget or a per-release budget, not both")
     with result_folder(out_dir) as staging:  # checked now; appears with all its files or not at all
         return _run_demo(staging, n_components=n_components, n_rounds=n_rounds, n_sites=n_sites, scenario=scenario,
                          seed=seed, total_budget=total_budget, per_release=per_release, progress=progress,
-                         site_timeout=site_timeout)
+                         site_timeout=site_timeout, insecure_reproducible_noise=insecure_reproducible_noise)
 
 
 def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scenario: str, seed: int,
               total_budget: tuple[float, float] | None, per_release: tuple[float, float] | None,
-              progress: bool, site_timeout: float | None = None) -> dict[str, Any]:
+              progress: bool, insecure_reproducible_noise: bool, site_timeout: float | None = None) -> dict[str, Any]:
     """:func:`run_demo`, writing the report folder's files into ``out`` (its staging folder)."""
     t0 = time.perf_counter()
     prepared = demo_data(n_sites=n_sites, scenario=scenario, seed=seed)
@@ -121,7 +126,7 @@ def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scen
     elif per_release is not None:
         privacy = DPConfig.per_release(*per_release)
     model = FedMVPPCA(n_components=n_components, n_rounds=n_rounds, random_state=seed, privacy=privacy, progress=progress,
-                      site_timeout=site_timeout)
+                      site_timeout=site_timeout, insecure_reproducible_noise=insecure_reproducible_noise)
     model.fit(sites)
 
     # §11 metrics
@@ -171,10 +176,14 @@ def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scen
         "bytes_sent": bytes_sent,
         "seconds": seconds,
     }
-    summary["command"] = _command(summary, total_budget, per_release)
+    summary["command"] = _command(summary, total_budget, per_release, insecure_reproducible_noise)
     report_tables = [("Imputation of the hidden test views: mean absolute error on min–max-scaled data", imputation_rows)]
     privacy_rows = None
-    if privacy is not None:
+    if privacy is not None and insecure_reproducible_noise:
+        summary["not_private"] = NOT_PRIVATE
+        write_json(out / "privacy-report.json", model.privacy_report())
+        report_tables.append(("Privacy", [{"statement": NOT_PRIVATE}]))
+    elif privacy is not None:
         summary["scaling_outside_privacy"] = SCALING_OUTSIDE_PRIVACY
         summary["privacy_spent"] = model.privacy_spent_
         write_json(out / "privacy-report.json", model.privacy_report())
@@ -203,7 +212,7 @@ def _metrics_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _command(summary: dict[str, Any], total_budget, per_release) -> str:
+def _command(summary: dict[str, Any], total_budget, per_release, insecure_reproducible_noise: bool) -> str:
     """The ``fedhier demo`` command line of this run (the library call's equivalent)."""
     parts = ["fedhier demo"]
     if summary["seed"] != 0:
@@ -216,6 +225,8 @@ def _command(summary: dict[str, Any], total_budget, per_release) -> str:
         parts.append("--dp" if tuple(total_budget) == (1.0, 1e-5) else f"--epsilon {total_budget[0]:g} --delta {total_budget[1]:g}")
     if per_release is not None:
         parts.append("--paper-dp" if tuple(per_release) == (10.0, 0.01) else f"(per-release budget ε = {per_release[0]:g}, δ = {per_release[1]:g})")
+    if insecure_reproducible_noise:
+        parts.append("--insecure-reproducible-noise")
     return " ".join(parts)
 
 
@@ -233,6 +244,7 @@ def _write_report(out: Path, summary: dict[str, Any], model: FedMVPPCA, prepared
         + "). All data are "
         "min–max scaled to [0, 1] with the training sites' ranges; errors are on that scale."
         + (f" {SCALING_OUTSIDE_PRIVACY}" if "scaling_outside_privacy" in summary else "")
+        + (f" This result is {summary['not_private']}." if "not_private" in summary else "")
     )
     from .report.mvppca import HeldOut, write_mvppca_report
 

@@ -35,10 +35,10 @@ def fit_mvppca(model: Any, sites: Sequence[dict], schema, *, site_policies=None)
                          "not apply: use aggregation='plain' (the releases are already private)")
     protocol = MVPPCARecordDPProtocol(schema, model.n_components_, model.privacy, ig_solver=model.ig_solver)
     result = simulate(protocol, sites, n_rounds=1, random_state=model.random_state, min_sites=model.min_sites,
-                      site_policies=site_policies)
+                      site_policies=site_policies, insecure_reproducible_noise=bool(model.insecure_reproducible_noise))
     model._adopt(result.broadcast, schema, result.history, seed=result.seed, n_sites=len(sites))
     model.privacy_ledger_ = ledger_of(model.privacy, result.history)
-    model.privacy_spent_ = model.privacy_ledger_.spent(model.privacy.delta)
+    model.privacy_spent_ = model._spent()
     return model
 
 

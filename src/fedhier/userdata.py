@@ -41,6 +41,7 @@ from .cli.sitedata import SiteData, check_columns, load_config, scale_sites, sit
 from .data.sitefiles import SiteDataError, join_problems, read_site_table
 from .deploy._toml import check_privacy_unit
 from .utils.io import write_csv, write_json
+from .privacy.sampling import NOT_PRIVATE
 from .utils.results import check_inputs_outside, result_folder
 from .utils.untrusted import check_outputs_spare_inputs
 
@@ -88,20 +89,26 @@ def read_views(data: SiteData, views: dict[str, list[str]], notes: list[str]) ->
 def fit_from_config(
     config_path: str | Path, *, out_dir: str | Path, total_budget: tuple[float, float] | None = None, progress: bool = True,
     site_timeout: float | None = None,
+    insecure_reproducible_noise: bool = False,
 ) -> dict[str, Any]:
     """Fit Fed-mv-PPCA on the sites of a configuration; write model, latents, summary and report.
 
     ``site_timeout``: seconds a site's step may take before the site is left out of that round
     (``FedMVPPCA(site_timeout=...)``); None waits for every site.
 
+    The configuration's ``seed`` seeds what is not secret (starts); each site's privacy noise
+    comes from its operating system, so two private fits differ.  ``insecure_reproducible_noise``
+    derives the noise from the seed instead: the result then says it is not private.
+
     ``out_dir`` is checked before anything is read, and appears with all its files or not at all
     (:func:`fedhier.utils.results.result_folder`)."""
     with result_folder(out_dir) as staging:
-        return _fit_and_write(Path(config_path), Path(out_dir), staging, total_budget, progress, site_timeout)
+        return _fit_and_write(Path(config_path), Path(out_dir), staging, total_budget, progress, site_timeout,
+                              insecure_reproducible_noise)
 
 
 def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tuple[float, float] | None,
-                   progress: bool, site_timeout: float | None = None) -> dict[str, Any]:
+                   progress: bool, site_timeout: float | None, insecure_reproducible_noise: bool) -> dict[str, Any]:
     """:func:`fit_from_config`, writing into ``staging`` the files that will be ``out``'s."""
     from .data.validation import check_sites
     from .estimators.mvppca import FedMVPPCA
@@ -143,6 +150,7 @@ def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tu
         privacy=privacy,
         progress=progress,
         site_timeout=site_timeout,
+        insecure_reproducible_noise=insecure_reproducible_noise,
     )
     outputs = [out / "model.npz", out / "summary.json", out / "summary.md", *(out / f"latent_{name}.csv" for name in names)]
     check_outputs_spare_inputs(outputs, [config_path, *data.inputs])
@@ -192,7 +200,10 @@ def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tu
         "bytes_sent": int(sum(h["bytes_sent"] for h in model.history_)),
         "model": str(out / "model.npz"),
     }
-    if privacy is not None:
+    if privacy is not None and insecure_reproducible_noise:
+        summary["not_private"] = NOT_PRIVATE
+        write_json(staging / "privacy-report.json", model.privacy_report())
+    elif privacy is not None:
         summary["privacy_unit"] = unit
         summary["privacy_spent"] = {names[s]: spent for s, spent in model.privacy_spent_.items()}
         write_json(staging / "privacy-report.json", model.privacy_report(site_names=dict(enumerate(names))))
@@ -204,7 +215,9 @@ def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tu
              f"Every column was scaled ({data.scale}) across the sites before the fit; values are in scaled units.")
     if disclosure:
         units += " " + disclosure
-    if unit == "record":
+    if privacy is not None and insecure_reproducible_noise:
+        units += f" This result is {NOT_PRIVATE}."
+    elif unit == "record":
         units += (" Record-level differential privacy: each site released its noisy moments once, and the model was fitted "
                   "from these releases; the privacy spent protects each subject of a site.")
     intro = (
@@ -216,7 +229,7 @@ def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tu
         staging, model, title="Fed-mv-PPCA fit", intro=intro, command=f"fedhier fit --config {config_path.name}",
         summary_rows=[{"quantity": k, "value": summary[k]} for k in ("rounds_run", "final_expected_ll", "bytes_sent")],
         tables=[("Privacy spent per site for the whole fit", [{"site": names[s], **v} for s, v in model.privacy_spent_.items()])]
-        if privacy is not None else (),
+        if privacy is not None and not insecure_reproducible_noise else (),
         sites=sites, site_names=names, feature_names=views,
     )
     summary["report"] = str(out / "report.html")

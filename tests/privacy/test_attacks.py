@@ -33,7 +33,8 @@ from fedhier.models.mvppca.dp import DPConfig
 from fedhier.protocol.messages import Field, MessageSpec, decode
 from fedhier.protocol.mvppca import MVPPCAProtocol
 from fedhier.runtime import peer as peer_module
-from fedhier.runtime.peer import PeerAggregation, _chunk_rng, simulate_peers
+from fedhier.privacy.sampling import NoiseSource
+from fedhier.runtime.peer import PeerAggregation, simulate_peers
 from fedhier.runtime.simulate import run_site_step, simulate
 
 simulate_module = importlib.import_module("fedhier.runtime.simulate")  # the module, not the function of that name
@@ -110,11 +111,13 @@ def test_a_coordinator_cannot_predict_a_sites_noise_from_the_public_seed(monkeyp
 
 
 def test_a_the_replay_attack_recovers_noise_drawn_from_a_known_seed(monkeypatch):
-    """The same attack against sites whose secret the coordinator knows (a simulation's random_state)
-    recovers the noise exactly: the test above fails when the sites' secrets are derived from the seed."""
+    """The same attack against sites whose secret the coordinator knows (the insecure switch derives it from
+    the seed) recovers the noise exactly: the test above fails when the sites' secrets are derived from the seed."""
     sites, protocol, recorder = _sites(), _protocol(_dp()), NoiseRecorder(monkeypatch)
-    truth, run = recorder.collect(lambda: simulate(protocol, sites, n_rounds=3, random_state=11))
-    guess, _ = recorder.collect(lambda: simulate(protocol, _sites(seed=1), n_rounds=3, random_state=run.seed))
+    truth, run = recorder.collect(lambda: simulate(protocol, sites, n_rounds=3, random_state=11,
+                                                   insecure_reproducible_noise=True))
+    guess, _ = recorder.collect(lambda: simulate(protocol, _sites(seed=1), n_rounds=3, random_state=run.seed,
+                                                 insecure_reproducible_noise=True))
     r, _ = _correlation(guess, truth)
     assert r > 0.999
 
@@ -214,8 +217,9 @@ def test_b_a_neighbour_with_two_chunks_cannot_reconstruct_a_reply(monkeypatch):
     assert len(chunks) == 20  # 5 sites x 4 rounds
 
     def reconstruct(k, held):
-        rnd, site = k // 5 + 1, k % 5
-        z = _chunk_rng(run.seed, rnd, site).normal(0.0, 1.0, size=(2, held.shape[1]))
+        rnd, site = k // 5 + 1, k % 5  # the masks' generator before they came from the operating system
+        z = np.random.Generator(np.random.PCG64(np.random.SeedSequence(run.seed, spawn_key=(5, rnd, site)))).normal(
+            0.0, 1.0, size=(2, held.shape[1]))
         # chunk_1 = v/3 + scale z_1 and chunk_3 = v/3 - scale (z_1 + z_2): subtract to get the scale
         diff = held[0] - held[-1]
         scale = float(np.dot(diff, 2 * z[0] + z[1]) / np.dot(2 * z[0] + z[1], 2 * z[0] + z[1]))
@@ -229,19 +233,19 @@ def test_b_a_neighbour_with_two_chunks_cannot_reconstruct_a_reply(monkeypatch):
 
 
 def test_b_the_chunk_attack_works_when_masks_come_from_a_known_seed(monkeypatch):
-    """Against masks derived from a seed the neighbour knows, the attack above reconstructs every reply:
-    the test above would fail if the masks were predictable."""
+    """Against masks derived from a seed the neighbour knows (here the k-th split's seed is k), the attack
+    above reconstructs every reply: the test above would fail if the masks were predictable."""
     chunks = []
     original = peer_module.random_chunks
     monkeypatch.setattr(peer_module, "random_chunks",
-                        lambda value, c, scale, rng: chunks.append((np.array(value), original(value, c, scale, rng)))
-                        or chunks[-1][1])
+                        lambda value, c, scale, noise: chunks.append(
+                            (np.array(value), original(value, c, scale, NoiseSource.seeded(len(chunks))))) or chunks[-1][1])
     rng = np.random.default_rng(5)
     sites = [rng.normal(size=6) for _ in range(5)]
     run = simulate_peers(_secret_sum_protocol(6), sites, n_rounds=4, random_state=8,
                          aggregation=PeerAggregation(method="chunked", n_chunks=3))
     for k, (value, out) in enumerate(chunks):
-        z = _chunk_rng(run.seed, k // 5 + 1, k % 5).normal(0.0, 1.0, size=(2, 6))
+        z = NoiseSource.seeded(k).standard_normal((2, 6))
         diff = out[0] - out[2]
         scale = float(np.dot(diff, 2 * z[0] + z[1]) / np.dot(2 * z[0] + z[1], 2 * z[0] + z[1]))
         assert np.allclose(3.0 * (out[0] - scale * z[0]), value, atol=1e-9)
@@ -282,9 +286,9 @@ def test_c_every_field_of_every_private_reply_is_public_or_a_release(monkeypatch
     steps = []
     original = simulate_module.run_site_step
 
-    def recorded_step(protocol, data, site, round, site_seed, broadcast_bytes, state, guard=None):
+    def recorded_step(protocol, data, site, round, site_seed, broadcast_bytes, state, guard=None, noise_seed=None):
         replayer.recorded.append([])
-        status, payload, new_state = original(protocol, data, site, round, site_seed, broadcast_bytes, state, guard)
+        status, payload, new_state = original(protocol, data, site, round, site_seed, broadcast_bytes, state, guard, noise_seed)
         steps.append((site, round, site_seed, broadcast_bytes, dict(state), status, payload, replayer.recorded[-1]))
         return status, payload, new_state
 
@@ -346,8 +350,8 @@ def _transcripts(protocol, sites, n_fits, n_rounds):
         replies = []
         original = simulate_module.run_site_step
 
-        def keep(protocol, data, site, round, site_seed, broadcast_bytes, state, guard=None):
-            out = original(protocol, data, site, round, site_seed, broadcast_bytes, state, guard)
+        def keep(protocol, data, site, round, site_seed, broadcast_bytes, state, guard=None, noise_seed=None):
+            out = original(protocol, data, site, round, site_seed, broadcast_bytes, state, guard, noise_seed)
             if site == 0 and out[0] == "ok":
                 replies.append(protocol.reply_spec.flatten(decode(protocol.reply_spec, out[1])))
             return out
@@ -457,7 +461,7 @@ def test_every_release_a_site_makes_is_in_the_accountants_ledger(monkeypatch):
     steps = {}
     original = simulate_module.run_site_step
 
-    def recorded_step(protocol, data, site, round, site_seed, broadcast_bytes, state, guard=None):
+    def recorded_step(protocol, data, site, round, site_seed, broadcast_bytes, state, guard=None, noise_seed=None):
         from fedhier.protocol import base
 
         made = []
@@ -468,7 +472,7 @@ def test_every_release_a_site_makes_is_in_the_accountants_ledger(monkeypatch):
             return real_check(protocol, reply, releases)
 
         monkeypatch.setattr(simulate_module, "check_disclosure", spy)
-        out = original(protocol, data, site, round, site_seed, broadcast_bytes, state, guard)
+        out = original(protocol, data, site, round, site_seed, broadcast_bytes, state, guard, noise_seed)
         steps[(site, round)] = [(label, event) for label, event in made]
         return out
 

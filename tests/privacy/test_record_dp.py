@@ -29,6 +29,7 @@ from fedhier.models.fedlin.stats import SiteStats
 from fedhier.models.mvppca import record_dp as mv_rdp
 from fedhier.privacy.analyze_gauss import RecordDP, record_vectors, release_second_moment
 from fedhier.privacy.policy import PolicyRefusal, SitePolicy
+from fedhier.privacy.sampling import NoiseSource
 from fedhier.privacy.site_ledger import SiteLedger
 from fedhier.protocol.record_dp import FedLinRecordDPProtocol, MVPPCARecordDPProtocol
 from fedhier.runtime.guard import SiteGuard
@@ -38,11 +39,11 @@ CSV = Path(__file__).resolve().parents[2] / "docs" / "experiments" / "record-dp.
 NEARLY_NO_NOISE = RecordDP(1e6, 1e-5)  # z ~ 1e-4 relative to 2 C^2: the post-processing's exact limit
 
 
-class ZeroNoise:
-    """A generator whose Gaussian draws are all 0: the release is the exact moment matrix."""
+class ZeroNoise(NoiseSource):
+    """A noise source whose draws are all 0: the release is the exact moment matrix (to the lattice's rounding)."""
 
-    def normal(self, loc, scale, size):
-        return np.zeros(size)
+    def discrete_gaussian(self, sigma, shape):
+        return np.zeros(shape, dtype=np.int64)
 
 
 def _upper(M):
@@ -284,14 +285,15 @@ N_AUDIT = 1_000_000  # releases per data set: the Gaussian tail needs them for p
 CHUNK = 200_000
 
 
-class Batch:
+class Batch(NoiseSource):
     """Draws ``CHUNK`` independent noise matrices at once: ``release_second_moment`` then returns CHUNK releases."""
 
     def __init__(self, rng):
-        self.rng = rng
+        super().__init__()
+        self.source = NoiseSource.seeded(rng)
 
-    def normal(self, loc, scale, size):
-        return self.rng.normal(loc, scale, size=(CHUNK, *size))
+    def discrete_gaussian(self, sigma, shape):
+        return self.source.discrete_gaussian(sigma, (CHUNK, *shape))
 
 
 def _audit_scores(config, sensitivity, rng):

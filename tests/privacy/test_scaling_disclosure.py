@@ -74,8 +74,8 @@ class Coordinator:
         self.replies: list[tuple[str, int, dict]] = []
         real = simulate_module.run_site_step
 
-        def recorded(protocol, data, site, round, site_seed, broadcast_bytes, state, guard=None):
-            status, payload, new_state = real(protocol, data, site, round, site_seed, broadcast_bytes, state, guard)
+        def recorded(protocol, data, site, round, site_seed, broadcast_bytes, state, guard=None, noise_seed=None):
+            status, payload, new_state = real(protocol, data, site, round, site_seed, broadcast_bytes, state, guard, noise_seed)
             if status == "ok":
                 self.replies.append((protocol.name, site, decode(protocol.reply_spec, payload)))
             return status, payload, new_state
@@ -145,14 +145,16 @@ def test_public_ranges_send_no_scaling_message_and_equal_a_fit_on_files_scaled_b
     coordinator = Coordinator(monkeypatch)
     rounds: list[int] = []
     with observe_rounds(lambda record, broadcast: rounds.append(record.round)):
-        assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet"]) == 0
+        # the same noise in both fits, so that they compare bit for bit: not private, for this comparison only
+        assert main(["fit", "--config", str(toml), "--out", str(tmp_path / "fit"), "--quiet", "--insecure-reproducible-noise"]) == 0
     assert coordinator.protocols() == {"fed-mv-ppca"}  # the model's replies only
     assert rounds == [1, 2, 3]  # the fit's three rounds, no scaling round before them
     summary = json.loads((tmp_path / "fit" / "summary.json").read_text())
     assert "scaling_outside_privacy" not in summary and "nothing was sent" in summary["ranges"]
 
     by_hand = _study(tmp_path / "by-hand", scale="none", prescaled=True)
-    assert main(["fit", "--config", str(by_hand), "--out", str(tmp_path / "fit-by-hand"), "--quiet"]) == 0
+    assert main(["fit", "--config", str(by_hand), "--out", str(tmp_path / "fit-by-hand"), "--quiet",
+                 "--insecure-reproducible-noise"]) == 0
     from fedhier import FedMVPPCA
 
     a, b = FedMVPPCA.load(tmp_path / "fit" / "model.npz"), FedMVPPCA.load(tmp_path / "fit-by-hand" / "model.npz")

@@ -52,7 +52,7 @@ from fedhier.runtime.flower import (  # noqa: E402
     secure_site_step,
     write_result,
 )
-from fedhier.runtime.simulate import RoundFailed, simulate  # noqa: E402
+from fedhier.runtime.simulate import RoundFailed, simulate, site_noise  # noqa: E402
 
 SITES = ("hospital-a", "hospital-b", "hospital-c")
 
@@ -238,7 +238,20 @@ def test_public_ranges_scale_each_site_s_own_file_and_equal_simulate_on_files_sc
         tight.load_site("hospital-a", folder / "hospital-a.csv")
 
 
-def test_round_loop_with_client_level_dp_equals_simulate(demo, tmp_path):
+@pytest.fixture
+def seeded_noise(monkeypatch):
+    """Every site's noise drawn from a seed, in the Flower sites and in the reference simulation alike, so that the
+    two compare bit for bit (a site's noise otherwise comes from its operating system)."""
+    import importlib
+
+    from fedhier.privacy.sampling import NoiseSource
+
+    monkeypatch.setattr(importlib.import_module("fedhier.runtime.simulate"), "site_noise", lambda noise_seed, round, site: NoiseSource.seeded(
+        np.random.SeedSequence(0, spawn_key=(6, round, site))))
+    return monkeypatch
+
+
+def test_round_loop_with_client_level_dp_equals_simulate(demo, tmp_path, seeded_noise):
     folder, config, sites = demo
     assert config.replace(tol=0.02).hooks().stop is not None
     config = config.replace(epsilon=2.0, delta=1e-5, out=str(tmp_path / "out"))
@@ -261,9 +274,9 @@ def test_round_loop_with_client_level_dp_equals_simulate(demo, tmp_path):
     assert _max_diff(result.broadcast, reference.broadcast) == 0
 
 
-def test_record_level_dp_over_flower_is_one_noisy_release_per_site_and_equals_the_estimator(demo, tmp_path):
+def test_record_level_dp_over_flower_is_one_noisy_release_per_site_and_equals_the_estimator(demo, tmp_path, seeded_noise):
     """privacy_unit = "record": one round in which each site releases its noisy moments, the noise drawn from the
-    site's own seed; the saved model equals FedMVPPCA(privacy=RecordDP) on the files scaled by hand, and summary.json
+    site's operating system (here a seed shared with the estimator, to compare); the saved model equals FedMVPPCA(privacy=RecordDP) on the files scaled by hand, and summary.json
     states what each site spent."""
     from fedhier.estimators.mvppca import FedMVPPCA
     from fedhier.privacy.analyze_gauss import RecordDP
@@ -296,7 +309,10 @@ def test_record_level_dp_over_flower_is_one_noisy_release_per_site_and_equals_th
                             guard=SiteGuard(SitePolicy(unit="site", modes=("dp",)), "flower-run-1"))
     assert refused == {"site": SITES[0], "status": "error",
                        "error": "PolicyRefusal: refused by the site's policy (the reason is in the site's own log)"}
-    # the noise is the site's: other site seeds, the same coordinator seed, another model
+    # the noise is the site's own: from its operating system, another model
+    import importlib
+
+    seeded_noise.setattr(importlib.import_module("fedhier.runtime.simulate"), "site_noise", site_noise)
     grid.node_seed = {"seed": str(record.seed + 1)}
     other = _run(grid, record)
     assert _max_diff(other.broadcast, result.broadcast) > 1e-3

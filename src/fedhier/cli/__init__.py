@@ -45,6 +45,7 @@ def _cmd_demo(args) -> int:
         per_release=(10.0, 0.01) if args.paper_dp else None,
         progress=not args.quiet,
         site_timeout=args.site_timeout,
+        insecure_reproducible_noise=args.insecure_reproducible_noise,
     )
     console = Console(soft_wrap=True)  # one line per result, also when stdout is a file
     console.print(f"[bold]Fed-mv-PPCA on {summary['data']}[/bold]")
@@ -70,7 +71,9 @@ def _cmd_demo(args) -> int:
             f" vs mean imputation {row['mean-imputation MAE']:.4f}"
         )
     console.print(f"bytes sent by sites {summary['bytes_sent']:,}")
-    if "privacy_spent" in summary:
+    if "not_private" in summary:
+        console.print(summary["not_private"], markup=False)
+    elif "privacy_spent" in summary:
         console.print(summary["scaling_outside_privacy"], markup=False)
         for site, spent in summary["privacy_spent"].items():
             console.print(f"privacy spent, site {site}: epsilon {spent['epsilon']:.3f} at delta {spent['delta']:g} ({spent['accountant']})")
@@ -94,7 +97,7 @@ def _cmd_fit(args) -> int:
         return fit_linear_config(args.config, out_dir=args.out, quiet=args.quiet, site_timeout=args.site_timeout)
 
     summary = fit_from_config(args.config, out_dir=args.out, total_budget=_total_budget(args), progress=not args.quiet,
-                              site_timeout=args.site_timeout)
+                              site_timeout=args.site_timeout, insecure_reproducible_noise=args.insecure_reproducible_noise)
     shown = {k: v for k, v in summary.items() if k not in ("columns", "scaling")}  # both are in summary.json
     print(json.dumps(shown, indent=2))
     return 0
@@ -138,6 +141,9 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--dp", action="store_true", help="client-level DP with a total budget (default epsilon 1)")
         p.add_argument("--epsilon", type=float, default=None, help="total privacy budget epsilon per site for the whole fit")
         p.add_argument("--delta", type=float, default=1e-5, help="total delta per site (default 1e-5)")
+        p.add_argument("--insecure-reproducible-noise", action="store_true",
+                       help="derive the privacy noise from the seed so that a run can be repeated; the result is NOT "
+                            "private (anyone with the seed can remove the noise) and claims no epsilon")
 
     p = sub.add_parser("demo", help="Fed-mv-PPCA on the bundled Alzheimer data (3 sites, G/K)")
     p.add_argument("--out", default="fedhier-report", help="report folder (default fedhier-report)")

@@ -58,8 +58,11 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--seed", type=int, default=None,
                      help="the run's seed (with --runtime mpi: public, every site knows it)")
     fit.add_argument("--site-seed", type=int, default=None,
-                     help="with --runtime mpi: each site's secret seed, for reproducible tests only "
-                          "(default: each site's own entropy, as a deployment needs)")
+                     help="with --runtime mpi: seed of each site's starts, for reproducible tests only; "
+                          "chunk masks come from each site's operating system whatever it is")
+    fit.add_argument("--no-mitigate", action="store_true",
+                     help="monitor l-diversity only: add no noise to a site's pattern statistics on a breach (that noise "
+                          "comes from each site's operating system, so runs with it differ)")
     fit.add_argument("--label-column", default=None,
                      help="column marking known anomalies (1) and normal samples (0); not used in the fit, only to "
                           "evaluate it in the report")
@@ -163,7 +166,8 @@ def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_p
     inputs = [*data.inputs, *([source] if str(source).endswith(".toml") else [])]
     model = CollabDict(n_components=opt["n_components"], rho=opt["rho"], weights=opt["weights"],
                        aggregation=opt["aggregation"], max_iter=opt["max_iter"], random_state=opt["seed"],
-                       runtime="peer" if args.runtime == "mpi" else args.runtime, site_timeout=args.site_timeout)
+                       mitigate=not args.no_mitigate, runtime="peer" if args.runtime == "mpi" else args.runtime,
+                       site_timeout=args.site_timeout)
     if args.runtime == "mpi":
         if args.site_timeout is not None:
             raise ValueError("--site-timeout is for --runtime peer or star; under MPI a site that stops answering is "

@@ -32,6 +32,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..data.validation import check_site_index
+from ..privacy.sampling import NoiseSource
 from ..runtime.graphs import check_adjacency
 from ..protocol.messages import Field, MessageSpec
 from ..protocol.collab import (GGMMixtureProtocol, MomentsProtocol, VAEProtocol, check_site_matrix,
@@ -46,6 +47,15 @@ from ._input import NOT_FITTED, site_labels, site_of_rows, split_site_column
 __all__ = ["CollabDict", "CollabVAE"]
 
 _RUNTIMES = ("peer", "star")
+
+
+def _public_seed(random_state: int | None) -> int:
+    """The run's public seed: ``random_state``, or a fresh draw when None."""
+    if random_state is None:
+        return int(np.random.SeedSequence().entropy % (2**63))
+    if isinstance(random_state, bool) or not isinstance(random_state, (int, np.integer)) or random_state < 0:
+        raise ValueError(f"random_state must be None or a non-negative integer seed, got {random_state!r}")
+    return int(random_state)
 
 
 def _check_max_iter(max_iter: Any) -> None:
@@ -262,8 +272,10 @@ class CollabDict(_SiteOutlierDetector):
     contamination : float
         Expected share of outliers: each site's threshold is the ``1 - contamination`` quantile of
         its training anomaly scores (:meth:`predict`, :meth:`decision_function`).
-    random_state : int
-        The one seed of the run.
+    random_state : int or None, default None
+        The run's public seed: peer graph, relabelling, starts (None: one is drawn, kept in
+        ``seed_``).  It seeds no secret: the sites' chunk masks and mitigation noise and the
+        published draw of the pattern means come from the operating system's CSPRNG.
     site_timeout : float or None
         Deadline of one site step, in seconds (in-process runtimes; None: no deadline).  The steps
         then run in a worker process; a site that has not answered by then is left out: of that
@@ -298,7 +310,7 @@ class CollabDict(_SiteOutlierDetector):
                  tol: float = 1e-4, glasso_tol: float = 1e-4, ell0: float = 10.0, diversity_rule: str = "min",
                  mitigate: bool = True,
                  clip_norm: float | None = None, delta: float = 1e-5, contamination: float = 0.05,
-                 random_state: int = 0, site_timeout: float | None = None, site_column: str | None = None) -> None:
+                 random_state: int | None = None, site_timeout: float | None = None, site_column: str | None = None) -> None:
         self.n_components = n_components
         self.site_timeout = site_timeout
         self.rho = rho
@@ -353,7 +365,7 @@ class CollabDict(_SiteOutlierDetector):
         n_min = self.n_min if self.n_min is not None else max(n_features, 0.01 * n_total / self.n_components)
         return GGMMixtureProtocol(n_features, int(self.n_components), moments["center"], moments["scale"],
                                   rho=self.rho, lambda0=self.lambda0, n_min=n_min, weights=self.weights,
-                                  l0_penalty=self.l0_penalty, seed=int(self.random_state), ell0=self.ell0,
+                                  l0_penalty=self.l0_penalty, seed=self.seed_, ell0=self.ell0,
                                   diversity_rule=self.diversity_rule, mitigate=self.mitigate,
                                   clip_norm=self.clip_norm, tol=self.tol, glasso_tol=self.glasso_tol)
 
@@ -363,13 +375,13 @@ class CollabDict(_SiteOutlierDetector):
         if self.runtime == "star" or len(sites) == 1:
             from ..runtime.simulate import simulate
 
-            res = simulate(protocol, sites, n_rounds=n_rounds, random_state=int(self.random_state),
+            res = simulate(protocol, sites, n_rounds=n_rounds, random_state=self.seed_,
                            site_timeout=self.site_timeout)
             return res.broadcast, dict(enumerate(res.site_states)), [r.to_dict() for r in res.history]
         from ..runtime.peer import simulate_peers
 
         res = simulate_peers(protocol, sites, n_rounds=n_rounds, graph=self.graph, aggregation=self._aggregation(),
-                             random_state=int(self.random_state), stop=stop, site_timeout=self.site_timeout)
+                             random_state=self.seed_, stop=stop, site_timeout=self.site_timeout)
         return res.broadcast, res.site_states, res.history
 
     # ------------------------------------------------------------------ fitting
@@ -402,6 +414,7 @@ class CollabDict(_SiteOutlierDetector):
         if self.graph is not None and check_adjacency(self.graph).shape[0] != len(sites):
             raise ValueError(f"graph has {np.shape(self.graph)[0]} vertices but there are {len(sites)} sites")
 
+        self.seed_ = _public_seed(self.random_state)
         moments, _, _ = self._run(MomentsProtocol(first.shape[1]), sites, 1, None)
         protocol = self._ggm_protocol(first.shape[1], moments)
         model, states, history = self._run(protocol, sites, int(self.max_iter), protocol.converged)
@@ -417,9 +430,10 @@ class CollabDict(_SiteOutlierDetector):
                 state_path: str | Path | None = None) -> "CollabDict":
         """Fit with this MPI process as site ``rank`` (collective; run under ``mpiexec -n S``).
 
-        ``random_state`` is the run's public seed (every rank knows it); this site's secrets
-        (chunk masks, its step's draws) come from the operating system's entropy, or from
-        ``site_seed`` for a reproducible test (:func:`fedhier.runtime.mpi.run_mpi`).
+        ``random_state`` is the run's public seed (every rank knows it; rank 0 draws it when
+        None); ``site_seed`` seeds this site's starts for a reproducible test
+        (:func:`fedhier.runtime.mpi.run_mpi`).  Its secrets (chunk masks, mitigation noise, the
+        published draw of the pattern means) come from the operating system's CSPRNG.
         Only this site's weights, threshold and l-diversity log are known afterwards;
         the other sites' rows of ``weights_``/``thresholds_`` are NaN.
 
@@ -440,8 +454,8 @@ class CollabDict(_SiteOutlierDetector):
         self.sites_ = np.arange(n_sites)
         X = check_site_matrix(rank, X)
         agg = self._aggregation()
-        seed = int(self.random_state)
         transport = MPITransport(comm, DEFAULT_TIMEOUT if timeout is None else timeout)
+        seed = self.seed_ = transport.common_seed(self.random_state)
         moments = run_mpi(MomentsProtocol(X.shape[1]), X, n_rounds=1, graph=self.graph, aggregation=agg,
                           random_state=seed, site_seed=site_seed, transport=transport).broadcast
         protocol = self._ggm_protocol(X.shape[1], moments)
@@ -513,10 +527,9 @@ class CollabDict(_SiteOutlierDetector):
                                            max_site_size=max(int(round(n_total)), 1))
         self.epsilon_rdp_paper_ = paper_epsilon(int(act.sum()), self.bound_, self.diameter_, self.lambda0)
         self.epsilon_rdp_tight_ = tight_epsilon(self.bound_, self.diameter_, self.lambda0, self.n_min_)
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(self.random_state), spawn_key=(7,))))
         self.published_means_ = np.zeros_like(self.mu_)
         self.published_means_[act] = release_pattern_means(self.mu_[act], self.precision_[act], self.n_bar_[act],
-                                                           lambda0=self.lambda0, rng=rng)
+                                                           lambda0=self.lambda0, rng=NoiseSource())
         ledger = PrivacyLedger()
         event = dp_event(self.epsilon_rdp_tight_)
         for s in train:
@@ -637,7 +650,7 @@ class CollabVAE(_SiteOutlierDetector):
                  max_grad_norm: float | None = 10.0, local_steps: int = 2, max_iter: int = 200,
                  aggregation: str = "consensus", graph: np.ndarray | None = None, step: str | float = "max-degree",
                  rel_tol: float = 1e-12, n_chunks: int = 3, runtime: str = "peer", n_draws: int = 32,
-                 contamination: float = 0.05, random_state: int = 0, site_column: str | None = None) -> None:
+                 contamination: float = 0.05, random_state: int | None = None, site_column: str | None = None) -> None:
         self.n_latent, self.width, self.learning_rate = n_latent, width, learning_rate
         self.max_grad_norm = max_grad_norm
         self.local_steps, self.max_iter, self.aggregation = local_steps, max_iter, aggregation
@@ -656,8 +669,10 @@ class CollabVAE(_SiteOutlierDetector):
         check_n_draws(self.n_draws)
         if not 0.0 < self.contamination < 1.0:
             raise ValueError(f"contamination must lie in (0, 1), got {self.contamination}")
+        self.seed_ = _public_seed(self.random_state)
         helper = CollabDict(aggregation=self.aggregation, graph=self.graph, step=self.step, rel_tol=self.rel_tol,
-                            n_chunks=self.n_chunks, runtime=self.runtime, random_state=self.random_state)
+                            n_chunks=self.n_chunks, runtime=self.runtime, random_state=self.seed_)
+        helper.seed_ = self.seed_
         sites = self._fit_sites(X, groups)
         n_features = check_site_matrix(0, sites[0]).shape[1]
         sites = [check_site_matrix(s, x, n_features) for s, x in enumerate(sites)]
@@ -666,7 +681,7 @@ class CollabVAE(_SiteOutlierDetector):
         moments, _, _ = helper._run(MomentsProtocol(n_features), sites, 1, None)
         protocol = VAEProtocol(n_features, moments["center"], moments["scale"], n_latent=self.n_latent,
                                width=self.width, learning_rate=self.learning_rate, local_steps=self.local_steps,
-                               max_grad_norm=self.max_grad_norm, seed=int(self.random_state))
+                               max_grad_norm=self.max_grad_norm, seed=self.seed_)
         model, states, history = helper._run(protocol, sites, int(self.max_iter), None)
         self.n_features_in_, self.n_sites_ = n_features, len(sites)
         self.center_, self.scale_ = np.asarray(moments["center"]), np.asarray(moments["scale"])
@@ -688,7 +703,7 @@ class CollabVAE(_SiteOutlierDetector):
         site = check_site_index(site, self.n_sites_)
         if site not in self.encoders_:
             raise ValueError(f"site {site}: its encoder is not held by this process")
-        seq = np.random.SeedSequence(int(self.random_state), spawn_key=(9, site))
+        seq = np.random.SeedSequence(self.seed_, spawn_key=(9, site))
         rng = np.random.Generator(np.random.PCG64(seq))
         return reconstruction_scores(Z, self.decoder_, self.encoders_[site], rng, self.n_draws)
 
@@ -713,15 +728,15 @@ class CollabVAE(_SiteOutlierDetector):
         ``encoder/<site>/<name>`` arrays plus a JSON ``meta`` entry (no pickle).
 
         :meth:`load` gives back a model whose scores are bit-identical (the score draws are seeded
-        by ``random_state`` and the site).  ``history_`` is not written.
+        by the run's public seed ``seed_`` and the site).  ``history_`` is not written.
         """
         check_is_fitted(self, "decoder_", msg=NOT_FITTED)
         arrays = {"center": self.center_, "scale": self.scale_, "thresholds": self.thresholds_}
         arrays.update({f"decoder/{name}": value for name, value in self.decoder_.items()})
         for site, encoder in self.encoders_.items():
             arrays.update({f"encoder/{site}/{name}": value for name, value in encoder.items()})
-        meta = {"params": self._params(), "n_sites": self.n_sites_, "n_features": self.n_features_in_,
-                **_names_meta(self)}
+        meta = {"params": self._params(), "seed": self.seed_, "n_sites": self.n_sites_,
+                "n_features": self.n_features_in_, **_names_meta(self)}
         return _write_model(path, "CollabVAE", arrays, meta, self.graph)
 
     @classmethod
@@ -748,6 +763,7 @@ class CollabVAE(_SiteOutlierDetector):
         model.decoder_ = {name: arrays[f"decoder/{name}"] for name in decoder_shapes(M, d, H)}
         model.encoders_ = {site: {name: arrays[f"encoder/{site}/{name}"] for name in encoder_shapes(M, d, H)}
                            for site in range(n_sites)}
+        model.seed_ = int(meta.get("seed", model.random_state or 0))  # files from before seed_ hold it as random_state
         model.history_ = []
         _restore_names(model, meta)
         return model

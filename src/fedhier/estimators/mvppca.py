@@ -35,6 +35,7 @@ from ..runtime.checkpoint import read_checkpoint
 from ..runtime.simulate import RoundRecord, simulate
 from ..utils.io import atomic_write_bytes, json_text
 from ..utils.untrusted import check_finite, read_meta_json, read_npz
+from ..privacy.sampling import NOT_PRIVATE
 from ._input import ARRAY_VIEW, NOT_FITTED, array_view, split_site_column, view_sites
 
 __all__ = ["FedMVPPCA", "ComponentScores", "NotFittedError", "DataScaleWarning"]  # NotFittedError: scikit-learn's
@@ -94,7 +95,9 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     n_first_iter : int, default 30
         EM iterations in round 1 (I_1).
     random_state : int or None
-        One seed for everything (sites' initialisations, prior draws, DP noise).
+        Seed of what is not secret: the sites' starts and prior draws, participation.  It
+        never seeds the privacy noise, which every site draws from the operating system's
+        CSPRNG (docs/privacy.md, "Where secrets come from").
     n_init : int, default 1
         Federated fits from different random starts; the kept one has the highest final
         expected log-likelihood (the sum over sites of Q_c that every round reports, §4.2),
@@ -167,6 +170,11 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         ``groups`` and not as a feature, in ``fit`` and dropped in every other method.  It carries the
         sites through scikit-learn's cross-validation (``GridSearchCV(..., cv=GroupKFold())``), which
         passes ``groups`` to the splitter but not to ``fit`` unless metadata routing is switched on.
+    insecure_reproducible_noise : bool, default False
+        Insecure switch: derive the sites' privacy noise from ``random_state`` so that a
+        fit can be repeated bit for bit (tests, reproductions).  Anyone who knows the seed
+        can remove the noise: the result is not private, its privacy report claims no
+        epsilon and its saved model says so.
 
     A fit whose ``tol`` rule has not stopped it after ``n_rounds`` rounds issues scikit-learn's
     ``ConvergenceWarning``; without privacy it advises more rounds, with privacy released per round it
@@ -228,6 +236,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         min_sites: int = 1,
         progress: bool = False,
         site_column: str | None = None,
+        insecure_reproducible_noise: bool = False,
     ):
         self.n_components = n_components
         self.n_rounds = n_rounds
@@ -249,6 +258,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.min_sites = min_sites
         self.progress = progress
         self.site_column = site_column
+        self.insecure_reproducible_noise = insecure_reproducible_noise
 
     # ------------------------------------------------------------------ checks
     def _check_params(self) -> None:
@@ -403,6 +413,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
                         aggregator=self._aggregator(len(sites)),
                         checkpoint=checkpoint,
                         stop=stop,
+                        insecure_reproducible_noise=bool(self.insecure_reproducible_noise),
                     )
                 )
         finally:
@@ -432,8 +443,15 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             self.privacy_ledger_ = ledger_from_history(
                 self.privacy, [list(schema.names)] * len(sites), result.history, spread=self.prior_update == "em"
             )
-            self.privacy_spent_ = self.privacy_ledger_.spent(self._privacy_delta())
+            self.privacy_spent_ = self._spent()
         return self
+
+    def _spent(self) -> dict[int, dict[str, Any]]:
+        """ε spent per site, or under the insecure switch a "not private" entry per site with no ε."""
+        if self.insecure_reproducible_noise:
+            return {s: {"epsilon": None, "delta": None, "private": False, "note": NOT_PRIVATE}
+                    for s in self.privacy_ledger_.spent(self._privacy_delta())}
+        return self.privacy_ledger_.spent(self._privacy_delta())
 
     def _set_names(self, names: Any) -> None:
         if names is None:
@@ -450,6 +468,8 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self._check_fitted()
         if self.privacy is None:
             raise ValueError("this model was fitted without privacy")
+        if self.insecure_reproducible_noise:
+            raise ValueError(NOT_PRIVATE)
         return self.privacy_ledger_.round_table(self._privacy_delta() if delta is None else delta)
 
     def privacy_report(self, delta: float | None = None, site_names=None) -> dict[str, Any]:
@@ -460,6 +480,8 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self._check_fitted()
         if self.privacy is None:
             raise ValueError("this model was fitted without privacy")
+        if self.insecure_reproducible_noise:
+            return {"private": False, "note": NOT_PRIVATE, "epsilon": None, "delta": None}
         from ..privacy.report import fit_report
 
         unit = self.privacy.unit if _record_dp(self.privacy) else "site"
@@ -719,9 +741,10 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         meta = {
             "format": _FORMAT,
             "params": {
-                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "tol", "init", "local_tol", "ig_solver", "sigma2_prior", "prior_update")},
+                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "tol", "init", "local_tol", "ig_solver", "sigma2_prior", "prior_update", "insecure_reproducible_noise")},
                 "aggregation": self.aggregation if isinstance(self.aggregation, str) else "secure",
             },
+            **({"privacy": NOT_PRIVATE} if self.insecure_reproducible_noise and self.privacy is not None else {}),
             "schema": {"names": list(self.schema_.names), "dims": list(self.schema_.dims)},
             "n_sites": self.n_sites_,
             "n_components": self.n_components_,

@@ -43,6 +43,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from .calibration import gaussian_noise_multiplier
+from .sampling import NoiseSource, lattice_gaussian
 
 __all__ = ["RecordDP", "clip_rows", "record_vectors", "second_moment", "release_second_moment", "nearest_psd"]
 
@@ -138,7 +139,7 @@ def second_moment(records: np.ndarray) -> np.ndarray:
 
 
 def release_second_moment(
-    records: np.ndarray, sensitivity: float, noise_multiplier: float, rng: np.random.Generator,
+    records: np.ndarray, sensitivity: float, noise_multiplier: float, noise: NoiseSource,
 ) -> tuple[np.ndarray, dp_event.GaussianDpEvent]:
     """M~ = M + E (module docstring): symmetric Gaussian noise of sd ``noise_multiplier * sensitivity``.
 
@@ -147,7 +148,8 @@ def release_second_moment(
     records : (n, D) the z~_i, already clipped (so that ``sensitivity`` holds).
     sensitivity : l2 sensitivity of the upper triangle of M (2 C^2 for :func:`record_vectors`).
     noise_multiplier : z, the event records exactly this number.
-    rng : the site's own generator.
+    noise : the site's source of secrets (:class:`~fedhier.privacy.sampling.NoiseSource`); the
+        upper triangle gets discrete Gaussian noise on a lattice (:func:`~fedhier.privacy.sampling.lattice_gaussian`).
 
     Every entry is noised, a coordinate whose records are all zero (e.g. a view no subject at
     the site measures) as much as any other: an exact zero would tell that no subject has it.
@@ -165,8 +167,11 @@ def release_second_moment(
     if not np.all(np.isfinite(M)):
         raise ValueError("the records contain NaN or infinite entries")
     D = M.shape[0]
-    upper = np.triu(rng.normal(0.0, noise_multiplier * sensitivity, size=(D, D)))
-    noisy = M + upper + np.swapaxes(np.triu(upper, 1), -1, -2)
+    rows, cols = np.triu_indices(D)
+    released_upper = lattice_gaussian(M[rows, cols], noise_multiplier, sensitivity, noise)
+    noisy = np.zeros(released_upper.shape[:-1] + (D, D))
+    noisy[..., rows, cols] = released_upper
+    noisy[..., cols, rows] = released_upper
     return noisy, dp_event.GaussianDpEvent(float(noise_multiplier))
 
 

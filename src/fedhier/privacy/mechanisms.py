@@ -17,12 +17,19 @@ The matrix-normal mechanism ``MN(0, I_d, sigma^2 I_q)`` (§8.1, Corollary 6) is 
 Gaussian mechanism on ``vec``: :func:`release_gaussian` accepts arrays of any shape
 and adds i.i.d. ``N(0, sigma^2)`` per entry; its ``sensitivity`` is then the
 Frobenius sensitivity.
+
+Noise comes from a :class:`~fedhier.privacy.sampling.NoiseSource` (the operating system's
+CSPRNG at the site) and is sampled on a lattice (discrete Gaussian or discrete Laplace,
+:mod:`fedhier.privacy.sampling`), which resists the floating-point attacks on textbook
+samplers; the recorded event holds for the lattice release.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from dp_accounting import GaussianDpEvent, LaplaceDpEvent
+
+from .sampling import NoiseSource, lattice_gaussian, lattice_laplace
 
 __all__ = ["release_gaussian", "release_laplace"]
 
@@ -39,7 +46,7 @@ def _check_release(value, noise_multiplier: float, sensitivity: float) -> np.nda
 
 
 def release_gaussian(
-    value, noise_multiplier: float, sensitivity: float, rng: np.random.Generator
+    value, noise_multiplier: float, sensitivity: float, noise: NoiseSource
 ) -> tuple[np.ndarray, GaussianDpEvent]:
     """Gaussian (or matrix-normal) mechanism: ``value + N(0, sigma^2 I)``, ``sigma = z Delta`` (§8.1).
 
@@ -56,22 +63,24 @@ def release_gaussian(
         ``z = sigma / Delta``; the event records exactly this number.
     sensitivity : float
         l2 (Frobenius) sensitivity ``Delta`` of ``value``.
-    rng : numpy.random.Generator
+    noise : NoiseSource
+        The site's source of secrets (a seeded numpy Generator is accepted in tests only:
+        its noise is reproducible, hence not private).
 
     Returns
     -------
     noised : ndarray, same shape as ``value``
+        ``value`` plus discrete Gaussian noise of standard deviation about ``z Delta``.
     event : dp_accounting.GaussianDpEvent
         ``GaussianDpEvent(noise_multiplier=z)``.
     """
     array = _check_release(value, noise_multiplier, sensitivity)
-    sigma = float(noise_multiplier) * float(sensitivity)
-    noised = array + rng.normal(0.0, sigma, size=array.shape)
+    noised = lattice_gaussian(array, noise_multiplier, sensitivity, noise)
     return noised, GaussianDpEvent(noise_multiplier=float(noise_multiplier))
 
 
 def release_laplace(
-    value, noise_multiplier: float, sensitivity: float, rng: np.random.Generator
+    value, noise_multiplier: float, sensitivity: float, noise: NoiseSource
 ) -> tuple[np.ndarray, LaplaceDpEvent]:
     """Laplace mechanism: ``value + Laplace(0, b)`` i.i.d. per entry, ``b = m Delta_1`` (§8.1, Thm 3).
 
@@ -86,15 +95,16 @@ def release_laplace(
         ``m = b / Delta_1``; the event records exactly this number.
     sensitivity : float
         l1 sensitivity ``Delta_1`` of ``value``.
-    rng : numpy.random.Generator
+    noise : NoiseSource
+        As for :func:`release_gaussian`.
 
     Returns
     -------
     noised : ndarray, same shape as ``value``
+        ``value`` plus discrete Laplace noise of scale about ``m Delta_1``.
     event : dp_accounting.LaplaceDpEvent
         ``LaplaceDpEvent(noise_multiplier=m)``.
     """
     array = _check_release(value, noise_multiplier, sensitivity)
-    scale = float(noise_multiplier) * float(sensitivity)
-    noised = array + rng.laplace(0.0, scale, size=array.shape)
+    noised = lattice_laplace(array, noise_multiplier, sensitivity, noise)
     return noised, LaplaceDpEvent(noise_multiplier=float(noise_multiplier))

@@ -33,6 +33,7 @@ from typing import Any, Literal, Mapping
 import numpy as np
 
 from .messages import Message, MessageSpec
+from ..privacy.sampling import NoiseSource
 
 __all__ = ["RoundProtocol", "SiteContext", "SiteError", "DisclosureError", "check_disclosure", "sum_messages",
            "data_digest"]
@@ -49,12 +50,15 @@ class SiteContext:
     round : int
         Communication round, 1-based.
     rng : numpy.random.Generator
-        The site's own generator for this round: every secret the step draws (DP noise,
-        random starts) comes from it.  It is seeded from the site's own entropy or its
-        secret seed (:func:`fedhier.runtime.simulate.site_rng`), never from anything the
-        coordinator or a peer sends.
+        The site's generator for this round, for what is not secret (random starts,
+        mini-batches): derived from the run's public seed
+        (:func:`fedhier.runtime.simulate.site_rng`), so that a run can be repeated.
     data : Any
         The site's private data, never sent anywhere.
+    noise : NoiseSource
+        The site's source of secrets (DP noise, masks): the operating system's CSPRNG at
+        the site (:class:`fedhier.privacy.sampling.NoiseSource`), seeded only under the
+        insecure switch ``insecure_reproducible_noise``.
     state : dict[str, ndarray]
         Site-private arrays kept by the runtime between rounds (empty in round 1).
         A protocol whose sites are stateless ignores it.
@@ -67,6 +71,7 @@ class SiteContext:
     round: int
     rng: np.random.Generator
     data: Any
+    noise: NoiseSource = field(default_factory=NoiseSource)
     state: dict[str, np.ndarray] = field(default_factory=dict)
     releases: list[tuple[str, Any]] = field(default_factory=list)
 

@@ -227,7 +227,7 @@ class GGMMixtureProtocol(RoundProtocol):
         breached = level < threshold
         concentrated = active & (entropy < threshold)
         if breached and self.mitigate and concentrated.any():
-            noise = mitigation_noise(broadcast["precision"], broadcast["n_bar"], self.lambda0, ctx.rng)
+            noise = mitigation_noise(broadcast["precision"], broadcast["n_bar"], self.lambda0, ctx.noise)
             m = m + np.where(concentrated[:, None], noise, 0.0)
         self.diversity_log.append(DiversityRecord(ctx.site, ctx.round, level, threshold, bool(breached),
                                                   int(concentrated.sum()) if breached and self.mitigate else 0))

@@ -321,11 +321,11 @@ class MVPPCAProtocol(RoundProtocol):
             released = ctx.state.get("private_rounds", np.zeros(0, dtype="int64"))
             ledger = dp.site_ledger(ctx.site, list(params), released, self.privacy, spread=site_spread is not None)
             params = dp.privatize_site_params(
-                params, anchor, self.privacy, ctx.rng, site=ctx.site, round=ctx.round, ledger=ledger
+                params, anchor, self.privacy, ctx.noise, site=ctx.site, round=ctx.round, ledger=ledger
             )
             if site_spread is not None:
                 site_spread = dp.privatize_spread(
-                    site_spread, anchor, self.privacy, ctx.rng, site=ctx.site, round=ctx.round, ledger=ledger
+                    site_spread, anchor, self.privacy, ctx.noise, site=ctx.site, round=ctx.round, ledger=ledger
                 )
             ctx.releases.extend((r.block, r.event) for r in ledger.releases(ctx.site) if r.round == ctx.round)
             ctx.state["private_rounds"] = np.append(released, np.int64(ctx.round))

@@ -109,7 +109,7 @@ class MVPPCARecordDPProtocol(_OneShot):
     def site_step(self, ctx: SiteContext, broadcast: Message) -> Message:
         self._check_round(ctx)
         moments, event = mvppca_record_dp.site_release(
-            ctx.data, self.schema.names, self.schema.dims, self.config, ctx.rng)
+            ctx.data, self.schema.names, self.schema.dims, self.config, ctx.noise)
         ctx.releases.append(("moments", event))
         return {"moments": moments}
 
@@ -164,7 +164,7 @@ class FedLinRecordDPProtocol(_OneShot):
     def site_step(self, ctx: SiteContext, broadcast: Message) -> Message:
         self._check_round(ctx)
         X, y = ctx.data
-        moments, event = fedlin_record_dp.site_release(X, y, self.config, ctx.rng)
+        moments, event = fedlin_record_dp.site_release(X, y, self.config, ctx.noise)
         ctx.releases.append(("moments", event))
         return {"moments": moments}
 

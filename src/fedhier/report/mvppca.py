@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..privacy.sampling import NOT_PRIVATE
 from .document import Report
 from .figures import class_colour, mark_stop, panel_grid, pyplot, site_colour, trace_axis, zoom_axis
 
@@ -150,7 +151,10 @@ def write_mvppca_report(
     if held_out is not None:
         _imputation_section(report, model, held_out, names)
     _convergence_section(report, model)
-    if getattr(model, "privacy", None) is not None:
+    if getattr(model, "privacy", None) is not None and getattr(model, "insecure_reproducible_noise", False):
+        report.heading("Privacy ledger")
+        report.paragraph(f"This result is {NOT_PRIVATE}.")
+    elif getattr(model, "privacy", None) is not None:
         _privacy_section(report, model, site_names, privacy)
     return report.write(out)
 

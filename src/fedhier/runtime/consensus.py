@@ -13,11 +13,14 @@ Two views of the same iteration:
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .graphs import check_adjacency, laplacian
+
+if TYPE_CHECKING:
+    from ..privacy.sampling import NoiseSource
 
 __all__ = [
     "consensus_update",
@@ -97,7 +100,7 @@ def average_consensus(values: np.ndarray, adjacency: np.ndarray, eps: float, n_s
     return x
 
 
-def random_chunks(value: np.ndarray, n_chunks: int, mask_scale: float, rng: np.random.Generator) -> np.ndarray:
+def random_chunks(value: np.ndarray, n_chunks: int, mask_scale: float, noise: "NoiseSource") -> np.ndarray:
     """Split ``xi^s`` into ``C`` chunks that sum to it (spec §4.1, recommended generator).
 
     ``zeta^[l] ~ N(0, sigma_c^2)`` for ``l < C``, ``zeta^[C] = -sum_{l<C} zeta^[l]``,
@@ -109,9 +112,9 @@ def random_chunks(value: np.ndarray, n_chunks: int, mask_scale: float, rng: np.r
     n_chunks : int
         ``C >= 1``.
     mask_scale : float
-        ``sigma_c``.
-    rng : numpy.random.Generator
-        The site's private generator.
+        ``sigma_c``: public and independent of ``value``.
+    noise : NoiseSource
+        The site's source of secrets (:class:`fedhier.privacy.sampling.NoiseSource`).
 
     Returns
     -------
@@ -122,7 +125,7 @@ def random_chunks(value: np.ndarray, n_chunks: int, mask_scale: float, rng: np.r
     if mask_scale < 0:
         raise ValueError(f"chunking: mask_scale must be >= 0, got {mask_scale}")
     value = np.asarray(value, dtype=float)
-    masks = rng.normal(0.0, mask_scale, size=(n_chunks - 1,) + value.shape)
+    masks = mask_scale * noise.standard_normal((n_chunks - 1,) + value.shape)
     masks = np.concatenate([masks, -masks.sum(axis=0, keepdims=True)])
     return value / n_chunks + masks
 

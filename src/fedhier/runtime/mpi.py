@@ -21,12 +21,11 @@ supplies the transport:
   it, or stop (``docs/architecture.md``, "Failures").  MPICH itself ends the whole job
   when a rank is killed; a frozen rank is left out.
 
-Each rank's secrets (its step's generator, its chunk masks) come from its own entropy;
-``site_seed`` replaces it for tests and reproductions.  With ``random_state`` and
-``site_seed`` both equal to the simulator's ``random_state`` the result is bit-identical
-to :func:`fedhier.runtime.peer.simulate_peers`: both perform the same floating-point
-operations in the same order.  (A seed shared by the ranks is no secret among them:
-leave ``site_seed`` out in a deployment.)
+Each rank's secrets (its chunk masks, its step's noise) come from the operating system's
+CSPRNG at the rank, whatever the seeds; ``site_seed`` seeds only its step's generator for
+what is not secret (starts), for tests and reproductions.  With ``random_state`` and
+``site_seed`` both equal to the simulator's ``random_state`` the two runtimes start alike
+and agree up to the consensus tolerance (the masks differ).
 """
 
 from __future__ import annotations
@@ -350,7 +349,8 @@ def run_mpi(protocol: RoundProtocol, data: Any, *, n_rounds: int, graph: np.ndar
     random_state : int, optional
         The run's public seed (peer graph, relabelling), taken from rank 0 when not given.
     site_seed : int, optional
-        This rank's secret seed; None (a deployment): the operating system's entropy.
+        Seed of this rank's generator for what is not secret (starts); None: the operating
+        system's entropy.  Its secrets come from the operating system whatever this is.
     timeout : float or None, default DEFAULT_TIMEOUT (300 s)
         Seconds a peer waits for a message before reporting its sender lost; it must
         exceed the longest site step.  None waits for ever.

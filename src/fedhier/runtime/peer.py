@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .workers import SiteWorkers
 from .simulate import (RoundRecord, SiteFailedWarning, _LOST, _pool_init, _site_step_in_worker, decode_state,
                        encode_site_broadcast, encode_state, site_rng)
+from ..privacy.sampling import NoiseSource
 
 __all__ = ["PeerAggregation", "ConsensusPlan", "PeerResult", "simulate_peers", "run_peer_rounds", "Transport",
            "InProcessTransport", "aggregate_sums", "Agreement", "PeerLost", "PeerGraphSplit"]
@@ -113,7 +114,10 @@ class PeerAggregation:
     n_chunks : int
         ``C`` for ``"chunked"`` (O5 default 3).
     mask_scale : float
-        Chunk masks have standard deviation ``mask_scale * max|xi^s|`` (O5: about 10).
+        Standard deviation of the chunk masks, in the units of the reply: public, the same
+        at every site and independent of the data (a mask scaled to the reply would tell
+        its scale).  It should exceed the replies' largest entries; the consensus then runs
+        to ``rel_tol / mask_scale`` so that the masks cancel.
     relabel : bool
         Re-draw the sites' graph positions at every session (§4.1).
     agree : bool
@@ -123,8 +127,8 @@ class PeerAggregation:
     threshold : int or None
         Shamir threshold ``t``; default ``floor(S/2) + 1`` (O6).
 
-    Chunk masks are each site's secret: they come from the site's own generator
-    (:func:`_chunk_rng`), never from the run's public seed.  Shamir coefficients always
+    Chunk masks are each site's secret: they come from the operating system's CSPRNG at the
+    site (:class:`~fedhier.privacy.sampling.NoiseSource`), never from a seed.  Shamir coefficients always
     come from a cryptographic source (the sum does not depend on them).
     """
 
@@ -132,7 +136,7 @@ class PeerAggregation:
     step: StepRule | float = "max-degree"
     rel_tol: float = 1e-12
     n_chunks: int = 3
-    mask_scale: float = 10.0
+    mask_scale: float = 1e4
     relabel: bool = True
     agree: bool = True
     frac_bits: int = 24
@@ -317,13 +321,6 @@ def _vector_spec(size: int, dtype: str = "float64") -> MessageSpec:
     return MessageSpec("collab-aggregate", {"x": Field((size,), dtype)})
 
 
-def _chunk_rng(site_seed: int | None, round: int, site: int) -> np.random.Generator:
-    """The generator of a site's chunk masks: from its secret seed, or the operating system's entropy (None)."""
-    if site_seed is None:
-        return np.random.default_rng()
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(site_seed), spawn_key=(5, round, site))))
-
-
 def _consensus_session(transport: Transport, adjacency: np.ndarray, values: dict[int, np.ndarray], eps: float,
                        n_steps: int, spec: MessageSpec) -> dict[int, np.ndarray]:
     topo = transport.open_topology(adjacency)
@@ -418,8 +415,7 @@ def connected(adjacency: np.ndarray) -> bool:
 
 
 def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, round: int, seed: int,
-                   plan: ConsensusPlan, aggregation: PeerAggregation,
-                   site_seed: int | None = None) -> tuple[dict[int, np.ndarray], int]:
+                   plan: ConsensusPlan, aggregation: PeerAggregation) -> tuple[dict[int, np.ndarray], int]:
     """Every local site's copy of ``sum_s vectors[s]`` computed without a centre.
 
     Parameters
@@ -427,9 +423,8 @@ def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, roun
     vectors : dict site -> ndarray (m,)
         The flattened replies of the local sites.
     seed : int
-        The run's public seed (relabelling of the graph, known to every site).
-    site_seed : int or None
-        The local sites' secret seed of their chunk masks; None: the operating system's entropy.
+        The run's public seed (relabelling of the graph, known to every site).  The chunk
+        masks come from each site's operating system (:class:`~fedhier.privacy.sampling.NoiseSource`).
 
     Returns
     -------
@@ -445,9 +440,7 @@ def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, roun
     if aggregation.method == "chunked":
         chunks = {}
         for s, v in vectors.items():
-            rng = _chunk_rng(site_seed, round, s)
-            scale = aggregation.mask_scale * max(float(np.abs(v).max()), 1.0)
-            chunks[s] = random_chunks(v, aggregation.n_chunks, scale, rng)
+            chunks[s] = random_chunks(v, aggregation.n_chunks, aggregation.mask_scale, NoiseSource())
         n_steps = plan.n_steps_chunked
     else:
         chunks = {s: v[None, :] for s, v in vectors.items()}
@@ -528,8 +521,9 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
     """Algorithm 1 on the sites of ``transport`` (shared by the in-process and MPI runtimes).
 
     ``seed`` is the run's public seed, known to every site (graph relabelling);
-    ``site_seed`` the local sites' secret seed (their steps' generators and chunk masks,
-    :func:`~fedhier.runtime.simulate.site_rng`), None for the operating system's entropy.
+    ``site_seed`` seeds the local sites' generators for what is not secret (starts,
+    :func:`~fedhier.runtime.simulate.site_rng`), None for the operating system's entropy;
+    their secrets (chunk masks, mitigation noise) always come from the operating system.
 
     ``stop(broadcast)`` is evaluated by every site on its own copy after each global
     step; the run ends when it holds at every site (a fixed cap ``n_rounds`` applies, O7).
@@ -612,7 +606,7 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
             sums = None
             try:
                 sums, exchanges = aggregate_sums(transport, {s: vectors[s] for s in transport.local_sites}, round=rnd,
-                                                 seed=seed, plan=plan, aggregation=aggregation, site_seed=site_seed)
+                                                 seed=seed, plan=plan, aggregation=aggregation)
                 transport.commit()
                 break
             except PeerLost as exc:
@@ -681,9 +675,9 @@ def simulate_peers(protocol: RoundProtocol, sites: Sequence[Any], *, n_rounds: i
         from the run's seed.
     aggregation : PeerAggregation, optional
     random_state : int, optional
-        Seed of the simulation: the public seed and, derived from it in this process, every
-        site's secret seed (site steps, chunk masks), as :func:`fedhier.runtime.simulate.simulate`
-        does.  None: a public seed is drawn and every site's secrets come from the operating system.
+        The run's public seed (graph, relabelling, the sites' starts), as for
+        :func:`fedhier.runtime.simulate.simulate`; None: one is drawn.  Every site's secrets
+        (chunk masks, mitigation noise) come from the operating system.
     stop : callable, optional
         ``stop(broadcast) -> bool``, see :func:`run_peer_rounds`.
     lose : mapping round -> sites, optional
@@ -705,12 +699,12 @@ def simulate_peers(protocol: RoundProtocol, sites: Sequence[Any], *, n_rounds: i
     transport = InProcessTransport(n_sites, lose)
     if site_timeout is None:
         return run_peer_rounds(protocol, dict(enumerate(sites)), transport, n_rounds=n_rounds, adjacency=adjacency,
-                               aggregation=aggregation, seed=seed, site_seed=None if random_state is None else seed, stop=stop)
+                               aggregation=aggregation, seed=seed, site_seed=seed, stop=stop)
     from .workers import SiteWorkers
 
     with SiteWorkers(1, _site_step_in_worker, _pool_init, (protocol, sites), timeout=site_timeout) as workers:
         return run_peer_rounds(protocol, dict(enumerate(sites)), transport, n_rounds=n_rounds, adjacency=adjacency,
-                               aggregation=aggregation, seed=seed, site_seed=None if random_state is None else seed, stop=stop,
+                               aggregation=aggregation, seed=seed, site_seed=seed, stop=stop,
                                workers=workers)
 
 

@@ -7,15 +7,16 @@ the results:
 * every reply and broadcast is validated against its declared spec, serialised with
   :func:`fedhier.protocol.messages.encode` (no pickle) and its bytes are recorded; each
   site is sent only its part of the broadcast (``protocol.site_broadcast``);
-* randomness is split by who may know it.  The run's *public* seed drives the runtime's
-  own draws (participation, ``spawn_key=(2, r)``) and is recorded in the result.  Each
-  site's step draws from the site's *own* generator (:func:`site_rng`): with
-  ``random_state`` given, the simulation derives every site's secret seed from it
-  (``SeedSequence(random_state, spawn_key=(1, r, s))``, reproducible; whoever knows
-  ``random_state`` then knows every site's noise, which only a simulation may accept);
-  with ``random_state=None`` each site draws from the operating system's entropy, and the
-  public seed tells nothing about it.  Results do not depend on the order in which sites
-  run nor on the process pool;
+* randomness is split by who may know it.  The run's *public* seed (``random_state``, or
+  drawn and recorded in the result) drives what is not secret: the runtime's own draws
+  (participation, ``spawn_key=(2, r)``) and each site's generator for starts and
+  mini-batches (:func:`site_rng`, ``spawn_key=(1, r, s)``).  Every secret a site draws
+  (DP noise, masks) comes from its :class:`~fedhier.privacy.sampling.NoiseSource`, the
+  operating system's CSPRNG, whatever ``random_state`` is; only the insecure switch
+  ``insecure_reproducible_noise=True`` derives it from the public seed
+  (``spawn_key=(6, r, s)``), so that a run can be repeated bit for bit, and such a run
+  is not private.  Results do not depend on the order in which sites run nor on the
+  process pool;
 * a failing site tells the runner only the category of its failure
   (:func:`failure_report`); the full message stays in the site's log;
 * a private protocol's reply is checked field by field before it leaves the site
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Seq
 
 import numpy as np
 
+from ..privacy.sampling import NoiseSource
 from ..protocol.base import RoundProtocol, SiteContext, check_disclosure, sum_messages
 from .checkpoint import Checkpoint, Fingerprint, read_checkpoint, write_checkpoint
 from .observers import round_done
@@ -59,7 +61,7 @@ if TYPE_CHECKING:
     from .guard import SiteGuard
 
 __all__ = [
-    "simulate", "SimulationResult", "RoundRecord", "RoundFailed", "SiteFailedWarning", "site_rng", "Participation",
+    "simulate", "SimulationResult", "RoundRecord", "RoundFailed", "SiteFailedWarning", "site_rng", "site_noise", "Participation",
     "run_site_step", "server_update", "global_update", "encode_state", "decode_state", "failure_report",
 ]
 
@@ -134,15 +136,25 @@ class SimulationResult:
 
 
 def site_rng(site_seed: int | None, round: int, site: int) -> np.random.Generator:
-    """The site's own generator for ``round``: the source of every secret its step draws.
+    """The site's generator for ``round``, for what is not secret (starts, mini-batches).
 
-    ``site_seed`` is a secret of the site, never sent and never derived from what the
-    site receives: ``SeedSequence(site_seed, spawn_key=(1, round, site))``.  None (the
-    default of every deployment) draws fresh entropy from the operating system.
+    ``SeedSequence(site_seed, spawn_key=(1, round, site))``; None draws fresh entropy from
+    the operating system.  Secrets come from :func:`site_noise` instead.
     """
     if site_seed is None:
         return np.random.default_rng()
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(site_seed), spawn_key=(1, round, site))))
+
+
+def site_noise(noise_seed: int | None, round: int, site: int) -> NoiseSource:
+    """The site's source of secrets for ``round``: the operating system's CSPRNG (``noise_seed=None``).
+
+    An int ``noise_seed`` is the insecure switch (``insecure_reproducible_noise``):
+    ``SeedSequence(noise_seed, spawn_key=(6, round, site))``, reproducible and not private.
+    """
+    if noise_seed is None:
+        return NoiseSource()
+    return NoiseSource.seeded(np.random.SeedSequence(int(noise_seed), spawn_key=(6, round, site)))
 
 
 def failure_report(exc: BaseException) -> str:
@@ -191,11 +203,13 @@ def run_site_step(
     broadcast_bytes: bytes,
     state: dict[str, np.ndarray],
     guard: "SiteGuard | None" = None,
+    noise_seed: int | None = None,
 ) -> tuple[str, bytes | str, dict[str, np.ndarray]]:
     """Run one site step from the bytes the site received (its :meth:`site_broadcast`); the site-side half of a round.
 
-    ``site_seed`` is the site's own secret seed (:func:`site_rng`; None: the operating
-    system's entropy), never a value the site received.  A private protocol's reply is
+    ``site_seed`` seeds the site's generator for what is not secret (:func:`site_rng`; None:
+    the operating system's entropy); the step's secrets come from :func:`site_noise`
+    (``noise_seed=None``, the default: the operating system's CSPRNG).  A private protocol's reply is
     checked by :func:`~fedhier.protocol.base.check_disclosure` before it is encoded.
     ``guard`` (:class:`~fedhier.runtime.guard.SiteGuard`): the site's own policy, checked
     on the data before the step, and its ledger, which records the step's releases.
@@ -203,13 +217,14 @@ def run_site_step(
     Returns ("ok", reply bytes, new state) or ("error", :func:`failure_report`, old
     state); the full error is written to the site's log (``fedhier.site``).  Every
     runtime (this simulator, its process pool, the Flower ClientApp) calls this, so a
-    site computes the same reply from the same (site seed, round, site) wherever it runs.
+    site computes the same reply from the same seeds, round and site wherever it runs.
     """
     try:
         broadcast = decode(protocol.site_broadcast_spec, broadcast_bytes)
         if guard is not None:
             guard.check_data(protocol, data)
-        ctx = SiteContext(site=site, round=round, rng=site_rng(site_seed, round, site), data=data, state=dict(state))
+        ctx = SiteContext(site=site, round=round, rng=site_rng(site_seed, round, site), data=data,
+                          noise=site_noise(noise_seed, round, site), state=dict(state))
         reply = protocol.site_step(ctx, broadcast)
         check_disclosure(protocol, reply, ctx.releases)
         encoded = encode(protocol.reply_spec, reply)
@@ -223,11 +238,11 @@ def run_site_step(
 
 
 def _site_step_in_worker(site: int, round: int, site_seed: int | None, broadcast_bytes: bytes, state_bytes: bytes | None,
-                         guard: "SiteGuard | None" = None):
+                         guard: "SiteGuard | None" = None, noise_seed: int | None = None):
     protocol = _WORKER["protocol"]
     state = decode_state(state_bytes)
     status, payload, new_state = run_site_step(protocol, _WORKER["sites"][site], site, round, site_seed, broadcast_bytes,
-                                               state, guard)
+                                               state, guard, noise_seed)
     return status, payload, encode_state(new_state)
 
 
@@ -365,6 +380,7 @@ def simulate(
     site_policies: Sequence["SitePolicy | None"] | None = None,
     analysis: str | None = None,
     site_timeout: float | None = None,
+    insecure_reproducible_noise: bool = False,
 ) -> SimulationResult:
     """Run ``n_rounds`` rounds of ``protocol`` over ``sites`` in this process.
 
@@ -376,10 +392,10 @@ def simulate(
     n_rounds : int
         Number of communication rounds (>= 1).
     random_state : int or None
-        Seed of the simulation.  Given: the public seed is ``random_state`` and every
-        site's secret seed is derived from it (reproducible runs).  None: a public seed
-        is drawn (recorded in the result) and every site draws its secrets from the
-        operating system, as in a deployment (see the module docstring).
+        The run's public seed: participation and the sites' starts and mini-batches (None:
+        one is drawn and recorded in the result).  It never seeds a secret: every site
+        draws its DP noise and masks from the operating system, as in a deployment (see
+        the module docstring).
     n_jobs : int
         Number of worker processes for the site steps (1 = no pool, unless
         ``site_timeout`` is given).  Results are bit-identical with and without the pool.
@@ -404,8 +420,9 @@ def simulate(
     checkpoint : path, optional
         Write a checkpoint (:mod:`fedhier.runtime.checkpoint`) after every round; if the
         file exists when the run starts, resume from it (same protocol, sites and seed
-        required) -- with ``random_state`` given the result is bit-identical to an
-        uninterrupted run (without it the sites' secrets after the restart are fresh draws).
+        required) -- with ``random_state`` given a fit without secrets (or one under the
+        insecure switch) is bit-identical to an uninterrupted run; the sites' secrets after
+        the restart are fresh draws.
         A resume on other data (even of the same shapes) or with another configuration is
         refused, naming what differs (:class:`~fedhier.runtime.checkpoint.Fingerprint`).
 
@@ -427,6 +444,10 @@ def simulate(
         another process, so with a deadline the steps always run in worker processes
         (``max(n_jobs, 1)`` of them, also for ``n_jobs=1``).  Choose it well above the
         slowest normal step on a loaded machine: a missed deadline drops the site's reply.
+    insecure_reproducible_noise : bool
+        Insecure switch: derive every site's DP noise and masks from the public seed, so
+        that a run can be repeated bit for bit.  Whoever knows the seed knows the noise:
+        the result is not private, whatever epsilon its ledger adds up.  Default False.
 
     Returns
     -------
@@ -458,7 +479,6 @@ def simulate(
             protocol.validate_site_data(s, data)
 
     seed = int(np.random.SeedSequence().entropy % (2**63)) if random_state is None else int(random_state)
-    site_seed = None if random_state is None else seed  # the sites' secret: derived in-process only when given
     first_round, broadcast, states = 1, protocol.broadcast_spec.validate(protocol.initial_broadcast()), [{} for _ in sites]
     history: list[RoundRecord] = []
     fingerprint = None
@@ -488,6 +508,7 @@ def simulate(
             first_round = n_rounds + 1  # the checkpointed run had already stopped: resume to its end
 
     run_context = os.urandom(16)  # this run, for the secure sum's record of answered broadcasts
+    noise_seed = seed if insecure_reproducible_noise else None  # None: each site's secrets from the OS CSPRNG
     pool = (SiteWorkers(n_jobs, _site_step_in_worker, _pool_init, (protocol, sites), timeout=site_timeout)
             if n_jobs > 1 or site_timeout is not None else None)
     warned: set[int] = set()  # sites whose failure has been reported by a warning
@@ -503,9 +524,9 @@ def simulate(
             outcomes: dict[int, tuple[str, bytes | str, dict[str, np.ndarray]]] = {}
             if pool is None:
                 for s in active:
-                    outcomes[s] = run_site_step(protocol, sites[s], s, rnd, site_seed, down[s], states[s], guards[s])
+                    outcomes[s] = run_site_step(protocol, sites[s], s, rnd, seed, down[s], states[s], guards[s], noise_seed)
             else:
-                done = pool.run({s: (s, rnd, site_seed, down[s], encode_state(states[s]), guards[s]) for s in active},
+                done = pool.run({s: (s, rnd, seed, down[s], encode_state(states[s]), guards[s], noise_seed) for s in active},
                                 describe_lost=lambda why: _LOST[why].format(site_timeout))
                 for s in active:
                     status, payload, state_bytes = done[s]

@@ -10,7 +10,12 @@ The published means are posterior draws ``eta_k ~ N(w_k, (lambda_k Lambda_k)^{-1
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from ...privacy.sampling import NoiseSource
 
 __all__ = [
     "precision_norm_bound",
@@ -115,7 +120,7 @@ def dp_event(eps_kl: float, n_releases: int = 1):
 
 
 def release_pattern_means(mu_map: np.ndarray, precision: np.ndarray, n_bar: np.ndarray, *, lambda0: float,
-                          rng: np.random.Generator) -> np.ndarray:
+                          rng: NoiseSource) -> np.ndarray:
     """Eq. (42): draw ``eta_k ~ N(w_k, (lambda_k Lambda_k)^{-1})``, ``lambda_k = lambda0 + Nbar_k``.
 
     Parameters
@@ -123,7 +128,8 @@ def release_pattern_means(mu_map: np.ndarray, precision: np.ndarray, n_bar: np.n
     mu_map : ndarray (K, M)       ``w_k`` (= the MAP means of Eq. (15))
     precision : ndarray (K, M, M)
     n_bar : ndarray (K,)
-    rng : numpy.random.Generator  common to all sites, so every copy publishes the same draw
+    rng : NoiseSource             the operating system's CSPRNG (:class:`fedhier.privacy.sampling.NoiseSource`) of the
+                                  process that publishes the draw; never seeded
 
     Returns
     -------

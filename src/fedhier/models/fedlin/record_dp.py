@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...privacy.analyze_gauss import RecordDP, nearest_psd, record_vectors, release_second_moment
+from ...privacy.sampling import NoiseSource
 from .stats import SiteStats, check_site
 
 __all__ = ["site_release", "release_to_stats", "check_config"]
@@ -44,12 +45,12 @@ def check_config(config: RecordDP, n_features: int) -> tuple[float, np.ndarray]:
     return float(config.clip), centre
 
 
-def site_release(X: np.ndarray, y: np.ndarray, config: RecordDP, rng: np.random.Generator):
+def site_release(X: np.ndarray, y: np.ndarray, config: RecordDP, noise: NoiseSource):
     """One site's release: (M~ of shape (d + 2, d + 2), GaussianDpEvent)."""
     X, y = check_site(X, y)
     clip, centre = check_config(config, X.shape[1])
     records = record_vectors(np.column_stack([X, y]) - centre, np.ones((X.shape[0], 1)), clip)
-    return release_second_moment(records, config.sensitivity(clip), config.noise_multiplier, rng)
+    return release_second_moment(records, config.sensitivity(clip), config.noise_multiplier, noise)
 
 
 def release_to_stats(M: np.ndarray, config: RecordDP) -> SiteStats:

@@ -63,6 +63,7 @@ from ...privacy.calibration import GaussianCalibration
 from ...privacy.clipping import clip_difference, clipping_bound
 from ...privacy.ledger import PrivacyLedger
 from ...privacy.mechanisms import release_gaussian, release_laplace
+from ...privacy.sampling import NoiseSource
 from .mstep import effective_columns
 from .params import GlobalParams, GlobalView, LocalParams, ViewParams
 
@@ -316,7 +317,7 @@ def privatize_spread(
     spread: dict[str, tuple[float, float]],
     anchor: GlobalParams,
     config: DPConfig,
-    rng: np.random.Generator,
+    rng: NoiseSource,
     *,
     site,
     round: int,
@@ -400,7 +401,7 @@ def privatize_site_params(
     params: LocalParams,
     anchor: GlobalParams | None,
     config: DPConfig,
-    rng: np.random.Generator,
+    rng: NoiseSource,
     *,
     site,
     round: int,
@@ -417,8 +418,9 @@ def privatize_site_params(
         theta~[r-1], the previous broadcast (public).  In round 1 with
         ``first_round="public_prior"``, None means ``master.data_independent_prior``.
     config : DPConfig
-    rng : numpy.random.Generator
-        The site's generator for this round.
+    rng : NoiseSource
+        The site's source of secrets (:class:`fedhier.privacy.sampling.NoiseSource`, the
+        operating system's CSPRNG); never a generator seeded from anything public.
     site, round : the site's identifier and the 1-based round (ledger labels).
     ledger : PrivacyLedger
         Receives one event per released block.

@@ -38,6 +38,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ...privacy.analyze_gauss import RecordDP, nearest_psd, record_vectors, release_second_moment
+from ...privacy.sampling import NoiseSource
 from . import master
 from .params import GlobalParams, LocalParams, ViewParams
 
@@ -72,7 +73,7 @@ def _clip_centre(config: RecordDP, dims: Sequence[int]) -> tuple[float, float]:
 
 
 def site_release(views: Mapping[str, np.ndarray], names: Sequence[str], dims: Sequence[int], config: RecordDP,
-                 rng: np.random.Generator):
+                 noise: NoiseSource):
     """One site's release: (M~ of shape (D + K, D + K), GaussianDpEvent).
 
     ``views``: the site's ``{view: (n, d_k)}`` (a view it does not measure is absent; an
@@ -97,7 +98,7 @@ def site_release(views: Mapping[str, np.ndarray], names: Sequence[str], dims: Se
     if not np.all(np.isfinite(values)):
         raise ValueError("a subject's view is partly missing: a view is observed for a subject or not at all")
     records = record_vectors(values, indicators, clip)
-    return release_second_moment(records, config.sensitivity(clip), config.noise_multiplier, rng)
+    return release_second_moment(records, config.sensitivity(clip), config.noise_multiplier, noise)
 
 
 def _count_noise(dims: Sequence[int], config: RecordDP, n_releases: int) -> tuple[float, float]:
