@@ -133,6 +133,33 @@ def _race(target, args_per_process):
     return results
 
 
+def test_a_coordinator_that_asks_for_more_rounds_than_it_announced_is_refused(tmp_path):
+    """The coordinator announces N rounds (the site admits and reserves that plan), then asks for more rounds, or
+    the same round again, or a round after the analysis ended: every release beyond the admitted plan is refused
+    before it is sent, and the ledger holds exactly the plan.  On the code before, the extra releases were made,
+    sent and recorded: the spend had no bound but the coordinator's word."""
+    protocol = _Releases()
+    plan = protocol.release_plan(N_ROUNDS)
+    policy = SitePolicy(modes=("dp",), lifetime_epsilon=100.0, ledger=tmp_path / "ledger.jsonl")
+    guard = SiteGuard(policy, "run-1")
+    guard.admit(protocol, N_ROUNDS, secure=False)
+    _run_plan(guard, protocol)
+    for extra in (N_ROUNDS + 1, 1):  # one round more, then round 1 again
+        with pytest.raises(PolicyRefusal) as refused:
+            _run_plan(guard, protocol, rounds=[extra])
+        assert failure_report(refused.value) == "PolicyRefusal: refused by the site's policy (the reason is in the site's own log)"
+    ledger = SiteLedger(policy.ledger)
+    assert ledger.events() == plan and pld_epsilon(ledger.events()) == pytest.approx(pld_epsilon(plan))
+    # a repeated round within the plan spends the plan's own releases; after finish nothing more
+    early = SiteGuard(policy, "run-2")
+    early.admit(protocol, N_ROUNDS, secure=False)
+    _run_plan(early, protocol, rounds=[1, 1])
+    early.finish()
+    with pytest.raises(PolicyRefusal):
+        _run_plan(early, protocol, rounds=[2])
+    assert SiteLedger(policy.ledger).events() == plan * 2
+
+
 def test_two_fits_writing_one_ledger_at_once_leave_it_valid_and_admit_one_of_two(tmp_path):
     path = tmp_path / "ledger.jsonl"
     SiteLedger(path)

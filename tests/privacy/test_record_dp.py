@@ -199,9 +199,9 @@ def test_a_view_nobody_measures_is_taken_as_measured_at_the_normal_tail_rate():
     rng = np.random.default_rng(11)
     draws = 20_000
 
-    class Draws:  # ``draws`` independent releases at once
-        def normal(self, loc, scale, size):
-            return rng.normal(loc, scale, size=(draws, *size))
+    class Draws(NoiseSource):  # ``draws`` independent releases at once (a seeded stand-in for the lattice sampler)
+        def discrete_gaussian(self, sigma, shape):
+            return np.rint(rng.normal(0.0, sigma, size=(draws, *shape)))
 
     views = {"v0": rng.uniform(size=(30, 4))}  # v1 measured by nobody
     M, _ = mv_rdp.site_release(views, names, dims, config, Draws())

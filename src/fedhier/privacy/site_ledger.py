@@ -51,7 +51,7 @@ from dp_accounting import dp_event
 
 from .ledger import epsilon_of_events, event_from_dict, event_to_dict
 
-__all__ = ["SiteLedger", "LedgerIntegrityError", "LedgerEntry"]
+__all__ = ["SiteLedger", "LedgerIntegrityError", "LedgerEntry", "BeyondPlanError"]
 
 _FORMAT = "fedhier.site_ledger/1"
 _ANCHOR_FORMAT = "fedhier.site_ledger_anchor/1"
@@ -64,6 +64,11 @@ class LedgerIntegrityError(RuntimeError):
 
     #: what the coordinator is told; the text (file names, line counts) stays in the site's log
     public_summary = "the site's privacy ledger does not check out (the details are in the site's own log)"
+
+
+class BeyondPlanError(RuntimeError):
+    """A step's releases exceed what its analysis reserved at admission (more rounds than planned, a repeated
+    round, or a round after the analysis finished)."""
 
 
 @dataclass(frozen=True)
@@ -318,9 +323,23 @@ class SiteLedger:
                 self._append([{"kind": "finish", "analysis": str(analysis)}])
 
     def record(self, analysis: str, round: int, releases: Iterable[tuple[str, dp_event.DpEvent]]) -> None:
-        """Append the releases ``[(block, DpEvent)]`` a step of ``analysis`` made in ``round``."""
-        self._append({"kind": "release", "analysis": str(analysis), "round": int(round), "block": str(block),
-                      "event": event_to_dict(event)} for block, event in releases)
+        """Append the releases ``[(block, DpEvent)]`` a step of ``analysis`` made in ``round``.
+
+        An analysis admitted with a plan may only spend what it reserved: releases beyond the unspent part of its
+        plan, or after it finished, raise :class:`BeyondPlanError` and are not recorded (the site then does not
+        send them).  A coordinator that asks for more rounds than it announced, or repeats a round, is refused."""
+        releases = list(releases)
+        with self.locked():
+            self.verify()
+            analysis = str(analysis)
+            if self.plans.get(analysis):  # an analysis admitted with a plan (a guard always gives one)
+                spent = Counter(e.event for e in self.entries if e.analysis == analysis)
+                left = Counter(self.plans[analysis]) - spent if analysis in self.open_analyses else Counter()
+                if Counter(event for _, event in releases) - left:
+                    raise BeyondPlanError(f"analysis {analysis!r} asked for releases beyond the plan the site admitted "
+                                          f"(round {int(round)}; {sum(left.values())} planned release(s) left)")
+            self._append({"kind": "release", "analysis": analysis, "round": int(round), "block": str(block),
+                          "event": event_to_dict(event)} for block, event in releases)
 
     def record_count_check(self, analysis: str, view: str, event: dp_event.DpEvent, passed: bool) -> None:
         """Append the release of a noisy subject count of ``view`` for ``analysis`` and its outcome.

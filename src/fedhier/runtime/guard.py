@@ -13,8 +13,10 @@ pool worker, in a Flower ClientApp:
    of the budget);
 2. :meth:`SiteGuard.check_data`, after reading and before any computation: the policy's
    minimum number of subjects per view (on a noisy count in a DP analysis);
-3. :meth:`SiteGuard.record`, after each step: the releases it made are appended to the
-   site's ledger, so that later analyses compose with them;
+3. :meth:`SiteGuard.record`, after each step and before its reply is sent: the releases it made
+   are appended to the site's ledger, so that later analyses compose with them; releases beyond
+   what the analysis reserved (a coordinator that asks for more rounds than it announced, or
+   repeats one) are refused instead;
 4. :meth:`SiteGuard.finish`, when the analysis ends: what it reserved and did not spend is
    given back.
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..privacy.policy import AnalysisRequest, PolicyRefusal, SitePolicy, request_mode
+from ..privacy.site_ledger import BeyondPlanError
 from ..protocol.base import RoundProtocol
 
 __all__ = ["SiteGuard"]
@@ -73,7 +76,10 @@ class SiteGuard:
     def record(self, round: int, releases: list) -> None:
         """Append the step's releases ``[(block, DpEvent)]`` to the site's ledger (no-op without one)."""
         if releases and self.policy.ledger is not None:
-            self.policy.site_ledger().record(self.analysis, round, releases)
+            try:
+                self.policy.site_ledger().record(self.analysis, round, releases)
+            except BeyondPlanError as exc:  # the step's reply is then not sent
+                raise PolicyRefusal(str(exc)) from None
 
     def finish(self) -> None:
         """The analysis ended: give back the part of its reservation it did not spend (no-op without a ledger)."""
