@@ -30,10 +30,24 @@ columns, §4.4):
 In round 1 the sites fit without a prior; the update is then the spread of their
 maximum-likelihood estimates, sum_c ||m_c - m~||^2 / ((C_k - 1) D), which includes their
 sampling error: a start from above, from which the EM steps of the next rounds descend.
+
+The scale of the loadings (:func:`latent_scale`).  x ~ N(0, I_q) is the only thing that
+fixes the scale of W~: W_c -> W_c A, x -> A^{-1} x leaves every site's likelihood
+unchanged but for the latents' prior.  Each local MAP is pinned to the scale of W~ by the
+prior (d_k q coordinates, each of variance sigma2_W~), while a site's data inform the
+scale through its N_c latents only, so the master's averages barely move it from round to
+round and it drifts: the fitted loadings come out too small and their spread with them.
+A parameter-expanded EM step (Liu, Rubin & Wu 1998) lets the latents' covariance be
+estimated, S = sum_c sum_n <x_n x_n^T> / sum_c N_c, and folds it back into the loadings:
+
+    W~ <- W~ S^{1/2},   sigma2_W~ <- sigma2_W~ tr(S) / q,
+
+which leaves the fixed points with S = I and moves the scale in one step.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -56,6 +70,8 @@ __all__ = [
     "ZERO_SPREAD_VARIANCE",
     "PRIOR_UPDATES",
     "SPREAD_FIELDS",
+    "LATENT_FIELDS",
+    "latent_scale",
 ]
 
 #: [RC] rho: prior variances when a single site observes the view
@@ -68,6 +84,8 @@ THETA_BLOCKS = ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta")
 PRIOR_UPDATES = ("em", "paper")
 #: the per-view fields that ``prior_update="em"`` adds to the site statistics
 SPREAD_FIELDS = ("sum_post_var_mu", "sum_post_var_W")
+#: the fields (not per view) that ``prior_update="em"`` adds to a site's reply: sum_n <x_n x_n^T> (q, q), N_c
+LATENT_FIELDS = ("latent_moment", "latent_count")
 #: a spread below this fraction of the summed squared norms (about the anchor) is rounding noise
 _ZERO_SPREAD_RTOL = 1e-12
 
@@ -402,6 +420,41 @@ def data_independent_prior(dims: Mapping[str, int], n_components: int) -> Global
             alpha=alpha, beta=beta, noise_var=beta / (alpha - 1.0),
             var_sigma=beta**2 / ((alpha - 1.0) ** 2 * (alpha - 2.0)),
         )
+    return out
+
+
+def latent_scale(params: GlobalParams, moment: np.ndarray) -> GlobalParams:
+    """Fold the pooled latent second moment S into the loadings (module docstring).
+
+    W~ <- W~ S^{1/2} (S^{1/2} the symmetric square root), sigma2_W~ <- sigma2_W~ tr(S) / q;
+    the rest of theta~ is unchanged.
+
+    Parameters
+    ----------
+    params : GlobalParams
+        theta~ from :func:`global_step`.
+    moment : ndarray of shape (q, q)
+        S = sum_c sum_n <x_n x_n^T> / sum_c N_c over the sites that replied.
+
+    Raises
+    ------
+    ValueError
+        If ``moment`` is not a finite symmetric positive-definite q x q matrix.
+    """
+    S = np.asarray(moment, dtype=float)
+    q = S.shape[0] if S.ndim == 2 else -1
+    if S.shape != (q, q) or not np.all(np.isfinite(S)):
+        raise ValueError(f"latent moment: expected a finite square matrix, got shape {S.shape}")
+    eig, vec = np.linalg.eigh((S + S.T) / 2.0)
+    if eig[0] <= 0.0:
+        raise ValueError("latent moment: the matrix is not positive definite")
+    root = (vec * np.sqrt(eig)) @ vec.T
+    factor = float(eig.sum()) / q
+    out = {}
+    for view, g in params.items():
+        if np.shape(g.W)[1] != q:
+            raise ValueError(f"latent moment: shape {S.shape} does not match view {view!r} with {np.shape(g.W)[1]} components")
+        out[view] = replace(g, W=np.asarray(g.W, dtype=float) @ root, sigma2_W=g.sigma2_W * factor)
     return out
 
 
