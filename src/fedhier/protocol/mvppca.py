@@ -367,6 +367,7 @@ class MVPPCAProtocol(RoundProtocol):
             ig_solver=self.ig_solver,
             previous=prior,
             prior_update=self.prior_update,
+            newton=self.privacy is None,  # with privacy the traces are noisy: the plain EM step
         )
         if self.latent_scale and float(combined.get("latent_count", 0.0)) > 0:
             new = master.latent_scale(new, np.asarray(combined["latent_moment"]) / float(combined["latent_count"]))

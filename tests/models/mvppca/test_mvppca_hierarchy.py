@@ -121,8 +121,10 @@ def test_protocol_declares_and_sends_the_spread_only_with_the_em_update():
     data = {"a": rng.normal(size=(40, 5)), "b": rng.normal(size=(40, 4))}
     em, paper = MVPPCAProtocol(schema, 2), MVPPCAProtocol(schema, 2, prior_update="paper")
     added = set(em.reply_spec.fields) - set(paper.reply_spec.fields)
-    assert added == {f"{v}/{f}" for v in ("a", "b") for f in ("sum_post_var_mu", "sum_post_var_W")}
-    assert all(em.reply_spec.fields[name].shape == () and em.reply_spec.fields[name].optional for name in added)
+    per_view = {f"{v}/{f}" for v in ("a", "b") for f in ("sum_post_var_mu", "sum_post_var_W")}
+    assert added == per_view | {"latent_moment", "latent_count"}
+    assert all(em.reply_spec.fields[name].shape == () and em.reply_spec.fields[name].optional for name in per_view)
+    assert em.reply_spec.fields["latent_moment"].shape == (2, 2)
     reply = em.site_step(SiteContext(site=0, round=1, rng=np.random.default_rng(0), data=data, state={}), em.initial_broadcast())
     em.reply_spec.validate(reply)
     # round 1: the sampling variance of the maximum-likelihood estimates, the site's own fit re-run
