@@ -13,8 +13,8 @@ Messages (flat, declared; ``<view>/<field>``):
   it): ``count, sum_mu, sum_sq_mu, sum_W, sum_sq_W, sum_inv_sigma2, sum_log_sigma2,
   sum_sigma2, sum_sq_sigma2``, and with ``prior_update="em"`` also ``sum_post_var_mu,
   sum_post_var_W`` (the site's posterior spread, :mod:`fedhier.models.mvppca.spread`);
-  with ``prior_update="em"`` and no privacy, ``latent_moment`` (q, q), the site's
-  sum_n <x_n x_n^T>, and ``latent_count``, its number of subjects, from which the master
+  with ``prior_update="em"`` and no privacy, ``latent_moment``, the site's
+  sum_n tr <x_n x_n^T>, and ``latent_count``, its number of subjects, from which the master
   sets the scale of the loadings (:func:`fedhier.models.mvppca.master.latent_scale`);
   plus, in a fit without privacy only, ``expected_ll`` (the site's final Q_c, §4.2) and
   ``safeguards`` (how many [RC] safeguards triggered locally).  With privacy the
@@ -252,7 +252,7 @@ class MVPPCAProtocol(RoundProtocol):
         #: the latents' second moment sets the loadings' scale; not released under privacy
         self.latent_scale = prior_update == "em" and privacy is None
         if self.latent_scale:
-            reply["latent_moment"] = Field((q, q), optional=True)
+            reply["latent_moment"] = Field((), optional=True)
             reply["latent_count"] = Field((), optional=True)
         for view, dim in zip(schema.names, schema.dims):
             for stat, shape in master.statistic_shapes(dim, q, prior_update).items():
@@ -339,7 +339,7 @@ class MVPPCAProtocol(RoundProtocol):
         reply: Message = {}
         if self.latent_scale:
             moment, n_subjects = spread.latent_moment(ctx.data, params)
-            reply["latent_moment"] = moment
+            reply["latent_moment"] = np.asarray(moment)
             reply["latent_count"] = np.asarray(float(n_subjects))
         if self.privacy is None:
             reply["expected_ll"] = np.asarray(float(fit.expected_ll[-1]) if len(fit.expected_ll) else 0.0)
@@ -370,7 +370,8 @@ class MVPPCAProtocol(RoundProtocol):
             newton=self.privacy is None,  # with privacy the traces are noisy: the plain EM step
         )
         if self.latent_scale and float(combined.get("latent_count", 0.0)) > 0:
-            new = master.latent_scale(new, np.asarray(combined["latent_moment"]) / float(combined["latent_count"]))
+            second_moment = float(combined["latent_moment"]) / (self.n_components * float(combined["latent_count"]))
+            new = master.latent_scale(new, second_moment)
         for note in safeguards:
             self._safeguard_log(note, "round %d, master: %s", round, note)
         if self.privacy is not None and self.privacy.denoise and anchor is not None:

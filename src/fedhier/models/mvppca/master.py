@@ -37,12 +37,15 @@ unchanged but for the latents' prior.  Each local MAP is pinned to the scale of 
 prior (d_k q coordinates, each of variance sigma2_W~), while a site's data inform the
 scale through its N_c latents only, so the master's averages barely move it from round to
 round and it drifts: the fitted loadings come out too small and their spread with them.
-A parameter-expanded EM step (Liu, Rubin & Wu 1998) lets the latents' covariance be
-estimated, S = sum_c sum_n <x_n x_n^T> / sum_c N_c, and folds it back into the loadings:
+A parameter-expanded EM step (Liu, Rubin & Wu 1998) lets the latents' variance be
+estimated, x ~ N(0, s I) with s = sum_c sum_n tr <x_n x_n^T> / (q sum_c N_c), and folds it
+back into the loadings:
 
-    W~ <- W~ S^{1/2},   sigma2_W~ <- sigma2_W~ tr(S) / q,
+    W~ <- sqrt(s) W~,   sigma2_W~ <- s sigma2_W~,
 
-which leaves the fixed points with S = I and moves the scale in one step.
+which moves the scale in one step; at a fixed point s = 1.  (A full covariance, W~ S^{1/2},
+also turns the latent space; on sites holding different groups, whose latents differ in
+covariance, it led the fit astray.)
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ THETA_BLOCKS = ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta")
 PRIOR_UPDATES = ("em", "paper")
 #: the per-view fields that ``prior_update="em"`` adds to the site statistics
 SPREAD_FIELDS = ("sum_post_var_mu", "sum_post_var_W")
-#: the fields (not per view) that ``prior_update="em"`` adds to a site's reply: sum_n <x_n x_n^T> (q, q), N_c
+#: the scalars (not per view) that ``prior_update="em"`` adds to a site's reply: sum_n tr <x_n x_n^T>, N_c
 LATENT_FIELDS = ("latent_moment", "latent_count")
 #: the Newton step of the variance update stays within this factor of the EM step
 _NEWTON_RANGE = 4.0
@@ -451,39 +454,29 @@ def data_independent_prior(dims: Mapping[str, int], n_components: int) -> Global
     return out
 
 
-def latent_scale(params: GlobalParams, moment: np.ndarray) -> GlobalParams:
-    """Fold the pooled latent second moment S into the loadings (module docstring).
+def latent_scale(params: GlobalParams, second_moment: float) -> GlobalParams:
+    """Fold the latents' pooled second moment s into the scale of the loadings (module docstring).
 
-    W~ <- W~ S^{1/2} (S^{1/2} the symmetric square root), sigma2_W~ <- sigma2_W~ tr(S) / q;
-    the rest of theta~ is unchanged.
+    W~ <- sqrt(s) W~, sigma2_W~ <- s sigma2_W~; the rest of theta~ is unchanged.
 
     Parameters
     ----------
     params : GlobalParams
         theta~ from :func:`global_step`.
-    moment : ndarray of shape (q, q)
-        S = sum_c sum_n <x_n x_n^T> / sum_c N_c over the sites that replied.
+    second_moment : float
+        s = sum_c sum_n tr <x_n x_n^T> / (q sum_c N_c) over the sites that replied.
 
     Raises
     ------
     ValueError
-        If ``moment`` is not a finite symmetric positive-definite q x q matrix.
+        If ``second_moment`` is not a positive finite number.
     """
-    S = np.asarray(moment, dtype=float)
-    q = S.shape[0] if S.ndim == 2 else -1
-    if S.shape != (q, q) or not np.all(np.isfinite(S)):
-        raise ValueError(f"latent moment: expected a finite square matrix, got shape {S.shape}")
-    eig, vec = np.linalg.eigh((S + S.T) / 2.0)
-    if eig[0] <= 0.0:
-        raise ValueError("latent moment: the matrix is not positive definite")
-    root = (vec * np.sqrt(eig)) @ vec.T
-    factor = float(eig.sum()) / q
-    out = {}
-    for view, g in params.items():
-        if np.shape(g.W)[1] != q:
-            raise ValueError(f"latent moment: shape {S.shape} does not match view {view!r} with {np.shape(g.W)[1]} components")
-        out[view] = replace(g, W=np.asarray(g.W, dtype=float) @ root, sigma2_W=g.sigma2_W * factor)
-    return out
+    s = float(second_moment)
+    if not (np.isfinite(s) and s > 0.0):
+        raise ValueError(f"latent second moment must be a positive finite number, got {s}")
+    return {
+        view: replace(g, W=np.sqrt(s) * np.asarray(g.W, dtype=float), sigma2_W=g.sigma2_W * s) for view, g in params.items()
+    }
 
 
 def relative_change(previous: GlobalParams, current: GlobalParams, blocks: Sequence[str] = THETA_BLOCKS) -> float:

@@ -28,8 +28,8 @@ Without a prior (round 1) both use a flat prior (lambda = 0, 1 / sigma2_mu~ = 0)
 sampling variance of the maximum-likelihood estimates.
 
 :func:`latent_moment` gives the third quantity the update needs, the site's summed
-posterior second moment of the latent variables, sum_n <x_n x_n^T> (q x q), and its
-subject count: their sums over sites fix the scale of W~ (:func:`.master.latent_scale`).
+posterior second moment of the latent variables, sum_n tr <x_n x_n^T>, and its subject
+count: their sums over sites fix the scale of W~ (:func:`.master.latent_scale`).
 """
 
 from __future__ import annotations
@@ -116,10 +116,10 @@ def posterior_spread(
     return out
 
 
-def latent_moment(data: Mapping[str, np.ndarray], params: Mapping[str, ViewParams]) -> tuple[np.ndarray, int]:
+def latent_moment(data: Mapping[str, np.ndarray], params: Mapping[str, ViewParams]) -> tuple[float, int]:
     """The site's summed posterior second moment of the latents and its number of subjects.
 
-    sum_n <x_n x_n^T> = sum_n (M_{O_n} + <x_n> <x_n>^T), each subject given its observed
+    sum_n tr <x_n x_n^T> = sum_n (tr M_{O_n} + ||<x_n>||^2), each subject given its observed
     views O_n (spec §4.1).
 
     Parameters
@@ -130,11 +130,11 @@ def latent_moment(data: Mapping[str, np.ndarray], params: Mapping[str, ViewParam
 
     Returns
     -------
-    moment : ndarray of shape (q, q)
+    moment : float
     n_subjects : int
     """
     site = check_views(data, what="site data", dims={k: p.dim for k, p in params.items()})
     post = posterior(site, params)
     sizes = np.bincount(site.pattern_of, minlength=post.covariances.shape[0])
-    moment = post.means.T @ post.means + np.einsum("p,pij->ij", sizes, post.covariances)
+    moment = float(np.einsum("ij,ij->", post.means, post.means) + sizes @ np.trace(post.covariances, axis1=1, axis2=2))
     return moment, int(site.n)
