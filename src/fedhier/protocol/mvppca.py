@@ -252,8 +252,7 @@ class MVPPCAProtocol(RoundProtocol):
         #: the latents' second moment sets the loadings' scale; not released under privacy
         self.latent_scale = prior_update == "em" and privacy is None
         if self.latent_scale:
-            reply["latent_moment"] = Field((), optional=True)
-            reply["latent_count"] = Field((), optional=True)
+            reply.update({name: Field((), optional=True) for name in master.LATENT_FIELDS})
         for view, dim in zip(schema.names, schema.dims):
             for stat, shape in master.statistic_shapes(dim, q, prior_update).items():
                 disclosure = "public" if stat == "count" else released
