@@ -127,6 +127,7 @@ def make_federated_ppca(
     sigma2_alpha: float | Sequence[float],
     sigma2_beta: float | Sequence[float],
     site_views: Sequence[Sequence[str]] | None = None,
+    global_sd: tuple[float, float] | None = None,
     random_state: Any,
 ) -> FederatedSynthetic:
     """Sites drawn from the hierarchical model of spec §3 around random global parameters.
@@ -148,6 +149,9 @@ def make_federated_ppca(
         Inverse-gamma shape and scale (scipy ``invgamma(a=alpha, scale=beta)``).
     site_views : optional sequence (one per site) of the view names the site observes;
         default all views everywhere.
+    global_sd : (float, float), optional
+        Draw the entries of mu~ and W~ from N(0, global_sd[0]^2) and N(0, global_sd[1]^2)
+        instead of the [RC] uniform widths.
     random_state : None, int or numpy Generator
 
     Returns
@@ -178,14 +182,20 @@ def make_federated_ppca(
         if unknown or not observed:
             raise ValueError(f"site_views: site {c} lists {list(observed)}; expected a non-empty subset of {names}")
 
+    if global_sd is not None and (len(global_sd) != 2 or not all(np.isfinite(v) and v > 0 for v in global_sd)):
+        raise ValueError(f"global_sd must be two positive numbers, got {global_sd!r}")
     rng = np.random.default_rng(random_state)
     global_params = {}
     for k, (view, d) in enumerate(zip(names, dims)):
         r = _RC_HALF_WIDTHS[k % 3]
         alpha, beta = prior["sigma2_alpha"][k], prior["sigma2_beta"][k]
+        if global_sd is None:
+            mu, W = rng.uniform(-r, r, size=d), rng.uniform(-r, r, size=(d, n_components))
+        else:
+            mu, W = global_sd[0] * rng.standard_normal(d), global_sd[1] * rng.standard_normal((d, n_components))
         global_params[view] = GlobalView(
-            mu=rng.uniform(-r, r, size=d),
-            W=rng.uniform(-r, r, size=(d, n_components)),
+            mu=mu,
+            W=W,
             sigma2_mu=prior["sd_mu"][k] ** 2,
             sigma2_W=prior["sd_W"][k] ** 2,
             alpha=alpha,

@@ -13,6 +13,9 @@ Messages (flat, declared; ``<view>/<field>``):
   not measure it; with privacy always present, :func:`fedhier.models.mvppca.dp.complete_views`): ``count, sum_mu, sum_sq_mu, sum_W, sum_sq_W, sum_inv_sigma2, sum_log_sigma2,
   sum_sigma2, sum_sq_sigma2``, and with ``prior_update="em"`` also ``sum_post_var_mu,
   sum_post_var_W`` (the site's posterior spread, :mod:`fedhier.models.mvppca.spread`);
+  with ``prior_update="em"`` and no privacy, ``latent_moment``, the site's
+  sum_n tr <x_n x_n^T>, and ``latent_count``, its number of subjects, from which the master
+  sets the scale of the loadings (:func:`fedhier.models.mvppca.master.latent_scale`);
   plus, in a fit without privacy only, ``expected_ll`` (the site's final Q_c, §4.2) and
   ``safeguards`` (how many [RC] safeguards triggered locally).  With privacy the
   statistics are computed from the site's DP releases alone (declared ``"release"``; the
@@ -246,6 +249,10 @@ class MVPPCAProtocol(RoundProtocol):
         reply: dict[str, Field] = {"expected_ll": Field((), optional=True), "safeguards": Field((), optional=True)}
         broadcast: dict[str, Field] = {"has_prior": Field(())}
         released = "release" if privacy is not None else "raw"
+        #: the latents' second moment sets the loadings' scale; not released under privacy
+        self.latent_scale = prior_update == "em" and privacy is None
+        if self.latent_scale:
+            reply.update({name: Field((), optional=True) for name in master.LATENT_FIELDS})
         for view, dim in zip(schema.names, schema.dims):
             for stat, shape in master.statistic_shapes(dim, q, prior_update).items():
                 disclosure = "public" if stat == "count" else released
@@ -331,6 +338,10 @@ class MVPPCAProtocol(RoundProtocol):
             ctx.state["private_rounds"] = np.append(released, np.int64(ctx.round))
         stats = master.site_statistics(params, anchor, site_spread)
         reply: Message = {}
+        if self.latent_scale:
+            moment, n_subjects = spread.latent_moment(ctx.data, params)
+            reply["latent_moment"] = np.asarray(moment)
+            reply["latent_count"] = np.asarray(float(n_subjects))
         if self.privacy is None:
             reply["expected_ll"] = np.asarray(float(fit.expected_ll[-1]) if len(fit.expected_ll) else 0.0)
             reply["safeguards"] = np.asarray(float(len(fit.safeguards)))
@@ -357,7 +368,11 @@ class MVPPCAProtocol(RoundProtocol):
             ig_solver=self.ig_solver,
             previous=prior,
             prior_update=self.prior_update,
+            newton=self.privacy is None,  # with privacy the traces are noisy: the plain EM step
         )
+        if self.latent_scale and float(combined.get("latent_count", 0.0)) > 0:
+            second_moment = float(combined["latent_moment"]) / (self.n_components * float(combined["latent_count"]))
+            new = master.latent_scale(new, second_moment)
         for note in safeguards:
             self._safeguard_log(note, "round %d, master: %s", round, note)
         if self.privacy is not None and self.privacy.denoise and anchor is not None:

@@ -30,10 +30,27 @@ columns, §4.4):
 In round 1 the sites fit without a prior; the update is then the spread of their
 maximum-likelihood estimates, sum_c ||m_c - m~||^2 / ((C_k - 1) D), which includes their
 sampling error: a start from above, from which the EM steps of the next rounds descend.
+
+The scale of the loadings (:func:`latent_scale`).  x ~ N(0, I_q) is the only thing that
+fixes the scale of W~: W_c -> W_c A, x -> A^{-1} x leaves every site's likelihood
+unchanged but for the latents' prior.  Each local MAP is pinned to the scale of W~ by the
+prior (d_k q coordinates, each of variance sigma2_W~), while a site's data inform the
+scale through its N_c latents only, so the master's averages barely move it from round to
+round and it drifts: the fitted loadings come out too small and their spread with them.
+A parameter-expanded EM step (Liu, Rubin & Wu 1998) lets the latents' variance be
+estimated, x ~ N(0, s I) with s = sum_c sum_n tr <x_n x_n^T> / (q sum_c N_c), and folds it
+back into the loadings:
+
+    W~ <- sqrt(s) W~,   sigma2_W~ <- s sigma2_W~,
+
+which moves the scale in one step; at a fixed point s = 1.  (A full covariance, W~ S^{1/2},
+also turns the latent space; on sites holding different groups, whose latents differ in
+covariance, it led the fit astray.)
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -56,6 +73,8 @@ __all__ = [
     "ZERO_SPREAD_VARIANCE",
     "PRIOR_UPDATES",
     "SPREAD_FIELDS",
+    "LATENT_FIELDS",
+    "latent_scale",
 ]
 
 #: [RC] rho: prior variances when a single site observes the view
@@ -68,6 +87,13 @@ THETA_BLOCKS = ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta")
 PRIOR_UPDATES = ("em", "paper")
 #: the per-view fields that ``prior_update="em"`` adds to the site statistics
 SPREAD_FIELDS = ("sum_post_var_mu", "sum_post_var_W")
+#: the scalars (not per view) that ``prior_update="em"`` adds to a site's reply: sum_n tr <x_n x_n^T>, N_c
+LATENT_FIELDS = ("latent_moment", "latent_count")
+#: the Newton step of the variance update stays within this factor of the EM step
+_NEWTON_RANGE = 4.0
+#: the fraction of missing information used by the Newton step is capped here (gain at most 1 / 0.2^2 = 25);
+#: above it the noise of the sites' fits, amplified by the gain, made the variances of views oscillate
+_MAX_MISSING_INFORMATION = 0.8
 #: a spread below this fraction of the summed squared norms (about the anchor) is rounding noise
 _ZERO_SPREAD_RTOL = 1e-12
 
@@ -166,17 +192,35 @@ def _spread(spread: float, sum_sq: float) -> float:
     return spread if spread > _ZERO_SPREAD_RTOL * sum_sq else 0.0
 
 
-def _em_variance(spread: float, posterior: float, used: float, count: int, n_coord: int, flat: float = 0.0) -> float:
-    """One EM step for a between-site variance with the global mean integrated out (REML):
+def _em_variance(
+    spread: float, posterior: float, used: float, count: int, n_coord: int, flat: float = 0.0, newton: bool = True
+) -> float:
+    """One step for a between-site variance with the global mean integrated out (REML).
 
-    v_new = [sum_c ||m_c - m~||^2 + (1 - 1/C) sum_c tr V_c + D v + (C - 1) r v] / (C D),
+    The EM step is
+
+        T(v) = [sum_c ||m_c - m~||^2 + (1 - 1/C) sum_c tr V_c + D v + (C - 1) r v] / (C D),
 
     m_c the sites' estimates, V_c their posterior covariances under the prior variance v
     they used, D the number of coordinates, r (``flat``) the number of them the likelihood
     does not see (:func:`rotation_shares`).  The term D v - (1/C) sum_c tr V_c is the
     uncertainty of the global mean m~ (module docstring).
+
+    EM converges at the rate T'(v): for a coordinate with sampling variance a at a site,
+    T' = 1 - (1 - rho)^2 with rho = a / (v + a) = tr V_c / (D v), the fraction of missing
+    information, which tends to 1 when the spread is small against the sampling error.
+    With ``newton`` the step is Newton's on T(v) = v with that rate, rho the sites' mean,
+
+        v_new = v + (T(v) - v) / (1 - rho)^2,
+
+    kept within a factor :data:`_NEWTON_RANGE` of T(v); its fixed points are those of EM.
     """
-    return (spread + (1.0 - 1.0 / count) * posterior + n_coord * used + (count - 1) * flat * used) / (count * n_coord)
+    step = (spread + (1.0 - 1.0 / count) * posterior + n_coord * used + (count - 1) * flat * used) / (count * n_coord)
+    if not newton:
+        return step
+    rho = min(posterior / (count * n_coord * used), _MAX_MISSING_INFORMATION)
+    accelerated = used + (step - used) / (1.0 - rho) ** 2
+    return min(max(accelerated, step / _NEWTON_RANGE), step * _NEWTON_RANGE)
 
 
 def rotation_shares(prior: GlobalParams) -> dict[str, float]:
@@ -215,12 +259,13 @@ def _finish_view(
     noise_var: float,
     notes: list[str],
     posterior: tuple[float, float, GlobalView | None, float] | None = None,
+    newton: bool = True,
 ) -> GlobalView:
     """Variances with the [RC] safeguards, from the means and summed squared deviations.
 
     ``posterior`` = (sum_c tr Cov(mu_c), sum_c tr Cov(W_c), the prior view the sites used or
     None in round 1, the view's rotation share) selects the EM update (module docstring);
-    None the paper's eqs. 14, 18.
+    None the paper's eqs. 14, 18; ``newton`` as :func:`_em_variance`.
     """
     d, q = W.shape
     if count == 1:
@@ -237,8 +282,8 @@ def _finish_view(
                 var_mu = spread_mu / ((count - 1) * d)
                 var_W = spread_W / ((count - 1) * d * q_k)
             else:
-                var_mu = _em_variance(spread_mu, post_mu, used.sigma2_mu, count, d)
-                var_W = _em_variance(spread_W, post_W, used.sigma2_W, count, d * q_k, flat)
+                var_mu = _em_variance(spread_mu, post_mu, used.sigma2_mu, count, d, newton=newton)
+                var_W = _em_variance(spread_W, post_W, used.sigma2_W, count, d * q_k, flat, newton=newton)
         if var_mu <= 0.0:
             var_mu = ZERO_SPREAD_VARIANCE
             notes.append(f"view {view!r}: zero spread of mu, sigma2_mu set to {ZERO_SPREAD_VARIANCE:g}")
@@ -266,6 +311,7 @@ def global_step(
     ig_solver: str = "newton",
     previous: GlobalParams | None = None,
     prior_update: str = "paper",
+    newton: bool = True,
 ) -> tuple[GlobalParams, tuple[str, ...]]:
     """ML estimate of theta~ from the per-view sums of :func:`site_statistics` (§5).
 
@@ -286,6 +332,9 @@ def global_step(
         Eqs. 14, 18 [P] or the EM update of the variances [R] (module docstring), which
         needs the fields of :data:`SPREAD_FIELDS`; with "em", ``previous`` None means that
         the sites fitted without a prior (round 1).
+    newton : bool
+        With "em": take the Newton step on the EM map of the variances (:func:`_em_variance`),
+        which needs the sites' exact posterior traces; False takes the plain EM step.
 
     Returns
     -------
@@ -337,7 +386,7 @@ def global_step(
             flat = 0.0 if previous is None else shares.get(view, 0.0)
             posterior = (float(fields["sum_post_var_mu"]), float(fields["sum_post_var_W"]), used, flat)
         result[view] = _finish_view(
-            view, count, mu, spread_mu, W, spread_W, ig, float(fields["sum_sigma2"]) / count, notes, posterior
+            view, count, mu, spread_mu, W, spread_W, ig, float(fields["sum_sigma2"]) / count, notes, posterior, newton
         )
     return result, tuple(notes)
 
@@ -403,6 +452,31 @@ def data_independent_prior(dims: Mapping[str, int], n_components: int) -> Global
             var_sigma=beta**2 / ((alpha - 1.0) ** 2 * (alpha - 2.0)),
         )
     return out
+
+
+def latent_scale(params: GlobalParams, second_moment: float) -> GlobalParams:
+    """Fold the latents' pooled second moment s into the scale of the loadings (module docstring).
+
+    W~ <- sqrt(s) W~, sigma2_W~ <- s sigma2_W~; the rest of theta~ is unchanged.
+
+    Parameters
+    ----------
+    params : GlobalParams
+        theta~ from :func:`global_step`.
+    second_moment : float
+        s = sum_c sum_n tr <x_n x_n^T> / (q sum_c N_c) over the sites that replied.
+
+    Raises
+    ------
+    ValueError
+        If ``second_moment`` is not a positive finite number.
+    """
+    s = float(second_moment)
+    if not (np.isfinite(s) and s > 0.0):
+        raise ValueError(f"latent second moment must be a positive finite number, got {s}")
+    return {
+        view: replace(g, W=np.sqrt(s) * np.asarray(g.W, dtype=float), sigma2_W=g.sigma2_W * s) for view, g in params.items()
+    }
 
 
 def relative_change(previous: GlobalParams, current: GlobalParams, blocks: Sequence[str] = THETA_BLOCKS) -> float:

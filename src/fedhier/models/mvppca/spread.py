@@ -26,6 +26,10 @@ final (mu, W, sigma2) and the prior it used; only the two scalars travel.
 
 Without a prior (round 1) both use a flat prior (lambda = 0, 1 / sigma2_mu~ = 0): the
 sampling variance of the maximum-likelihood estimates.
+
+:func:`latent_moment` gives the third quantity the update needs, the site's summed
+posterior second moment of the latent variables, sum_n tr <x_n x_n^T>, and its subject
+count: their sums over sites fix the scale of W~ (:func:`.master.latent_scale`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from ._latent import posterior
 from .mstep import effective_columns
 from .params import GlobalParams, ViewParams
 
-__all__ = ["posterior_spread", "mean_spread", "loading_spread"]
+__all__ = ["posterior_spread", "mean_spread", "loading_spread", "latent_moment"]
 
 
 def loading_spread(second_moment: np.ndarray, sigma2: float, dim: int, ridge: float) -> float:
@@ -110,3 +114,27 @@ def posterior_spread(
             loading_spread(second[:q_k, :q_k], p.sigma2, block.dim, ridge),
         )
     return out
+
+
+def latent_moment(data: Mapping[str, np.ndarray], params: Mapping[str, ViewParams]) -> tuple[float, int]:
+    """The site's summed posterior second moment of the latents and its number of subjects.
+
+    sum_n tr <x_n x_n^T> = sum_n (tr M_{O_n} + ||<x_n>||^2), each subject given its observed
+    views O_n (spec §4.1).
+
+    Parameters
+    ----------
+    data : mapping view -> ndarray of shape (n, d_k)
+    params : mapping view -> ViewParams
+        The site's fitted theta_c.
+
+    Returns
+    -------
+    moment : float
+    n_subjects : int
+    """
+    site = check_views(data, what="site data", dims={k: p.dim for k, p in params.items()})
+    post = posterior(site, params)
+    sizes = np.bincount(site.pattern_of, minlength=post.covariances.shape[0])
+    moment = float(np.einsum("ij,ij->", post.means, post.means) + sizes @ np.trace(post.covariances, axis1=1, axis2=2))
+    return moment, int(site.n)
