@@ -227,9 +227,9 @@ class FlowerFitConfig(TomlFit, Deployment):
         """A site's declared reply, ``protocol().reply_spec``, without calibrating the DP noise (it does not depend on it)."""
         if self.privacy_unit == "record":
             return self.protocol().reply_spec
-        from ..protocol.mvppca import MVPPCAProtocol
+        from ..protocol.mvppca import reply_spec
 
-        return MVPPCAProtocol(self.schema(), self.n_components, prior_update=self.prior_update).reply_spec
+        return reply_spec(self.schema(), self.n_components, self.prior_update, private=self.epsilon is not None)
 
     def aggregator(self):
         """The :class:`~fedhier.secure.secure_round.SecureAggregator` of a secure fit, else None.

@@ -45,7 +45,7 @@ from ..utils.logs import OnceLog
 
 __all__ = [
     "MVPPCAProtocol", "DataScaleWarning", "GLOBAL_FIELDS", "global_from_message", "global_to_message", "BroadcastMetrics",
-    "model_settled", "stopping_rule",
+    "model_settled", "stopping_rule", "reply_spec",
 ]
 
 log = logging.getLogger(__name__)
@@ -169,6 +169,22 @@ def stopping_rule(tol: float | None, privacy: Any = None) -> Callable[[Any, Any]
     return model_settled(float(tol))
 
 
+def reply_spec(schema: ViewSchema, n_components: int, prior_update: str, *, private: bool) -> MessageSpec:
+    """A site's declared reply: per view, the sufficient statistics of the master step (``count`` public, the rest
+    DP releases in a private fit); without privacy also the raw diagnostics (expected log-likelihood, safeguards)
+    and, with the EM prior update, the latents' second moment that sets the loadings' scale.  It depends on
+    whether the fit is private, never on the noise's calibration."""
+    # raw diagnostics: sent only without privacy (check_disclosure refuses them otherwise)
+    reply: dict[str, Field] = {"expected_ll": Field((), optional=True), "safeguards": Field((), optional=True)}
+    if prior_update == "em" and not private:
+        reply.update({name: Field((), optional=True) for name in master.LATENT_FIELDS})
+    released = "release" if private else "raw"
+    for view, dim in zip(schema.names, schema.dims):
+        for stat, shape in master.statistic_shapes(dim, n_components, prior_update).items():
+            reply[f"{view}/{stat}"] = Field(tuple(shape), optional=True, disclosure="public" if stat == "count" else released)
+    return MessageSpec("fed-mv-ppca-reply", reply)
+
+
 class MVPPCAProtocol(RoundProtocol):
     """Fed-mv-PPCA as a sum-combined round protocol.
 
@@ -245,21 +261,13 @@ class MVPPCAProtocol(RoundProtocol):
         #: the safeguards' notes repeat every round: each kind once per fit at INFO, then at DEBUG
         self._safeguard_log = OnceLog(log)
         q = self.n_components
-        # raw diagnostics: sent only without privacy (check_disclosure refuses them otherwise)
-        reply: dict[str, Field] = {"expected_ll": Field((), optional=True), "safeguards": Field((), optional=True)}
-        broadcast: dict[str, Field] = {"has_prior": Field(())}
-        released = "release" if privacy is not None else "raw"
         #: the latents' second moment sets the loadings' scale; not released under privacy
         self.latent_scale = prior_update == "em" and privacy is None
-        if self.latent_scale:
-            reply.update({name: Field((), optional=True) for name in master.LATENT_FIELDS})
+        broadcast: dict[str, Field] = {"has_prior": Field(())}
         for view, dim in zip(schema.names, schema.dims):
-            for stat, shape in master.statistic_shapes(dim, q, prior_update).items():
-                disclosure = "public" if stat == "count" else released
-                reply[f"{view}/{stat}"] = Field(tuple(shape), optional=True, disclosure=disclosure)
             for name, shape in _global_shapes(dim, q).items():
                 broadcast[f"{view}/{name}"] = Field(shape, optional=True)
-        self._reply_spec = MessageSpec("fed-mv-ppca-reply", reply)
+        self._reply_spec = reply_spec(schema, q, prior_update, private=privacy is not None)
         self._broadcast_spec = MessageSpec("fed-mv-ppca-broadcast", broadcast)
 
     @property
