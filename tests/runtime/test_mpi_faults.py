@@ -166,3 +166,49 @@ def test_a_peer_frozen_before_mpi_start_up_ends_the_job_with_one_line(tmp_path):
     assert lines and all(line.endswith("MPI start-up did not finish within 20 s: a process of the job has not joined it "
                                        "(frozen, or never started); the job is stopped, start it again") for line in lines)
     assert not list(tmp_path.glob("model_*"))
+
+
+@pytest.mark.parametrize("behind", [[], [0, 1, 2]])
+def test_a_killed_job_resumes_to_the_uninterrupted_result(tmp_path, behind):
+    """Rank 3 is stopped after saving round 2 and then killed, which ends the job; ``--resume`` goes on from the last
+    round every site saved and ends with the in-process simulator's model, which an uninterrupted MPI fit equals bit
+    for bit (test_mpi).  ``behind``: if the kill left every site at the same round, these ranks' files are put back
+    one round (as a kill that came before they saved the round the others had), so the others must go on from their
+    previous round's state."""
+    paused = 3
+    proc = _start(tmp_path, ["--peer-timeout", "600"])  # later flags win: nobody is left out while rank 3 is stopped
+    try:
+        assert _wait(lambda: (tmp_path / f"model_{paused}.state.previous.npz").exists(), proc), "round 2 never finished"
+        pid = _rank_pid(proc.pid, paused)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)  # the others cannot finish without it
+        assert _wait(lambda: all((tmp_path / f"model_{s}.state.previous.npz").exists() for s in range(N_SITES)), proc)
+        os.kill(pid, signal.SIGKILL)
+        ended = _wait(lambda: proc.poll() is not None, proc)
+    finally:
+        out, err = _stop(proc)
+    assert ended, f"the job hung after a peer was killed\nstdout:\n{out}\nstderr:\n{err}"
+    rounds = [read_checkpoint(tmp_path / f"model_{s}.state.npz").round for s in range(N_SITES)]
+    if len(set(rounds)) == 1:  # the kill did not leave the sites a round apart: make it so
+        for s in behind:
+            os.replace(tmp_path / f"model_{s}.state.previous.npz", tmp_path / f"model_{s}.state.npz")
+            rounds[s] -= 1
+    assert not list(tmp_path.glob("model_?.npz")) and max(rounds) - min(rounds) <= 1
+    proc = _start(tmp_path, ["--peer-timeout", "600", "--resume"])
+    try:
+        done = _wait(lambda: proc.poll() is not None, proc)
+    finally:
+        out, err = _stop(proc)
+    assert done and proc.returncode == 0, f"the resumed job failed\nstdout:\n{out}\nstderr:\n{err}"
+    assert out.count(f"resumed after round {min(rounds)}; wrote") == N_SITES  # not fitted again from the start
+    frame = _frame()
+    sites = [frame.loc[frame.site == s, ["a", "b", "c"]].to_numpy() for s in range(N_SITES)]
+    ref = CollabDict(n_components=3, max_iter=8, aggregation="chunked", random_state=5).fit(sites)
+    assert ref.n_iter_ > max(rounds)  # the kill came before the fit's end
+    for s in range(N_SITES):
+        got = CollabDict.load(tmp_path / f"model_{s}.npz")
+        assert got.n_iter_ == ref.n_iter_
+        np.testing.assert_allclose(got.mu_, ref.mu_, rtol=0, atol=1e-10)
+        np.testing.assert_allclose(got.precision_, ref.precision_, rtol=0, atol=1e-10)
+        np.testing.assert_array_equal(got.active_, ref.active_)
+        np.testing.assert_allclose(got.weights_[s], ref.weights_[s], rtol=0, atol=1e-12)

@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--peer-timeout", type=float, default=None,
                      help="with --runtime mpi: seconds without a message before a peer is reported lost, and the "
                           "most MPI's start-up may take (default 300; must exceed the longest site step)")
+    fit.add_argument("--resume", action="store_true",
+                     help="with --runtime mpi: go on from the states a killed job saved next to the model files, "
+                          "with the same data and options (and the same --site-seed, if one was given)")
     site_timeout_flag(fit)
     fit.add_argument("--aggregation", choices=["consensus", "chunked", "shamir"], default=None,
                      help="how sums are formed without a centre (default consensus)")
@@ -122,6 +125,8 @@ def _fit(args: argparse.Namespace, command: str) -> int:
     model_file = out_arg.suffix == ".npz"  # the model file's folder is the user's: files are added to it
     folder, model_path = (out_arg.parent, out_arg) if model_file else (out_arg, out_arg / "model.npz")
     report_dir = Path(args.report) if args.report else folder
+    if args.resume and args.runtime != "mpi":
+        raise ValueError("--resume is for --runtime mpi: it goes on from the states a killed MPI job saved")
     if args.runtime == "mpi":
         check_output_folder(folder, merge=True)
         return _fit_and_write(args, command, folder, model_path, report_dir, None, None)
@@ -184,7 +189,8 @@ def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_p
         state = out.with_name(f"{out.stem}.state{out.suffix}")
         check_outputs_spare_inputs([out, state], inputs)
         try:
-            model.fit_mpi(sites[rank], comm, site_seed=args.site_seed, timeout=args.peer_timeout, state_path=state)
+            model.fit_mpi(sites[rank], comm, site_seed=args.site_seed, timeout=args.peer_timeout, state_path=state,
+                          resume=args.resume)
         except PeerGraphSplit as exc:
             where = (f" This site's model and state after the last completed round are in {state}."
                      if state.exists() else " No round had completed; nothing was saved.")
@@ -206,7 +212,8 @@ def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_p
     lost = getattr(model, "lost_sites_", [])
     print(f"fitted CollabDict on {len(sites)} sites ({', '.join(names)}); variables {variables}; "
           f"{_count(int(model.active_.sum()), 'pattern')}; {model.n_iter_ + 1} rounds (one sharing the variables' means and "
-          f"spreads, {model.n_iter_} learning the patterns); wrote {out}"
+          f"spreads, {model.n_iter_} learning the patterns)"
+          + (f", resumed after round {model.resumed_round_}" if args.resume else "") + f"; wrote {out}"
           + (f"; sites {[names[s] for s in lost]} stopped answering and were left out from then on" if lost else ""), flush=True)
     if args.runtime != "mpi":  # under MPI each process holds only its own site's weights
         for k, (table, X, rows) in enumerate(zip(data.tables, sites, kept)):

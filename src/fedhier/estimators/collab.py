@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -107,6 +108,45 @@ def _restore_names(model: Any, meta: dict[str, Any]) -> None:
         model.feature_names_in_ = np.asarray(meta["feature_names_in"], dtype=object)
     sites = meta.get("sites")
     model.sites_ = np.asarray(sites) if sites is not None and len(sites) == model.n_sites_ else np.arange(model.n_sites_)
+
+
+def _agreed_resume_point(transport, paths: Sequence[Path], X: np.ndarray, seed: int, n_sites: int):
+    """(moments, PeerResult) of this rank at the last round every rank saved (collective).
+
+    ``paths``: this rank's state file and the one of the round before.  Every rank sends the
+    latest and earliest round it holds; the ranks resume from the smallest latest round, which
+    each must hold.  If one cannot, every rank raises the same ValueError, naming the sites.
+    """
+    from ..runtime.checkpoint import read_checkpoint
+    from ..runtime.peer import PeerResult
+
+    saved, problem = {}, ""
+    for path in paths:
+        if path.exists():
+            try:
+                checkpoint = read_checkpoint(path, n_sites=1)
+            except ValueError as exc:
+                problem = str(exc)
+                continue
+            if checkpoint.seed != seed:
+                problem = f"{path} was saved by a fit with another seed"
+            else:
+                saved[checkpoint.round] = checkpoint
+    spec = MessageSpec("collab-resume", {"latest": Field((), "int64"), "earliest": Field((), "int64")})
+    mine = {"latest": 0, "earliest": 0} if problem or not saved else {"latest": max(saved), "earliest": min(saved)}
+    rows = transport.all_gather(spec, {transport.rank: mine}, list(range(n_sites)))
+    agreed = min(int(r["latest"]) for r in rows)
+    missing = [s for s, r in enumerate(rows) if not int(r["earliest"]) <= agreed <= int(r["latest"]) or agreed == 0]
+    if missing:
+        here = f" (here: {problem or 'no saved state in ' + str(paths[0])})" if transport.rank in missing else ""
+        raise ValueError(f"cannot resume: site(s) {missing} hold no saved state of the last round every site "
+                         f"completed{here}; fit again without resume")
+    checkpoint = saved[agreed]
+    moments = MomentsProtocol(X.shape[1]).broadcast_spec.validate(
+        {k.split("/", 1)[1]: v for k, v in checkpoint.broadcast.items() if k.startswith("moments/")})
+    broadcast = {k: v for k, v in checkpoint.broadcast.items() if not k.startswith("moments/")}
+    return moments, PeerResult({transport.rank: broadcast}, checkpoint.history,
+                               {transport.rank: checkpoint.site_states[0]}, None, seed)
 
 
 class _SiteOutlierDetector(OutlierMixin, BaseEstimator):
@@ -296,6 +336,7 @@ class CollabDict(_SiteOutlierDetector):
     history_ : list of dict            per-round records (consensus exchanges, bytes, l-diversity)
     thresholds_ : ndarray (S,)         default per-site anomaly thresholds (``offset_ = -thresholds_``)
     sites_ : ndarray (S,)              site labels (``groups`` values, or ``0..S-1``)
+    resumed_round_ : int               ``fit_mpi(resume=True)`` only: the saved round the fit went on from
 
     Scores: module docstring (scikit-learn's signs; :meth:`anomaly_score` is the paper's).
     """
@@ -427,7 +468,7 @@ class CollabDict(_SiteOutlierDetector):
         return self
 
     def fit_mpi(self, X: np.ndarray, comm=None, site_seed: int | None = None, *, timeout: float | None = None,
-                state_path: str | Path | None = None) -> "CollabDict":
+                state_path: str | Path | None = None, resume: bool = False) -> "CollabDict":
         """Fit with this MPI process as site ``rank`` (collective; run under ``mpiexec -n S``).
 
         ``random_state`` is the run's public seed (every rank knows it; rank 0 draws it when
@@ -441,14 +482,20 @@ class CollabDict(_SiteOutlierDetector):
         (:func:`fedhier.runtime.mpi.world`).  A peer silent for ``timeout`` seconds is lost: the others go on without it
         (``lost_sites_`` lists it) or, if the graph splits, stop with
         :class:`~fedhier.runtime.peer.PeerGraphSplit`.  ``state_path``: this site's model,
-        private state and history are written there after every round
-        (:mod:`fedhier.runtime.checkpoint` format).
+        private state, history and the variables' moments are written there after every round
+        (:mod:`fedhier.runtime.checkpoint` format), and the round before it to ``<state_path stem>.previous.npz``.
+
+        ``resume``: go on from the saved states of a job that was killed.  A killed job's ranks
+        may have saved different rounds, r and r + 1 at most (a rank starts round r + 1 only
+        after every rank saved round r); the ranks agree on the last round every one of them
+        saved and go on from there, with the same ``site_seed`` giving the uninterrupted fit's result.
         """
-        from ..runtime.checkpoint import Checkpoint, write_checkpoint
         from ..runtime.mpi import DEFAULT_TIMEOUT, MPITransport, run_mpi, world
         from ..runtime.peer import PeerLost
 
         self._check_params()
+        if resume and state_path is None:
+            raise ValueError("resume needs the state_path the killed job saved its states to")
         comm = comm if comm is not None else world(DEFAULT_TIMEOUT if timeout is None else timeout)
         rank, n_sites = comm.Get_rank(), comm.Get_size()
         self.sites_ = np.arange(n_sites)
@@ -456,18 +503,32 @@ class CollabDict(_SiteOutlierDetector):
         agg = self._aggregation()
         transport = MPITransport(comm, DEFAULT_TIMEOUT if timeout is None else timeout)
         seed = self.seed_ = transport.common_seed(self.random_state)
-        moments = run_mpi(MomentsProtocol(X.shape[1]), X, n_rounds=1, graph=self.graph, aggregation=agg,
-                          random_state=seed, site_seed=site_seed, transport=transport).broadcast
+        paths = [] if state_path is None else [Path(state_path), Path(state_path).with_name(
+            f"{Path(state_path).stem}.previous{Path(state_path).suffix}")]
+        start = None
+        if resume:
+            moments, start = _agreed_resume_point(transport, paths, X, seed, n_sites)
+            self.resumed_round_ = len(start.history)
+        else:
+            for path in paths:  # an earlier fit's states must not be taken for this one's
+                path.unlink(missing_ok=True)
+            moments = run_mpi(MomentsProtocol(X.shape[1]), X, n_rounds=1, graph=self.graph, aggregation=agg,
+                              random_state=seed, site_seed=site_seed, transport=transport).broadcast
         protocol = self._ggm_protocol(X.shape[1], moments)
 
         def save(result) -> None:
+            from ..runtime.checkpoint import Checkpoint, write_checkpoint
+
             history = json.loads(json.dumps(result.history, default=float))
-            write_checkpoint(state_path, Checkpoint(protocol.name, len(history), seed, result.broadcast,
-                                                    [result.site_states[rank]], history))
+            if paths[0].exists():
+                os.replace(paths[0], paths[1])
+            saved = {**result.broadcast, **{f"moments/{k}": v for k, v in moments.items()}}
+            write_checkpoint(paths[0], Checkpoint(protocol.name, len(history), seed, saved,
+                                                  [result.site_states[rank]], history))
 
         res = run_mpi(protocol, X, n_rounds=int(self.max_iter), graph=self.graph, aggregation=agg, random_state=seed,
                       site_seed=site_seed, stop=protocol.converged, transport=transport,
-                      on_round=save if state_path is not None else None)
+                      on_round=save if state_path is not None else None, start=start)
         norm_spec = MessageSpec("collab-norm", {"x": Field((), "float64")})
         local_norm = float(np.linalg.norm(protocol.transform(X), axis=1).max())
         while True:  # a peer lost now is left out of the maximum, as of the rounds after its loss

@@ -337,7 +337,7 @@ def run_mpi(protocol: RoundProtocol, data: Any, *, n_rounds: int, graph: np.ndar
             aggregation: PeerAggregation | None = None, random_state: int | None = None,
             site_seed: int | None = None, stop: Callable[[Message], bool] | None = None, comm=None,
             timeout: float | None = DEFAULT_TIMEOUT, transport: MPITransport | None = None,
-            on_round: Callable[[PeerResult], None] | None = None) -> PeerResult:
+            on_round: Callable[[PeerResult], None] | None = None, start: PeerResult | None = None) -> PeerResult:
     """Run ``protocol`` with this process as site ``rank`` (collective over ``comm``).
 
     Parameters
@@ -358,6 +358,9 @@ def run_mpi(protocol: RoundProtocol, data: Any, *, n_rounds: int, graph: np.ndar
         Reuse the transport of an earlier run on the same ranks (its knowledge of lost peers).
     on_round : callable, optional
         ``on_round(result)`` after every round (e.g. to save this site's state).
+    start : PeerResult, optional
+        This site's result after an earlier run's round ``r``, every rank's at the same ``r``:
+        the run resumes with round ``r + 1`` (:func:`~fedhier.runtime.peer.run_peer_rounds`).
     Other parameters as :func:`fedhier.runtime.peer.simulate_peers`.
 
     Returns
@@ -378,4 +381,4 @@ def run_mpi(protocol: RoundProtocol, data: Any, *, n_rounds: int, graph: np.ndar
         raise ValueError(f"peer graph has {adjacency.shape[0]} vertices but {transport.n_sites} MPI processes")
     return run_peer_rounds(protocol, {transport.rank: data}, transport, n_rounds=n_rounds, adjacency=adjacency,
                            aggregation=aggregation or PeerAggregation(), seed=seed, site_seed=site_seed, stop=stop,
-                           on_round=on_round)
+                           on_round=on_round, start=start)

@@ -517,7 +517,7 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
                     adjacency: np.ndarray | None, aggregation: PeerAggregation, seed: int,
                     site_seed: int | None = None, stop: Callable[[Message], bool] | None = None,
                     on_round: Callable[["PeerResult"], None] | None = None,
-                    workers: SiteWorkers | None = None) -> PeerResult:
+                    workers: SiteWorkers | None = None, start: "PeerResult | None" = None) -> PeerResult:
     """Algorithm 1 on the sites of ``transport`` (shared by the in-process and MPI runtimes).
 
     ``seed`` is the run's public seed, known to every site (graph relabelling);
@@ -542,6 +542,10 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
     ``workers`` (in-process sites only, :func:`simulate_peers` with ``site_timeout``): the local
     sites' steps run in these worker processes under their deadline; a site whose step overruns
     it, fails or loses its worker stops answering from that round on (it is lost, as above).
+
+    ``start``: the local sites' result after round ``r = len(start.history)`` of an earlier run of
+    the same fit, every site's at the same round (a resume); the run goes on with round ``r + 1``,
+    which draws what an uninterrupted run's round ``r + 1`` draws.
     """
     if protocol.combine != "sum":
         raise ValueError(f"protocol {protocol.name!r} combines by {protocol.combine!r}; the peer runtime computes sums")
@@ -551,12 +555,19 @@ def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], trans
     for s in transport.local_sites:
         protocol.validate_site_data(s, site_data[s])
     initial = protocol.broadcast_spec.validate(protocol.initial_broadcast())
-    broadcasts = {s: dict(initial) for s in transport.local_sites}
-    states: dict[int, dict[str, np.ndarray]] = {s: {} for s in transport.local_sites}
-    history: list[dict[str, Any]] = []
+    if start is None:
+        broadcasts = {s: dict(initial) for s in transport.local_sites}
+        states: dict[int, dict[str, np.ndarray]] = {s: {} for s in transport.local_sites}
+        history: list[dict[str, Any]] = []
+    else:
+        broadcasts = {s: protocol.broadcast_spec.validate(start.broadcasts[s]) for s in transport.local_sites}
+        states = {s: dict(start.site_states[s]) for s in transport.local_sites}
+        history = list(start.history)
+        if stop is not None and transport.all_true({s: stop(broadcasts[s]) for s in transport.local_sites}):
+            return PeerResult(broadcasts, history, states, plan, seed)  # it had stopped after its last saved round
     lost_so_far: set[int] = set()
     carried: set[int] = set()  # lost while finishing the last round, after a survivor had started this one
-    for rnd in range(1, int(n_rounds) + 1):
+    for rnd in range(len(history) + 1, int(n_rounds) + 1):
         before = dict(transport.bytes_sent)
         completed = PeerResult(dict(broadcasts), list(history), dict(states), plan, seed)
         lost_now, carried = carried, set()
