@@ -244,9 +244,16 @@ def fit_forecast(config: dict[str, Any], source: str, total_budget: tuple[float,
     sites = config.get("sites")
     if total_budget is None or not isinstance(sites, (dict, list)) or not sites:
         return None
-    dims = {view: len(columns) for view, columns in check_views(config.get("views"), source).items()}
+    views = check_views(config.get("views"), source)
+    scale = config.get("scale", "none")
+    unit = _privacy_unit(config, source, private=True, scale=scale)
+    ranges = config.get("ranges") if isinstance(config.get("ranges"), dict) else {}
+    if (scale != "none" and not config.get("scaling_outside_privacy", False)
+            and not {c for columns in views.values() for c in columns} <= set(ranges)):
+        return None  # refused once the files are read (scale_sites): a scaling fitted on the sites' data
+    dims = {view: len(columns) for view, columns in views.items()}
     options = {k: config.get(k, d) for k, d in _OPTIONS.items()}
-    if config.get("privacy_unit", "site") == "record":
+    if unit == "record":
         need = subjects_needed(dims, len(sites), RecordDP(*total_budget))
         return (f"utility forecast: record-level DP at epsilon {total_budget[0]:g} needs about {need:,} subjects over the "
                 f"{len(sites)} sites for the private model to be expected to beat the training mean", False)

@@ -115,8 +115,9 @@ def test_fedhier_fit_forecasts_before_any_site_file_is_read(tmp_path, monkeypatc
     from fedhier.cli import main
 
     config = tmp_path / "fit.toml"
+    ranges = "".join(f"{c} = [0, 10]\n" for c in ("x1", "x2", "x3", "y1", "y2", "y3", "y4"))
     config.write_text(f'epsilon = 1.0\nprivacy_unit = "{unit}"\nscale = "minmax"\n[views]\na = ["x1", "x2", "x3"]\n'
-                      'b = ["y1", "y2", "y3", "y4"]\n[sites]\none = "one.csv"\ntwo = "two.csv"\n')
+                      f'b = ["y1", "y2", "y3", "y4"]\n[sites]\none = "one.csv"\ntwo = "two.csv"\n[ranges]\n{ranges}')
     shown_before_read = []
 
     def reader(*args, **kwargs):
