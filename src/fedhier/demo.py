@@ -227,7 +227,9 @@ SCALING_OUTSIDE_PRIVACY = ("The min–max scaling ranges came from the training 
 
 
 def _metrics_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    return [
+    forecast = ([{"metric": "utility forecast, before the data were read (public quantities only)",
+                  "value": summary["forecast"]["line"].removeprefix("utility forecast: ")}] if "forecast" in summary else [])
+    return forecast + [
         {"metric": "test MAE (observed views, min–max-scaled data)", "value": summary["test_mae"]},
         {"metric": "test MAE of predicting each feature's training mean", "value": summary["training_mean_test_mae"]},
         {"metric": "train MAE (mean over sites, min–max-scaled data)", "value": summary["train_mae_mean"]},
