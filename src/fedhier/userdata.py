@@ -130,7 +130,7 @@ def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tu
         privacy = RecordDP(*total_budget)
         outlook = mvppca_forecast({v: len(c) for v, c in views.items()}, options["n_components"], len(sites), privacy,
                                   n_subjects=sum(len(next(iter(s.values()))) for s in sites))
-        if not outlook.beats_mean:  # the subjects are counted now; the numbers sent are not read yet
+        if not outlook.beats_mean:  # the subjects can only be counted once the files are read
             warnings.warn(outlook.line(), UserWarning, stacklevel=2)
     elif private:
         # the default EM prior update also releases two posterior-spread scalars per view and round
