@@ -254,7 +254,7 @@ def fit_forecast(config: dict[str, Any], source: str, total_budget: tuple[float,
     dims = {view: len(columns) for view, columns in views.items()}
     options = {k: config.get(k, d) for k, d in _OPTIONS.items()}
     if unit == "record":
-        need = subjects_needed(dims, len(sites), RecordDP(*total_budget))
+        need = subjects_needed(dims, options["n_components"], len(sites), RecordDP(*total_budget))
         return (f"utility forecast: record-level DP at epsilon {total_budget[0]:g} needs about {need:,} subjects over the "
                 f"{len(sites)} sites for the private model to be expected to beat the training mean", False)
     privacy = DPConfig.total(*total_budget, n_rounds=options["n_rounds"], n_views=len(dims), spread=True)

@@ -28,7 +28,8 @@ def test_forecast_is_the_weighted_mean_and_refuses_nothing_to_forecast():
     blocks = [Block("a", 4, 1.0, 0.5, weight=3.0), Block("b", 1, 1.0, 0.0, weight=1.0)]
     f = forecast(blocks)
     assert f.kept == pytest.approx((3 * 1 / (1 + 4 * 0.25) + 1) / 4)
-    assert not f.beats_mean and "least in a: 50%" in f.line()
+    assert f.beats_mean and "least in a: 50%" in f.line() and "expected to beat" in f.line()
+    assert not forecast(blocks, threshold=0.7).beats_mean
     with pytest.raises(ValueError, match="at least one"):
         forecast([])
 
@@ -50,8 +51,10 @@ def test_record_level_forecast_and_the_subjects_it_needs():
     config = RecordDP(1.0, 1e-5)
     sigma = config.noise_sd(math.sqrt(60) / 2)  # the default clip of 60 columns in [0, 1]
     tau = sigma * math.sqrt(3) / 30_000
-    assert mvppca_forecast(views, 5, 3, config, n_subjects=30_000).kept == pytest.approx(1 / (1 + 20 * tau ** 2 / FEATURE_VARIANCE ** 2))
-    n = subjects_needed(views, 3, config)
+    # q = 5 leading eigenvalues of about v0 d / q against the noise's spectral norm 2 tau sqrt(d)
+    expected = 1 / (1 + 4 * 20 * 25 * tau ** 2 / (FEATURE_VARIANCE * 20) ** 2)
+    assert mvppca_forecast(views, 5, 3, config, n_subjects=30_000).kept == pytest.approx(expected)
+    n = subjects_needed(views, 5, 3, config)
     assert mvppca_forecast(views, 5, 3, config, n_subjects=n).kept >= THRESHOLD > mvppca_forecast(views, 5, 3, config, n_subjects=n - 1).kept
     with pytest.raises(ValueError, match="number of subjects"):
         mvppca_forecast(views, 5, 3, config)

@@ -12,11 +12,12 @@ or, with record-level DP, on each view's covariance; one block per view, weighte
 
 * Record-level DP (:class:`~fedhier.privacy.analyze_gauss.RecordDP`): each site releases its
   moment matrix once with noise sd sigma = z * sensitivity(C_clip) per entry.  The pooled
-  covariance of view k from n subjects has noise tau = sigma sqrt(C) / n per entry, against a
-  covariance of norm about v0 sqrt(d_k), v0 = :data:`FEATURE_VARIANCE` (a feature min-max scaled
-  over about four standard deviations), so
+  covariance of view k from n subjects has noise tau = sigma sqrt(C) / n per entry, whose
+  spectral norm is about 2 tau sqrt(d_k); the PPCA keeps the q_k leading directions, whose
+  eigenvalues are about v0 d_k / q_k (the view's variance shared over its components),
+  v0 = :data:`FEATURE_VARIANCE` (a feature min-max scaled over about four standard deviations), so
 
-  .. math::  \\rho_k = 1 \\big/ \\left(1 + d_k \\tau^2 / v_0^2\\right).
+  .. math::  \\rho_k = 1 \\big/ \\left(1 + 4 d_k q_k^2 \\tau^2 / (v_0 d_k)^2\\right).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def mvppca_forecast(view_dims: Mapping[str, int], n_components: int, n_sites: in
             raise ValueError("a record-level forecast needs the number of subjects over the sites")
         clip = default_clip(list(view_dims.values())) if privacy.clip is None else float(privacy.clip)
         tau = privacy.noise_sd(clip) * math.sqrt(n_sites) / n_subjects
-        blocks = [Block(f"the covariance of {view}", d * d, FEATURE_VARIANCE * math.sqrt(d), tau, weight=d)
-                  for view, d in view_dims.items()]
+        blocks = [Block(f"the covariance of {view}", 4 * d, FEATURE_VARIANCE * d / max(effective_columns(d, n_components), 1),
+                        tau, weight=d) for view, d in view_dims.items()]
     elif isinstance(privacy, DPConfig):
         z = privacy.budget.noise_multiplier("gaussian")
         rounds = privacy.budget.n_rounds if isinstance(privacy.budget, TotalBudget) else n_rounds
@@ -65,10 +66,11 @@ def mvppca_forecast(view_dims: Mapping[str, int], n_components: int, n_sites: in
     return forecast(blocks)
 
 
-def subjects_needed(view_dims: Mapping[str, int], n_sites: int, privacy: RecordDP, threshold: float = THRESHOLD) -> int:
+def subjects_needed(view_dims: Mapping[str, int], n_components: int, n_sites: int, privacy: RecordDP,
+                    threshold: float = THRESHOLD) -> int:
     """The fewest subjects over the sites at which a record-level fit is expected to beat the training mean."""
     def kept(n: int) -> float:
-        return mvppca_forecast(view_dims, 1, n_sites, privacy, n_subjects=n).kept
+        return mvppca_forecast(view_dims, n_components, n_sites, privacy, n_subjects=n).kept
 
     low, high = 1, 2
     while kept(high) < threshold:
