@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python benchmarks/private_utility.py [--seeds 10] [--data demo,synthetic3000,synthetic30000]
                                                          [--epsilons 0.5,1,2,5,10,100] [--units site,record]
+                                                         [--rounds 100]
 
 For every data set, unit of protection (site-level: ``DPConfig.total(eps, 1e-5, n_rounds=100, n_views=3,
 spread=True)``, the demo's ``--dp``; record-level: ``RecordDP(eps, 1e-5)``) and total epsilon: the test MAE
@@ -10,6 +11,10 @@ non-private fit, averaged over the seeds; the paired difference private - mean w
 the forecast's kept fraction (:func:`fedhier.models.mvppca.forecast.mvppca_forecast`, public quantities
 only) and whether its verdict falls on the same side of the mean as the measured mean difference.  The
 last line counts the cells where it does (the forecast's calibration check).
+
+``--rounds R1,R2,...`` compares schedules of a site-level fit under the same total budget: the budget is split
+over R rounds (the noise calibrated for R rounds, every round run), and each R after the first gets the paired
+difference of its test MAE against the first's.
 
 Data sets (a third of the subjects held out per seed; min-max scaling from the training sites' ranges, as
 the demo does):
@@ -68,27 +73,42 @@ def _interval(values) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
+def _cells(units, schedules):
+    """(unit, rounds) of every private fit: each schedule for site-level DP, one release for record-level."""
+    return [(unit, rounds) for unit in units for rounds in (schedules if unit == "site" else [1])]
+
+
+def _privacy(unit: str, epsilon: float, rounds: int, n_views: int):
+    from fedhier.models.mvppca.dp import DPConfig
+    from fedhier.privacy.analyze_gauss import RecordDP
+
+    if unit == "site":
+        return DPConfig.total(epsilon, DELTA, n_rounds=rounds, n_views=n_views, spread=True)
+    return RecordDP(epsilon, DELTA)
+
+
 def main() -> None:
     from fedhier.baselines.mean import TrainingMean
     from fedhier.estimators.mvppca import FedMVPPCA
     from fedhier.metrics import reconstruction_mae
-    from fedhier.models.mvppca.dp import DPConfig
     from fedhier.models.mvppca.forecast import mvppca_forecast
-    from fedhier.privacy.analyze_gauss import RecordDP
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--data", default="demo,synthetic3000,synthetic30000")
     parser.add_argument("--epsilons", default="0.5,1,2,5,10,100")
     parser.add_argument("--units", default="site,record")
+    parser.add_argument("--rounds", default="100", help="rounds of a site-level fit; several compare schedules")
     args = parser.parse_args()
+    schedules = [int(r) for r in args.rounds.split(",")]
     epsilons = [float(e) for e in args.epsilons.split(",")]
     units = args.units.split(",")
     t0 = time.perf_counter()
-    print(f"`{COMMAND} --seeds {args.seeds} --data {args.data} --epsilons {args.epsilons} --units {args.units}`\n")
-    print("| data | unit | ε | test MAE, private | training mean | non-private | private − mean (95 % interval) "
-          "| forecast: signal kept | forecast | right side |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"`{COMMAND} --seeds {args.seeds} --data {args.data} --epsilons {args.epsilons} --units {args.units} "
+          f"--rounds {args.rounds}`\n")
+    print("| data | unit | rounds | ε | test MAE, private | training mean | non-private | private − mean (95 % interval) "
+          f"| against {schedules[0]} rounds (95 % interval) | forecast: signal kept | forecast | right side |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     right = cells = 0
     for name in args.data.split(","):
         mae: dict = {}
@@ -98,31 +118,32 @@ def main() -> None:
             dims = {v: X.shape[1] for v, X in test.items()}
             shapes = (dims, sum(len(next(iter(s.values()))) for s in sites), len(sites))
 
-            def fit(privacy):
+            def fit(privacy, rounds=100):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # a view left at its prior etc.: counted in the MAE
-                    model = FedMVPPCA(n_components=5, n_rounds=100, random_state=seed, privacy=privacy).fit(sites)
+                    model = FedMVPPCA(n_components=5, n_rounds=rounds, random_state=seed, privacy=privacy).fit(sites)
                 return reconstruction_mae(test, model.reconstruct(test))
 
             mae.setdefault("mean", []).append(reconstruction_mae(test, TrainingMean().fit(sites).reconstruct(test)))
             mae.setdefault("non-private", []).append(fit(None))
-            for unit in units:
+            for unit, rounds in _cells(units, schedules):
                 for eps in epsilons:
-                    privacy = (DPConfig.total(eps, DELTA, n_rounds=100, n_views=len(dims), spread=True) if unit == "site"
-                               else RecordDP(eps, DELTA))
-                    mae.setdefault((unit, eps), []).append(fit(privacy))
+                    mae.setdefault((unit, rounds, eps), []).append(fit(_privacy(unit, eps, rounds, len(dims)), rounds))
         dims, n_subjects, n_sites = shapes
         mean, plain = float(np.mean(mae["mean"])), float(np.mean(mae["non-private"]))
-        for unit in units:
+        for unit, rounds in _cells(units, schedules):
             for eps in epsilons:
-                privacy = (DPConfig.total(eps, DELTA, n_rounds=100, n_views=len(dims), spread=True) if unit == "site"
-                           else RecordDP(eps, DELTA))
-                outlook = mvppca_forecast(dims, 5, n_sites, privacy, n_subjects=n_subjects)
-                diff, low, high = _interval(np.subtract(mae[(unit, eps)], mae["mean"]))
+                outlook = mvppca_forecast(dims, 5, n_sites, _privacy(unit, eps, rounds, len(dims)), n_subjects=n_subjects)
+                private = mae[(unit, rounds, eps)]
+                diff, low, high = _interval(np.subtract(private, mae["mean"]))
+                against = "—"
+                if unit == "site" and rounds != schedules[0]:
+                    d, lo, hi = _interval(np.subtract(private, mae[(unit, schedules[0], eps)]))
+                    against = f"{d:+.4f} ({lo:+.4f}, {hi:+.4f})"
                 ok = (diff < 0) == outlook.beats_mean
                 right, cells = right + ok, cells + 1
-                print(f"| {name} | {unit} | {eps:g} | {np.mean(mae[(unit, eps)]):.4f} | {mean:.4f} | {plain:.4f} | "
-                      f"{diff:+.4f} ({low:+.4f}, {high:+.4f}) | {outlook.kept:.3f} | "
+                print(f"| {name} | {unit} | {rounds if unit == 'site' else 1} | {eps:g} | {np.mean(private):.4f} | {mean:.4f} | "
+                      f"{plain:.4f} | {diff:+.4f} ({low:+.4f}, {high:+.4f}) | {against} | {outlook.kept:.3f} | "
                       f"{'beats' if outlook.beats_mean else 'no better than'} the mean | {'yes' if ok else 'no'} |")
     print(f"\nforecast on the right side of the training mean in {right} of {cells} cells "
           f"({args.seeds} seeds each; {time.perf_counter() - t0:.0f} s)")
