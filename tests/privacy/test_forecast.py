@@ -131,3 +131,26 @@ def test_fedhier_fit_forecasts_before_any_site_file_is_read(tmp_path, monkeypatc
     with pytest.raises(_Read):
         main(["fit", "--config", str(config), "--out", str(tmp_path / "out"), "--quiet"])
     assert len(shown_before_read) == 1 and shown_before_read[0].startswith(expected), shown_before_read
+
+
+def test_record_level_fit_warns_once_it_has_counted_too_few_subjects(tmp_path, capsys):
+    import csv
+
+    from fedhier.cli import main
+
+    rng = np.random.default_rng(0)
+    columns = ["x1", "x2", "x3", "y1", "y2", "y3", "y4"]
+    for site in ("one", "two"):
+        with (tmp_path / f"{site}.csv").open("w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(columns)
+            writer.writerows(rng.uniform(0, 10, size=(40, 7)).round(3).tolist())
+    ranges = "".join(f"{c} = [0, 10]\n" for c in columns)
+    (tmp_path / "fit.toml").write_text('epsilon = 1.0\nprivacy_unit = "record"\nscale = "minmax"\nn_components = 2\n'
+                                       '[views]\na = ["x1", "x2", "x3"]\nb = ["y1", "y2", "y3", "y4"]\n'
+                                       f'[sites]\none = "one.csv"\ntwo = "two.csv"\n[ranges]\n{ranges}')
+    assert main(["fit", "--config", str(tmp_path / "fit.toml"), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    need = err.index("utility forecast: record-level DP at epsilon 1 needs about")
+    warned = err.index("fedhier: warning: utility forecast: the noise leaves")  # 80 subjects are far too few
+    assert need < warned and "not expected to beat the training mean" in err[warned:]
