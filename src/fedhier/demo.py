@@ -39,7 +39,7 @@ from .report.mvppca import privacy_by_round
 from .utils.io import write_json
 from .utils.results import result_folder
 
-__all__ = ["run_demo", "DemoData", "demo_data", "demo_forecast", "ALZHEIMER_VIEWS", "ALZHEIMER_SUBJECTS"]
+__all__ = ["run_demo", "DemoData", "demo_data", "demo_forecast", "demo_privacy", "ALZHEIMER_VIEWS", "ALZHEIMER_SUBJECTS"]
 
 #: the bundled Alzheimer data's views and widths, and its number of subjects: public, known before it is read
 ALZHEIMER_VIEWS = {"proteins": 124, "csf": 3, "demographics": 4}
