@@ -28,7 +28,7 @@ def test_forecast_is_the_weighted_mean_and_refuses_nothing_to_forecast():
     blocks = [Block("a", 4, 1.0, 0.5, weight=3.0), Block("b", 1, 1.0, 0.0, weight=1.0)]
     f = forecast(blocks)
     assert f.kept == pytest.approx((3 * 1 / (1 + 4 * 0.25) + 1) / 4)
-    assert f.beats_mean and "least in a: 50%" in f.line() and "expected to beat" in f.line()
+    assert f.beats_mean and "least in a: about 50%" in f.line() and "expected to beat" in f.line()
     assert not forecast(blocks, threshold=0.7).beats_mean
     with pytest.raises(ValueError, match="at least one"):
         forecast([])

@@ -74,12 +74,12 @@ class Forecast:
         worst = min(self.blocks, key=lambda b: b.kept)
         verdict = ("expected to beat the training mean" if self.beats_mean else
                    "not expected to beat the training mean (a model that predicts each feature's mean)")
-        return (f"utility forecast: the noise leaves about {_percent(self.kept)} of the signal the fit learns from "
+        return (f"utility forecast: the noise leaves {_percent(self.kept)} of the signal the fit learns from "
                 f"(least in {worst.name}: {_percent(worst.kept)}); the private model is {verdict}")
 
 
 def _percent(fraction: float) -> str:
-    return "under 1%" if fraction < 0.005 else f"{fraction:.0%}"
+    return "under 1%" if fraction < 0.005 else f"about {fraction:.0%}"
 
 
 def forecast(blocks: Sequence[Block], threshold: float = THRESHOLD) -> Forecast:
