@@ -23,7 +23,7 @@ the demo does):
 * ``syntheticN``: N subjects drawn from the hierarchical model (``make_federated_ppca``; 3 sites of N/3
   subjects, views of 20 / 20 / 20, q = 5, prior sds 1, noise variance IG(3, 2)), 2N/3 for training.
 
-The noise of every private fit comes from the run's random state (reproducible per seed).
+Private fits draw their noise as the library does; the intervals are over the seeds' splits and draws.
 """
 
 from __future__ import annotations
