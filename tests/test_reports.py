@@ -3,6 +3,7 @@ quantities they show checked against independent computations."""
 
 import csv
 import gzip
+import json
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -109,6 +110,19 @@ def test_private_demo_report_has_the_privacy_ledger(tmp_path):
     page = check_page(out / "report.html")
     text = headings(page)
     assert "Privacy ledger" in text and "Cumulative ε per site" in text and "fedhier demo --rounds 3 --dp" in text
+    # the private model beside the training mean, computed here from the demo's split by plain numpy
+    from fedhier.demo import demo_data
+
+    d = demo_data(seed=0)
+    errors = []
+    for view, T in d.test_masked.items():
+        train = np.vstack([s[view] for s in d.sites if view in s])
+        rows = ~np.isnan(T).all(axis=1)
+        errors.append(np.abs(T[rows] - np.nanmean(train[~np.isnan(train).all(axis=1)], axis=0)).ravel())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["training_mean_test_mae"] == pytest.approx(np.concatenate(errors).mean(), rel=1e-12)
+    md = (out / "report.md").read_text()
+    assert "test MAE of predicting each feature's training mean" in md and "not expected to beat the training mean" in md
 
 
 def test_fit_report_on_user_files(tmp_path):

@@ -17,6 +17,7 @@ Pipeline (spec fed-mv-ppca §§11-12):
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,14 +30,21 @@ from .data import (
 )
 from .models.mvppca.dp import DPConfig
 from .privacy.sampling import NOT_PRIVATE
+from .models.mvppca.forecast import mvppca_forecast
+from .privacy.forecast import Forecast
 from .protocol.mvppca import stopping_rule
 from .metrics import imputation_mae, latent_accuracy, observed_rows, reconstruction_mae
+from .baselines.mean import TrainingMean
 from .estimators.mvppca import FedMVPPCA
 from .report.mvppca import privacy_by_round
 from .utils.io import write_json
 from .utils.results import result_folder
 
-__all__ = ["run_demo", "DemoData", "demo_data"]
+__all__ = ["run_demo", "DemoData", "demo_data", "demo_forecast", "demo_privacy", "ALZHEIMER_VIEWS", "ALZHEIMER_SUBJECTS"]
+
+#: the bundled Alzheimer data's views and widths, and its number of subjects: public, known before it is read
+ALZHEIMER_VIEWS = {"proteins": 124, "csf": 3, "demographics": 4}
+ALZHEIMER_SUBJECTS = 333
 
 
 def _subset(views: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -75,6 +83,32 @@ def demo_data(*, n_sites: int = 3, scenario: str = "GK", seed: int = 0) -> DemoD
     )
 
 
+def demo_forecast(privacy: DPConfig | None, *, n_components: int = 5, n_sites: int = 3,
+                  n_rounds: int = 100) -> Forecast | None:
+    """The utility forecast of the demo's private fit (:mod:`fedhier.models.mvppca.forecast`), None without privacy.
+
+    From the bundled data's public shapes only (:data:`ALZHEIMER_VIEWS`, two thirds of
+    :data:`ALZHEIMER_SUBJECTS` for training): nothing is read.
+    """
+    if privacy is None:
+        return None
+    return mvppca_forecast(ALZHEIMER_VIEWS, n_components, n_sites, privacy, n_rounds=n_rounds,
+                           n_subjects=ALZHEIMER_SUBJECTS - round(ALZHEIMER_SUBJECTS / 3))
+
+
+def demo_privacy(total_budget: tuple[float, float] | None, per_release: tuple[float, float] | None,
+                 n_rounds: int = 100) -> DPConfig | None:
+    """The demo's privacy settings: a total budget per site over ``n_rounds`` rounds, the paper's per-release one, or None."""
+    if total_budget is not None and per_release is not None:
+        raise ValueError("choose either a total budget or a per-release budget, not both")
+    if total_budget is not None:
+        # the default EM prior update also releases two posterior-spread scalars per view and round
+        return DPConfig.total(*total_budget, n_rounds=n_rounds, n_views=len(ALZHEIMER_VIEWS), spread=True)
+    if per_release is not None:
+        return DPConfig.per_release(*per_release)
+    return None
+
+
 def run_demo(
     out_dir: str | Path = "fedhier-report",
     *,
@@ -101,9 +135,12 @@ def run_demo(
     The privacy noise comes from each site's operating system, so two runs differ;
     ``insecure_reproducible_noise=True`` derives it from ``seed`` instead, and the result then
     says it is not private and claims no epsilon.
+
+    A private run first forecasts its utility from public shapes only (:func:`demo_forecast`)
+    and warns, before any data is read, when the private model is not expected to beat the
+    training mean.
     """
-    if total_budget is not None and per_release is not None:
-        raise ValueError("choose either a total budget or a per-release budget, not both")
+    demo_privacy(total_budget, per_release)  # refuses both at once before the output folder is touched
     with result_folder(out_dir) as staging:  # checked now; appears with all its files or not at all
         return _run_demo(staging, n_components=n_components, n_rounds=n_rounds, n_sites=n_sites, scenario=scenario,
                          seed=seed, total_budget=total_budget, per_release=per_release, progress=progress,
@@ -115,16 +152,14 @@ def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scen
               progress: bool, insecure_reproducible_noise: bool, site_timeout: float | None = None) -> dict[str, Any]:
     """:func:`run_demo`, writing the report folder's files into ``out`` (its staging folder)."""
     t0 = time.perf_counter()
+    privacy = demo_privacy(total_budget, per_release, n_rounds)
+    outlook = demo_forecast(privacy, n_components=n_components, n_sites=n_sites, n_rounds=n_rounds)
+    if outlook is not None and not outlook.beats_mean:
+        warnings.warn(outlook.line(), UserWarning, stacklevel=3)
     prepared = demo_data(n_sites=n_sites, scenario=scenario, seed=seed)
     data, part, sites, y_train, y_test = prepared.data, prepared.part, prepared.sites, prepared.y_train, prepared.y_test
     test_full, test_masked = prepared.test_full, prepared.test_masked
 
-    privacy = None
-    if total_budget is not None:
-        # the default EM prior update also releases two posterior-spread scalars per view and round
-        privacy = DPConfig.total(*total_budget, n_rounds=n_rounds, n_views=len({v for s in sites for v in s}), spread=True)
-    elif per_release is not None:
-        privacy = DPConfig.per_release(*per_release)
     model = FedMVPPCA(n_components=n_components, n_rounds=n_rounds, random_state=seed, privacy=privacy, progress=progress,
                       site_timeout=site_timeout, insecure_reproducible_noise=insecure_reproducible_noise)
     model.fit(sites)
@@ -132,6 +167,7 @@ def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scen
     # §11 metrics
     train_mae = [reconstruction_mae(site, model.reconstruct(site)) for site in sites]
     test_mae = reconstruction_mae(test_masked, model.reconstruct(test_masked))
+    mean_test_mae = reconstruction_mae(test_masked, TrainingMean().fit(sites).reconstruct(test_masked))
     z_train = np.vstack([model.transform(site) for site in sites])
     y_train_sites = np.concatenate([y_train[i] for i in part.indices])
     z_test = model.transform(test_masked)
@@ -169,6 +205,7 @@ def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scen
         "tol": model.tol if stopping_rule(model.tol, privacy) is not None else None,  # None: every round runs
         "seed": seed,
         "test_mae": test_mae,
+        "training_mean_test_mae": mean_test_mae,
         "train_mae_mean": float(np.mean(train_mae)),
         "train_mae_std": float(np.std(train_mae)),
         "latent_lda_accuracy": accuracy,
@@ -176,6 +213,8 @@ def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scen
         "bytes_sent": bytes_sent,
         "seconds": seconds,
     }
+    if outlook is not None:
+        summary["forecast"] = {"kept": outlook.kept, "beats_mean": outlook.beats_mean, "line": outlook.line()}
     summary["command"] = _command(summary, total_budget, per_release, insecure_reproducible_noise)
     report_tables = [("Imputation of the hidden test views: mean absolute error on min–max-scaled data", imputation_rows)]
     privacy_rows = None
@@ -203,8 +242,11 @@ SCALING_OUTSIDE_PRIVACY = ("The min–max scaling ranges came from the training 
 
 
 def _metrics_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    return [
+    forecast = ([{"metric": "utility forecast, before the data were read (public quantities only)",
+                  "value": summary["forecast"]["line"].removeprefix("utility forecast: ")}] if "forecast" in summary else [])
+    return forecast + [
         {"metric": "test MAE (observed views, min–max-scaled data)", "value": summary["test_mae"]},
+        {"metric": "test MAE of predicting each feature's training mean", "value": summary["training_mean_test_mae"]},
         {"metric": "train MAE (mean over sites, min–max-scaled data)", "value": summary["train_mae_mean"]},
         {"metric": "latent-space LDA accuracy (test subjects)", "value": summary["latent_lda_accuracy"]},
         {"metric": "bytes sent by all sites", "value": summary["bytes_sent"]},

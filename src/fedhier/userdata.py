@@ -32,6 +32,7 @@ coordinator of a federated fit).  No output may replace an input file.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from .privacy.sampling import NOT_PRIVATE
 from .utils.results import check_inputs_outside, result_folder
 from .utils.untrusted import check_outputs_spare_inputs
 
-__all__ = ["read_views", "read_site_table", "fit_from_config", "SiteDataError"]
+__all__ = ["read_views", "read_site_table", "fit_from_config", "fit_forecast", "SiteDataError"]
 
 _OPTIONS = {"n_components": 5, "n_rounds": 100, "n_first_iter": 30, "n_init": 1, "init": "pca",
             "ig_solver": "newton", "aggregation": "plain"}
@@ -113,6 +114,7 @@ def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tu
     from .data.validation import check_sites
     from .estimators.mvppca import FedMVPPCA
     from .models.mvppca.dp import DPConfig
+    from .models.mvppca.forecast import mvppca_forecast
     from .privacy.analyze_gauss import RecordDP
 
     config = load_config(config_path)
@@ -137,6 +139,10 @@ def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tu
     privacy = None
     if unit == "record":  # one release of noisy moments per site; the fit is post-processing
         privacy = RecordDP(*total_budget)
+        outlook = mvppca_forecast({v: len(c) for v, c in views.items()}, options["n_components"], len(sites), privacy,
+                                  n_subjects=sum(len(next(iter(s.values()))) for s in sites))
+        if not outlook.beats_mean:  # the subjects can only be counted once the files are read
+            warnings.warn(outlook.line(), UserWarning, stacklevel=2)
     elif private:
         # the default EM prior update also releases two posterior-spread scalars per view and round
         privacy = DPConfig.total(*total_budget, n_rounds=options["n_rounds"], n_views=len({v for s in sites for v in s}), spread=True)
@@ -236,6 +242,42 @@ def _fit_and_write(config_path: Path, out: Path, staging: Path, total_budget: tu
     write_summary(staging, summary, title="fedhier fit (Fed-mv-PPCA)", notes=notes)
     summary["notes"] = notes
     return summary
+
+
+def fit_forecast(config: dict[str, Any], source: str, total_budget: tuple[float, float] | None) -> tuple[str, bool] | None:
+    """The utility forecast of a private fit from the configuration alone, before any file is read: ``(line, hopeless)``.
+
+    Site-level DP: the forecast of :func:`fedhier.models.mvppca.forecast.mvppca_forecast` from the views'
+    widths, the number of sites in ``[sites]``, the rounds and the budget; ``hopeless`` when the private model
+    is not expected to beat the training mean.  Record-level DP depends on the number of subjects, unknown
+    before the files are read: the line says how many the sites need together (:func:`_fit_and_write` warns
+    once it has counted them).  None without privacy, or when the sites are named by a column of one file.
+    """
+    from .models.mvppca.dp import DPConfig
+    from .models.mvppca.forecast import mvppca_forecast, subjects_needed
+    from .privacy.analyze_gauss import RecordDP
+
+    if total_budget is None and config.get("epsilon") is not None:
+        total_budget = (float(config["epsilon"]), float(config.get("delta", 1e-5)))
+    sites = config.get("sites")
+    if total_budget is None or not isinstance(sites, (dict, list)) or not sites:
+        return None
+    views = check_views(config.get("views"), source)
+    scale = config.get("scale", "none")
+    unit = _privacy_unit(config, source, private=True, scale=scale)
+    ranges = config.get("ranges") if isinstance(config.get("ranges"), dict) else {}
+    if (scale != "none" and not config.get("scaling_outside_privacy", False)
+            and not {c for columns in views.values() for c in columns} <= set(ranges)):
+        return None  # refused once the files are read (scale_sites): a scaling fitted on the sites' data
+    dims = {view: len(columns) for view, columns in views.items()}
+    options = {k: config.get(k, d) for k, d in _OPTIONS.items()}
+    if unit == "record":
+        need = subjects_needed(dims, options["n_components"], len(sites), RecordDP(*total_budget))
+        return (f"utility forecast: record-level DP at epsilon {total_budget[0]:g} needs about {need:,} subjects over the "
+                f"{len(sites)} sites for the private model to be expected to beat the training mean", False)
+    privacy = DPConfig.total(*total_budget, n_rounds=options["n_rounds"], n_views=len(dims), spread=True)
+    outlook = mvppca_forecast(dims, options["n_components"], len(sites), privacy)
+    return outlook.line(), not outlook.beats_mean
 
 
 def _privacy_unit(config: dict[str, Any], source: str, *, private: bool, scale: str) -> str | None:

@@ -16,6 +16,7 @@ import argparse
 import itertools
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -34,8 +35,13 @@ def _total_budget(args) -> tuple[float, float] | None:
 def _cmd_demo(args) -> int:
     from rich.console import Console
 
-    from ..demo import run_demo
+    from ..demo import demo_forecast, demo_privacy, run_demo
 
+    console = Console(soft_wrap=True)  # one line per result, also when stdout is a file
+    outlook = demo_forecast(demo_privacy(_total_budget(args), (10.0, 0.01) if args.paper_dp else None, args.rounds),
+                            n_components=args.components, n_rounds=args.rounds)
+    if outlook is not None and outlook.beats_mean:  # before any data is read; else run_demo warns with this line
+        console.print(outlook.line(), markup=False)
     summary = run_demo(
         args.out,
         n_components=args.components,
@@ -47,7 +53,6 @@ def _cmd_demo(args) -> int:
         site_timeout=args.site_timeout,
         insecure_reproducible_noise=args.insecure_reproducible_noise,
     )
-    console = Console(soft_wrap=True)  # one line per result, also when stdout is a file
     console.print(f"[bold]Fed-mv-PPCA on {summary['data']}[/bold]")
     console.print(
         f"{summary['n_sites']} sites, scenario {summary['scenario']}, sizes {summary['site_sizes']}, "
@@ -63,6 +68,7 @@ def _cmd_demo(args) -> int:
     else:
         console.print(f"ran all {summary['rounds_run']} rounds (the model's predictions still changed by more than the stopping tolerance)")
     console.print(f"test MAE            {summary['test_mae']:.4f}")
+    console.print(f"test MAE of each feature's training mean {summary['training_mean_test_mae']:.4f}")
     console.print(f"train MAE           {summary['train_mae_mean']:.4f} ± {summary['train_mae_std']:.4f} over sites")
     console.print(f"latent LDA accuracy {summary['latent_lda_accuracy']:.3f}")
     for row in summary["imputation"]:
@@ -83,7 +89,7 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_fit(args) -> int:
-    from ..userdata import fit_from_config
+    from ..userdata import fit_forecast, fit_from_config
     from ..utils.results import check_output_folder
     from .sitedata import load_config
 
@@ -96,6 +102,13 @@ def _cmd_fit(args) -> int:
                              "FedLin, which has no private version in fedhier (only Fed-mv-PPCA has one); run it without them")
         return fit_linear_config(args.config, out_dir=args.out, quiet=args.quiet, site_timeout=args.site_timeout)
 
+    outlook = fit_forecast(load_config(args.config), args.config, _total_budget(args))  # before any site file is read
+    if outlook is not None:
+        line, hopeless = outlook
+        if hopeless:
+            warnings.warn(line, UserWarning, stacklevel=1)
+        else:
+            print(line, file=sys.stderr)  # standard output carries the summary's JSON only
     summary = fit_from_config(args.config, out_dir=args.out, total_budget=_total_budget(args), progress=not args.quiet,
                               site_timeout=args.site_timeout, insecure_reproducible_noise=args.insecure_reproducible_noise)
     shown = {k: v for k, v in summary.items() if k not in ("columns", "scaling")}  # both are in summary.json
