@@ -212,4 +212,5 @@ def test_a_killed_job_resumes_to_the_uninterrupted_result(tmp_path, behind):
         np.testing.assert_allclose(got.mu_, ref.mu_, rtol=0, atol=1e-10)
         np.testing.assert_allclose(got.precision_, ref.precision_, rtol=0, atol=1e-10)
         np.testing.assert_array_equal(got.active_, ref.active_)
-        np.testing.assert_allclose(got.weights_[s], ref.weights_[s], rtol=0, atol=1e-12)
+        # the chunk masks (each site's own, of scale 1e4) cancel in the sums up to about 1e-12: both fits carry it
+        np.testing.assert_allclose(got.weights_[s], ref.weights_[s], rtol=0, atol=1e-10)
