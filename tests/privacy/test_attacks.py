@@ -36,20 +36,13 @@ from fedhier.runtime import peer as peer_module
 from fedhier.privacy.sampling import NoiseSource
 from fedhier.runtime.peer import PeerAggregation, simulate_peers
 from fedhier.runtime.simulate import run_site_step, simulate
+from two_view_sites import VIEWS, two_view_sites
 
 simulate_module = importlib.import_module("fedhier.runtime.simulate")  # the module, not the function of that name
 
-VIEWS = {"a": 4, "b": 3}
-
 
 def _sites(n_sites=3, n=50, seed=0):
-    rng = np.random.default_rng(seed)
-    W = {v: rng.uniform(-0.3, 0.3, size=(d, 2)) for v, d in VIEWS.items()}
-    out = []
-    for _ in range(n_sites):
-        x = rng.normal(size=(n, 2))
-        out.append({v: np.clip(0.5 + x @ W[v].T + 0.05 * rng.normal(size=(n, d)), 0, 1) for v, d in VIEWS.items()})
-    return out
+    return two_view_sites(n_sites, n, seed)
 
 
 def _protocol(privacy=None):

@@ -25,18 +25,11 @@ from fedhier.protocol.base import RoundProtocol
 from fedhier.protocol.messages import Field, MessageSpec
 from fedhier.runtime import peer as peer_module
 from fedhier.runtime.peer import PeerAggregation, simulate_peers
-
-VIEWS = {"a": 4, "b": 3}
+from two_view_sites import VIEWS, two_view_sites
 
 
 def _sites(n_sites=3, n=40, seed=0):
-    rng = np.random.default_rng(seed)
-    W = {v: rng.uniform(-0.3, 0.3, size=(d, 2)) for v, d in VIEWS.items()}
-    out = []
-    for _ in range(n_sites):
-        x = rng.normal(size=(n, 2))
-        out.append({v: np.clip(0.5 + x @ W[v].T + 0.05 * rng.normal(size=(n, d)), 0, 1) for v, d in VIEWS.items()})
-    return out
+    return two_view_sites(n_sites, n, seed)
 
 
 def _means(model_or_path) -> np.ndarray:
