@@ -279,9 +279,12 @@ class SiteLedger:
         self.count_checks = count_checks
 
     # ------------------------------------------------------------------ recording
-    def _append(self, records: Iterable[dict[str, Any]]) -> None:
+    def _append(self, records: Iterable[dict[str, Any]], check: Callable[[], None] | None = None) -> None:
+        """Append ``records`` under the lock, after re-reading the ledger and ``check()`` (which may refuse by raising)."""
         with self.locked():
             self.verify()  # another process may have appended since this object was opened
+            if check is not None:
+                check()
             lines, previous = [], self._last_mac
             for record in records:
                 body = json.dumps(record, sort_keys=True)
@@ -306,14 +309,10 @@ class SiteLedger:
         the ``start`` line with ``plan`` (the analysis' DpEvents over all its rounds) and
         ``policy`` (what the site's policy was: ``sha256``, ``lifetime_epsilon``, ``delta``).
         """
-        with self.locked():
-            self.verify()
-            if admit is not None:
-                admit(self)
-            record: dict[str, Any] = {"kind": "start", "analysis": str(analysis), "plan": [event_to_dict(e) for e in plan]}
-            if policy is not None:
-                record["policy"] = policy
-            self._append([record])
+        record: dict[str, Any] = {"kind": "start", "analysis": str(analysis), "plan": [event_to_dict(e) for e in plan]}
+        if policy is not None:
+            record["policy"] = policy
+        self._append([record], check=None if admit is None else lambda: admit(self))
 
     def finish(self, analysis: str) -> None:
         """``analysis`` ended: what it reserved and did not spend is given back (no-op if it is not running)."""
@@ -328,18 +327,17 @@ class SiteLedger:
         An analysis admitted with a plan may only spend what it reserved: releases beyond the unspent part of its
         plan, or after it finished, raise :class:`BeyondPlanError` and are not recorded (the site then does not
         send them).  A coordinator that asks for more rounds than it announced, or repeats a round, is refused."""
-        releases = list(releases)
-        with self.locked():
-            self.verify()
-            analysis = str(analysis)
+        releases, analysis = list(releases), str(analysis)
+
+        def within_plan() -> None:
             if self.plans.get(analysis):  # an analysis admitted with a plan (a guard always gives one)
-                spent = Counter(e.event for e in self.entries if e.analysis == analysis)
-                left = Counter(self.plans[analysis]) - spent if analysis in self.open_analyses else Counter()
+                left = self._unspent(analysis) if analysis in self.open_analyses else Counter()
                 if Counter(event for _, event in releases) - left:
                     raise BeyondPlanError(f"analysis {analysis!r} asked for releases beyond the plan the site admitted "
                                           f"(round {int(round)}; {sum(left.values())} planned release(s) left)")
-            self._append({"kind": "release", "analysis": analysis, "round": int(round), "block": str(block),
-                          "event": event_to_dict(event)} for block, event in releases)
+
+        self._append(({"kind": "release", "analysis": analysis, "round": int(round), "block": str(block),
+                       "event": event_to_dict(event)} for block, event in releases), check=within_plan)
 
     def record_count_check(self, analysis: str, view: str, event: dp_event.DpEvent, passed: bool) -> None:
         """Append the release of a noisy subject count of ``view`` for ``analysis`` and its outcome.
@@ -359,9 +357,12 @@ class SiteLedger:
         """The unspent part of every running analysis' plan: its planned events minus those it recorded."""
         out: list[dp_event.DpEvent] = []
         for analysis in sorted(self.open_analyses):
-            spent = Counter(e.event for e in self.entries if e.analysis == analysis)
-            out.extend((Counter(self.plans[analysis]) - spent).elements())
+            out.extend(self._unspent(analysis).elements())
         return out
+
+    def _unspent(self, analysis: str) -> Counter:
+        """The events of ``analysis``' plan it has not recorded yet (a multiset)."""
+        return Counter(self.plans[analysis]) - Counter(e.event for e in self.entries if e.analysis == analysis)
 
     def epsilon(self, delta: float, extra_events: Iterable[dp_event.DpEvent] = ()) -> float:
         """Lifetime epsilon at ``delta`` of every release recorded, every running analysis' unspent
