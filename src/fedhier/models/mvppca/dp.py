@@ -317,7 +317,7 @@ def privatize_spread(
     spread: dict[str, tuple[float, float]],
     anchor: GlobalParams,
     config: DPConfig,
-    rng: NoiseSource,
+    noise: NoiseSource,
     *,
     site,
     round: int,
@@ -359,7 +359,7 @@ def privatize_spread(
                 ledger.record(site, round, f"{view}.{block}", dp_event.GaussianDpEvent(multiplier))
                 released.append(0.0)
                 continue
-            noised, event = release_gaussian(np.asarray(min(max(float(value), 0.0), bound)), multiplier, bound, rng)
+            noised, event = release_gaussian(np.asarray(min(max(float(value), 0.0), bound)), multiplier, bound, noise)
             ledger.record(site, round, f"{view}.{block}", event)
             released.append(min(max(float(noised), 0.0), bound))
         out[view] = (released[0], released[1])
@@ -401,7 +401,7 @@ def privatize_site_params(
     params: LocalParams,
     anchor: GlobalParams | None,
     config: DPConfig,
-    rng: NoiseSource,
+    noise: NoiseSource,
     *,
     site,
     round: int,
@@ -418,7 +418,7 @@ def privatize_site_params(
         theta~[r-1], the previous broadcast (public).  In round 1 with
         ``first_round="public_prior"``, None means ``master.data_independent_prior``.
     config : DPConfig
-    rng : NoiseSource
+    noise : NoiseSource
         The site's source of secrets (:class:`fedhier.privacy.sampling.NoiseSource`, the
         operating system's CSPRNG); never a generator seeded from anything public.
     site, round : the site's identifier and the 1-based round (ledger labels).
@@ -469,13 +469,13 @@ def privatize_site_params(
         release = release_gaussian if mechanism == "gaussian" else release_laplace
         if block == "W":  # only the free columns carry data; columns q_k.. are 0 in every model
             q_k = effective_columns(*difference.shape)
-            noised, event = release(difference[:, :q_k], multiplier, 2.0 * bound, rng)
+            noised, event = release(difference[:, :q_k], multiplier, 2.0 * bound, noise)
             ledger.record(site, round, f"{view}.{block}", event)
             W = np.zeros_like(difference)
             W[:, :q_k] = centre[:, :q_k] + noised
             released[view][block] = W
             continue
-        noised, event = release(difference, multiplier, 2.0 * bound, rng)
+        noised, event = release(difference, multiplier, 2.0 * bound, noise)
         ledger.record(site, round, f"{view}.{block}", event)
         released[view][block] = centre + noised
     return {
