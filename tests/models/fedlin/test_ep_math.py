@@ -319,3 +319,35 @@ def test_device_posterior_draws_have_its_moments(random):
     se = np.sqrt(np.diag(post.cov) / 40000)
     assert np.all(np.abs(post.draws.mean(0) - post.mean) < 4 * se)
     np.testing.assert_allclose(np.cov(post.draws.T), post.cov, atol=0.03 * np.diag(post.cov).max())
+
+
+@pytest.mark.parametrize("n_rows, cav_sd, pilot_kept", [(400, 0.3, True), (8, 1.0, False)])
+def test_importance_pilot_is_kept_only_when_the_tilted_law_is_nearly_gaussian(n_rows, cav_sd, pilot_kept):
+    """With n_pilot the sampler keeps its pilot draws when their weights are nearly equal (many rows, an informative
+    cavity) and draws n_draws afresh otherwise (eight rows, a wide cavity); either way the moments are the brute-force
+    grid's."""
+    rng = np.random.default_rng(5)
+    X, y = _data(rng, n_rows, np.array([0.8, -0.4]), 0.4)
+    model = BayesianRidge(2)
+    cav_mean, cav_cov = np.array([-0.5, np.log(0.16)]), cav_sd**2 * np.eye(2)
+    Q = np.linalg.inv(cav_cov)
+    res = tilted_moments(model, SiteStats.from_data(X, y), Q @ cav_mean, Q, rng, method="importance", n_draws=1024,
+                         n_pilot=256, min_ess=0.0)
+    assert res.weights.size == (256 if pilot_kept else 1024)
+
+    # independent: y ~ N(0, s2 (X X^T / lam + I)) on the raw data, in the eigenbasis of X X^T
+    e, U = np.linalg.eigh(X @ X.T)
+    z2 = (U.T @ y) ** 2
+
+    def logp(pts):
+        ll, ls2 = pts[:, :1], pts[:, 1:]
+        v = np.exp(ls2) * (e / np.exp(ll) + 1.0)
+        return sps.multivariate_normal(cav_mean, cav_cov).logpdf(pts) - 0.5 * (np.log(2 * np.pi * v) + z2 / v).sum(1)
+
+    sd = np.sqrt(np.diag(res.cov))
+    wide = [np.linspace(m - 8 * cav_sd, m + 8 * cav_sd, 200) for m in cav_mean]
+    mean, cov = _grid_moments(logp, wide)  # a first pass finds the mass, a second resolves it
+    sd_grid = np.sqrt(np.diag(cov))
+    mean, cov = _grid_moments(logp, [np.linspace(m - 10 * s, m + 10 * s, 200) for m, s in zip(mean, sd_grid)])
+    np.testing.assert_allclose(res.mean, mean, atol=0.05 * sd.min())
+    np.testing.assert_allclose(np.sqrt(np.diag(res.cov)), np.sqrt(np.diag(cov)), rtol=0.05)
