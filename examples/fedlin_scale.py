@@ -7,7 +7,7 @@ Six sites of 40 rows, three standard normal features; site coefficients
 theta_k ~ N(mu, (0.3 s)^2) around mu = s (1, -0.8, 0.5), noise sd 0.5 s.  Every quantity is
 multiplied by the scale s, so the problem is the same at every s, up to units.  For each s it
 prints the root mean square error of the site coefficients against the truth, divided by s, for
-``FedHM2Regressor(fit_intercept=False, mu_scale=1.0, scale="none")`` (priors mu ~ N(0, 1), log tau_j ~ N(0, 1),
+``FedHM2Regressor(fit_intercept=False, mu_scale=1.0, scale="none")`` (priors mu ~ N(0, 1), log tau_j ~ N(-1, 1),
 log sigma_k ~ N(0, 1.5^2), on the data as given), for the default ``scale`` (every column divided by its
 sd across the sites before the fit, the coefficients reported back in the data's units) and for per-site
 least squares, and how many FedLinWarnings the unscaled fit raised (a site whose y has a standard deviation above 90 warns about the scale; low effective

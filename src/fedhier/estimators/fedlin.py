@@ -50,11 +50,6 @@ _FORMAT = "fedhier-fedlin-v1"
 
 _INTERCEPT = "(intercept)"
 
-#: Gaussian hierarchy's prior on each log tau_j (mean, sd).  In units of standard deviations the between-site
-#: variance of the intercept is below the response's variance, 1: this prior puts the median between-site sd at
-#: exp(-1/2) = 0.61 sd and 84 % of the mass below a variance of 1, where log tau ~ N(0, 1) put half of it above
-#: (and pulled the between-firm sd of the Grunfeld data 25 % above REML's)
-LOG_TAU_PRIOR = (-1.0, 1.0)
 
 
 def _check_fitted(model: Any) -> None:
@@ -375,6 +370,12 @@ class FedHM2Regressor(_SiteRegressor):
         Options of :class:`~fedhier.models.fedlin.hierarchy.GaussianHierarchy` (prior="gaussian");
         ``random`` has one entry per feature (the intercept varies anyway). ``mu_scale`` defaults
         to 10 (a vague prior on the population means, the command line's default too).
+    log_tau_prior : (mean, sd)
+        Gaussian prior of each :math:`\\log\\tau_j`, the log between-site variance of a coefficient in
+        the fit's units (default ``(-1, 1)``). With the default scaling those are standard deviations,
+        where the intercept's between-site variance is below the response's, 1: the default puts the
+        median between-site sd at :math:`e^{-1/2}=0.61` and 84 % of its mass below a variance of 1
+        (``(0, 1)``, the paper's, puts half of it above).
     n_rounds : int
         Largest number of EP rounds :math:`C` (spec §9 #15: 20).
     damping : float
@@ -478,6 +479,7 @@ class FedHM2Regressor(_SiteRegressor):
         noise="local",
         tau=None,
         mu_scale: float = 10.0,
+        log_tau_prior: tuple[float, float] = (-1.0, 1.0),
         n_rounds: int = 20,
         damping: float = 0.5,
         tol: float | None = 0.05,
@@ -500,6 +502,7 @@ class FedHM2Regressor(_SiteRegressor):
         self.fit_intercept = fit_intercept
         self.privacy = privacy
         self.prior, self.covariance, self.random, self.noise, self.tau, self.mu_scale = prior, covariance, random, noise, tau, mu_scale
+        self.log_tau_prior = log_tau_prior
         self.n_rounds, self.damping, self.tol, self.tilted_method, self.n_draws = n_rounds, damping, tol, tilted_method, n_draws
         self.mcmc, self.n_posterior_draws, self.level, self.standardize = mcmc, n_posterior_draws, level, standardize
         self.scale = scale
@@ -509,11 +512,12 @@ class FedHM2Regressor(_SiteRegressor):
 
     # ------------------------------------------------------------------ set-up
     def _params(self) -> dict[str, Any]:
-        keys = ["fit_intercept", "prior", "covariance", "noise", "tau", "mu_scale", "n_rounds", "damping", "tol", "tilted_method", "n_draws", "mcmc", "n_posterior_draws", "level", "standardize", "scale", "participation", "aggregation", "random_state", "n_jobs", "site_timeout"]
+        keys = ["fit_intercept", "prior", "covariance", "noise", "tau", "mu_scale", "log_tau_prior", "n_rounds", "damping", "tol", "tilted_method", "n_draws", "mcmc", "n_posterior_draws", "level", "standardize", "scale", "participation", "aggregation", "random_state", "n_jobs", "site_timeout"]
         out = {k: getattr(self, k) for k in keys}
         out["random"] = None if self.random is None else np.asarray(self.random, dtype=bool).tolist()
         if isinstance(out["tau"], np.ndarray):
             out["tau"] = out["tau"].tolist()
+        out["log_tau_prior"] = [float(v) for v in self.log_tau_prior]
         return out
 
     def _intercept_column(self) -> int:
@@ -533,12 +537,19 @@ class FedHM2Regressor(_SiteRegressor):
     def _make_model(self, d: int):
         if self.prior == "gaussian":
             return GaussianHierarchy(d, covariance=self.covariance, random=self._random_design(d), noise=self.noise,
-                                     tau=self.tau, mu_scale=self.mu_scale, log_tau_prior=LOG_TAU_PRIOR)
+                                     tau=self.tau, mu_scale=self.mu_scale, log_tau_prior=self._log_tau_prior())
         if self.prior == "ridge":
             return BayesianRidge(d)
         if self.prior == "lasso":
             return BayesianLasso(d)
         raise ValueError(f"prior must be 'gaussian', 'lasso' or 'ridge', got {self.prior!r}")
+
+    def _log_tau_prior(self) -> tuple[float, float]:
+        """``log_tau_prior`` checked: a mean and a positive sd."""
+        prior = np.asarray(self.log_tau_prior, dtype=float)
+        if prior.shape != (2,) or not np.isfinite(prior).all() or prior[1] <= 0:
+            raise ValueError(f"log_tau_prior must be (mean, sd) with a positive sd, got {self.log_tau_prior!r}")
+        return float(prior[0]), float(prior[1])
 
     def _standardizes(self) -> bool:
         return (self.prior != "gaussian") if self.standardize is None else bool(self.standardize)

@@ -309,7 +309,7 @@ def run_uq(out_dir: Path, *, quick: bool, seed: int) -> None:
         th = mu_true + np.sqrt(tau_true) * rng.standard_normal(4)
         X = rng.standard_normal((n, 4))
         sites.append((X, X @ th + 0.1 * rng.standard_normal(n)))
-    est = FedHM2Regressor(scale="none", fit_intercept=False, mu_scale=1.0, prior="gaussian", covariance="diagonal", noise="local", damping=0.5, n_rounds=6 if quick else 20, n_posterior_draws=500, random_state=seed).fit(sites)
+    est = FedHM2Regressor(scale="none", fit_intercept=False, mu_scale=1.0, log_tau_prior=(0.0, 1.0), prior="gaussian", covariance="diagonal", noise="local", damping=0.5, n_rounds=6 if quick else 20, n_posterior_draws=500, random_state=seed).fit(sites)
     truth = np.r_[mu_true, np.log(tau_true)]
     ci_phi = est.phi_interval(0.9)
     rows_phi = [{"component": nm, "true": float(truth[i]), "mean": float(est.phi_mean_[i]), "lower": float(ci_phi[i, 0]), "upper": float(ci_phi[i, 1]), "covered": bool(ci_phi[i, 0] <= truth[i] <= ci_phi[i, 1])} for i, nm in enumerate(est.phi_names_)]
@@ -548,7 +548,7 @@ def run_heart(out_dir: Path, *, quick: bool, seed: int) -> None:
         splits = [_split(len(y), 0.7, rng) for _, y in sites]
         tr = [(X[a], y[a]) for (X, y), (a, _) in zip(sites, splits)]
         te = [(X[b], y[b]) for (X, y), (_, b) in zip(sites, splits)]
-        hm2 = FedHM2Regressor(scale="none", fit_intercept=False, prior="gaussian", mu_scale=3.0, damping=0.5, n_rounds=8 if quick else 20, n_posterior_draws=1000, random_state=seed + run).fit(tr)
+        hm2 = FedHM2Regressor(scale="none", fit_intercept=False, prior="gaussian", mu_scale=3.0, log_tau_prior=(0.0, 1.0), damping=0.5, n_rounds=8 if quick else 20, n_posterior_draws=1000, random_state=seed + run).fit(tr)
         hm1 = FedHM1Regressor(fit_intercept=False, n_rounds=50, n_local_steps=20, eta=0.05, gradient="mean", random_state=seed + run).fit(tr)
         sep = np.array([np.linalg.lstsq(X, y, rcond=None)[0] for X, y in tr])
         cen = fit_centralised_ols(tr)
@@ -605,8 +605,8 @@ def run_radon(out_dir: Path, *, quick: bool, seed: int) -> None:
     fe, se = mixed.fe, mixed.se
     blup = mixed.random_effects[:, 0]
     rounds = 6 if quick else 20
-    hm2 = FedHM2Regressor(scale="none", fit_intercept=False, random=[True, False, False], noise="shared", mu_scale=10.0, damping=0.7, n_rounds=rounds, n_posterior_draws=1000, random_state=seed).fit(sites)
-    hm2s = FedHM2Regressor(scale="none", fit_intercept=False, random=[True, True, False], noise="shared", mu_scale=10.0, damping=0.7, n_rounds=rounds, n_posterior_draws=1000, random_state=seed).fit(sites)
+    hm2 = FedHM2Regressor(scale="none", fit_intercept=False, random=[True, False, False], noise="shared", mu_scale=10.0, log_tau_prior=(0.0, 1.0), damping=0.7, n_rounds=rounds, n_posterior_draws=1000, random_state=seed).fit(sites)
+    hm2s = FedHM2Regressor(scale="none", fit_intercept=False, random=[True, True, False], noise="shared", mu_scale=10.0, log_tau_prior=(0.0, 1.0), damping=0.7, n_rounds=rounds, n_posterior_draws=1000, random_state=seed).fit(sites)
     sd = np.sqrt(np.diag(hm2.phi_cov_))
     sds = np.sqrt(np.diag(hm2s.phi_cov_))
     fe_rows = [
