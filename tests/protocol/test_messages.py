@@ -71,3 +71,20 @@ def test_strided_big_endian_and_widened_fields_round_trip_as_little_endian_c_ord
     assert fields["a"] == ("float64", (2, 3))
     payload = data[-(6 * 8 + 8 + 4 * 8):]  # fields in sorted order: a, n, opt
     assert payload[:48] == np.ascontiguousarray(a).astype("<f8").tobytes()
+
+
+def test_a_remembered_header_still_checks_each_message_against_its_own_bytes():
+    """Decoding parses a header once and remembers it; every later message with the same header is still
+    refused when its body is cut short, padded, holds a NaN, or declares another spec."""
+    good = encode(SPEC, {"a": np.ones((2, 3)), "n": 2})
+    np.testing.assert_array_equal(decode(SPEC, good)["a"], np.ones((2, 3)))  # the header is now remembered
+    with pytest.raises(MessageError, match="truncated message at field 'n'"):
+        decode(SPEC, good[:-1])
+    with pytest.raises(MessageError, match="trailing bytes"):
+        decode(SPEC, good + b"\0")
+    nan = bytearray(good)
+    nan[-16:-8] = np.array([np.nan]).tobytes()  # the last entry of "a" (the body is a, then n)
+    with pytest.raises(MessageError, match="'a' contains NaN or inf"):
+        decode(SPEC, bytes(nan))
+    with pytest.raises(MessageError, match="expected a 'other'"):
+        decode(MessageSpec("other", SPEC.fields), good)

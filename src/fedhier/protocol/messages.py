@@ -10,6 +10,7 @@ names the field and the problem.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
@@ -66,6 +67,7 @@ class Field:
     disclosure: str = field(default="raw", compare=False)  # not part of the wire format
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))  # compared with ndarray.shape
         if self.dtype not in WIRE_DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not a wire dtype {sorted(WIRE_DTYPES)}")
         if self.disclosure not in DISCLOSURES:
@@ -94,7 +96,7 @@ class MessageSpec:
         if not isinstance(message, Mapping):
             raise MessageError(f"{self.name}: a message must be a mapping, got {type(message).__name__}")
         fields = self.fields
-        if any(key not in fields for key in message):
+        if not fields.keys() >= message.keys():
             raise MessageError(f"{self.name}: undeclared field(s) {sorted(set(message) - set(fields))}")
         out: Message = {}
         for key, decl in fields.items():
@@ -102,13 +104,13 @@ class MessageSpec:
                 if not decl.optional:
                     raise MessageError(f"{self.name}: required field {key!r} is missing")
                 continue
-            arr = np.asarray(message[key])
-            if arr.dtype == object:
+            arr = message[key]
+            if type(arr) is not np.ndarray:
+                arr = np.asarray(arr)
+            if arr.dtype.hasobject:
                 raise MessageError(f"{self.name}: field {key!r} has object dtype")
-            if arr.shape != tuple(decl.shape):
-                raise MessageError(
-                    f"{self.name}: field {key!r} has shape {arr.shape}, declared {tuple(decl.shape)}"
-                )
+            if arr.shape != decl.shape:
+                raise MessageError(f"{self.name}: field {key!r} has shape {arr.shape}, declared {decl.shape}")
             wire = _NATIVE[decl.dtype]
             if arr.dtype != wire:
                 if not np.can_cast(arr.dtype, wire, casting="same_kind"):
@@ -161,13 +163,17 @@ def encode(spec: MessageSpec, message: Mapping[str, np.ndarray]) -> bytes:
     msg = spec.validate(message)
     keys = sorted(msg)
     # after validation every field has its declared dtype (native byte order)
-    header = {
-        "spec": spec.name,
-        "fields": [[k, spec.fields[k].dtype, list(msg[k].shape)] for k in keys],
-    }
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = _encoded_header(spec.name, tuple((k, spec.fields[k].dtype, msg[k].shape) for k in keys))
     body = b"".join(msg[k].astype(_LITTLE[spec.fields[k].dtype], copy=False).tobytes() for k in keys)
-    return _MAGIC + struct.pack("<I", len(head)) + head + body
+    return head + body
+
+
+@functools.lru_cache(maxsize=256)
+def _encoded_header(spec_name: str, fields_: tuple[tuple[str, str, tuple[int, ...]], ...]) -> bytes:
+    """Magic, header length and JSON header of a message with ``fields_`` (name, dtype, shape); the same
+    bytes for every message of one spec and shapes, so built once."""
+    head = json.dumps({"spec": spec_name, "fields": [[k, d, list(s)] for k, d, s in fields_]}, separators=(",", ":")).encode()
+    return _MAGIC + struct.pack("<I", len(head)) + head
 
 
 #: largest JSON header of an encoded message; a header declares names, dtypes and shapes only
@@ -189,21 +195,41 @@ def _header(data: bytes, what: str) -> tuple[dict, int]:
     (hlen,) = struct.unpack("<I", data[4:8])
     if hlen > min(MAX_HEADER_BYTES, len(data) - 8):
         raise MessageError(f"{what}: header of {hlen} bytes declared, the message has {len(data) - 8} (limit {MAX_HEADER_BYTES})")
+    head = data[8 : 8 + hlen]
+    parse = _parsed_header_cached if hlen <= _CACHED_HEADER_BYTES else _parsed_header
+    spec_name, fields_, ends = parse(head, what)
+    if ends and 8 + hlen + ends[-1] > len(data):
+        key = next(k for (k, _, _), end in zip(fields_, ends) if 8 + hlen + end > len(data))
+        raise MessageError(f"{what}: truncated message at field {key!r} (declared sizes exceed the {len(data)} bytes received)")
+    return {"spec": spec_name, "fields": list(fields_)}, 8 + hlen
+
+
+#: headers up to this length are parsed once and remembered (a message's header names its fields, dtypes and
+#: shapes, so the few a protocol sends fit; longer ones, which only a sender outside the protocols makes, are not kept)
+_CACHED_HEADER_BYTES = 4096
+
+
+def _parsed_header(head: bytes, what: str) -> tuple[str | None, tuple[tuple[str, str, tuple[int, ...]], ...], tuple[int, ...]]:
+    """Spec name, fields (name, dtype, shape) and the cumulative payload bytes after each field of a JSON
+    header; refuses a corrupt header, a non-wire dtype and a negative dimension.  Messages of one spec and
+    shapes share their header bytes, so each distinct header is parsed once."""
     try:
-        header = json.loads(data[8 : 8 + hlen])
-        fields_ = [(str(k), str(d), tuple(int(n) for n in s)) for k, d, s in header["fields"]]
+        header = json.loads(head)
+        fields_ = tuple((str(k), str(d), tuple(int(n) for n in s)) for k, d, s in header["fields"])
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise MessageError(f"{what}: corrupt header") from exc
-    payload = 0
+    payload, ends = 0, []
     for key, dtype, shape in fields_:
         if dtype not in WIRE_DTYPES:
             raise MessageError(f"{what}: field {key!r} has non-wire dtype {dtype!r}")
         if any(n < 0 for n in shape):
             raise MessageError(f"{what}: field {key!r} declares a negative dimension")
         payload += math.prod(shape) * _NATIVE[dtype].itemsize
-        if 8 + hlen + payload > len(data):
-            raise MessageError(f"{what}: truncated message at field {key!r} (declared sizes exceed the {len(data)} bytes received)")
-    return {"spec": header.get("spec") if isinstance(header, dict) else None, "fields": fields_}, 8 + hlen
+        ends.append(payload)
+    return header.get("spec") if isinstance(header, dict) else None, fields_, tuple(ends)
+
+
+_parsed_header_cached = functools.lru_cache(maxsize=256)(_parsed_header)
 
 
 def header_fields(data: bytes) -> list[tuple[str, str, tuple[int, ...]]]:
