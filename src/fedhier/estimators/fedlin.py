@@ -830,9 +830,9 @@ class FedHM2Regressor(_SiteRegressor):
             self.population_coef_, self.population_intercept_ = self.coef_.mean(axis=0), float(self.intercept_.mean())
         else:
             self.population_coef_, self.population_intercept_ = np.zeros(self.coef_.shape[1]), 0.0
-        K, _, d = self.coef_draws_.shape
-        self.selected_features_ = np.array([select_features(dr, self.level) for dr in self.coef_draws_], dtype=bool).reshape(K, d)
-        self.inclusion_score_ = np.array([inclusion_score(dr) for dr in self.coef_draws_], dtype=float).reshape(K, d)
+        by_draw = np.moveaxis(self.coef_draws_, 1, 0)  # (n_posterior_draws, K, d): every site's intervals at once
+        self.selected_features_ = np.asarray(select_features(by_draw, self.level), dtype=bool)
+        self.inclusion_score_ = np.asarray(inclusion_score(by_draw), dtype=float)
 
     def _tau(self) -> np.ndarray:
         """:math:`\\tau` (design columns,), the prior variances across sites in standardised units, with
