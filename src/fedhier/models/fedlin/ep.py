@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .natural import is_pd, symmetrise
+from .natural import cholesky_lower, is_pd, symmetrise
 from .stats import SiteStats
 from .tilted import TiltedFailure, TiltedResult, tilted_moments
 
@@ -24,7 +24,7 @@ __all__ = ["SiteUpdate", "cavity", "site_update", "damped_update", "converged"]
 def cavity(r: np.ndarray, Q: np.ndarray, r_k: np.ndarray, Q_k: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """Cavity :math:`(r-r_k,\\ Q-Q_k)`, or None when :math:`Q-Q_k` is not positive definite (spec §3.4)."""
     Q_c = symmetrise(Q - Q_k)
-    if not is_pd(Q_c):
+    if cholesky_lower(Q_c) is None:  # Q_c is symmetric already
         return None
     return r - r_k, Q_c
 

@@ -164,6 +164,14 @@ def _derivatives(logf, x: np.ndarray, h: np.ndarray):
     return f0, grad, H
 
 
+@functools.lru_cache(maxsize=16)
+def _identity(D: int) -> np.ndarray:
+    """The D x D identity, read-only (shared by every call)."""
+    eye = np.eye(D)
+    eye.flags.writeable = False
+    return eye
+
+
 def _laplace(logf, x0: np.ndarray, known=None, max_iter: int = 100):
     """Mode and inverse negative Hessian of a vectorised log density (damped Newton, finite differences).
 
@@ -190,7 +198,7 @@ def _laplace(logf, x0: np.ndarray, known=None, max_iter: int = 100):
     """
     x = np.array(x0, dtype=float)
     D = x.size
-    eye = np.eye(D)
+    eye = _identity(D)
     f0, g, H = known if known is not None else _derivatives(logf, x, 1e-3 * np.maximum(1.0, np.abs(x)))
     x_e = x
     for _ in range(max_iter):
@@ -460,7 +468,7 @@ def _importance(model, logf, mode, lap_cov, rng: np.random.Generator, n_draws: i
     e = eps[:, :p]
     plus, minus = weights[:half], weights[half:]
     shift = (plus - minus) @ e
-    cov = lap_cov[:p, :p] + (e.T * (plus + minus - 1.0 / half)) @ e - np.outer(shift, shift)
+    cov = lap_cov[:p, :p] + (e.T * (plus + minus - 1.0 / half)) @ e - shift[:, None] * shift
     phi = np.ascontiguousarray(z[:, :p])
     return _result(model, mode[:p] + shift, symmetrise(cov), phi, z, weights, "importance", {"ess": ess, "mode": mode, "laplace": laplace})
 
