@@ -14,8 +14,9 @@ The Bayesian lasso has no closed form and lives in :mod:`.lasso`.
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import lapack
 
-from .natural import row_dot
+from .natural import cholesky_lower, row_dot
 from .stats import SiteStats
 
 __all__ = ["GaussianHierarchy", "BayesianRidge", "log_marginal", "conditional_theta"]
@@ -223,6 +224,24 @@ class GaussianHierarchy(_GaussianSites):
         if not self.n_local:
             return np.zeros(0)
         return np.array([0.5 * np.log(max(stats.yy / stats.n, 1e-12))])
+
+    def phi_start(self, stats: SiteStats, cavity_mean: np.ndarray) -> np.ndarray:
+        """Where a site's first Laplace search starts, ``(p,)``: the site's least squares
+        :math:`\\hat\\mu=(X^\\top X)^{-1}X^\\top Y` and, with a shared noise, :math:`\\log\\sigma^2` at the log of
+        its residual mean square :math:`\\|Y-X\\hat\\mu\\|^2/n`; the cavity mean elsewhere, and everywhere
+        when :math:`X^\\top X` is singular or the site has no more rows than columns."""
+        start = np.array(cavity_mean, dtype=float)
+        if stats.n <= self.d:
+            return start
+        factor = cholesky_lower(stats.xx)
+        if factor is None:
+            return start
+        mu = lapack.dpotrs(factor, stats.xy, lower=1)[0]
+        rss = float(stats.yy - mu @ stats.xy)  # ||Y - X mu||^2 at the least-squares mu
+        start[: self.d] = mu
+        if self.noise == "shared" and rss > 0:
+            start[-1] = np.log(rss / stats.n)
+        return start
 
     def unpack(self, phi: np.ndarray, u: np.ndarray):
         """``phi (n, p)``, ``u (n, n_local)`` -> ``mu (n, d)``, ``tau (n, d_r)``, ``s2 (n,)``."""

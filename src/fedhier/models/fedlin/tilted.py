@@ -394,7 +394,8 @@ def tilted_moments(
     def logf(z):
         return _log_tilted(model, stats, cavity_mean, cavity_Q, z)
 
-    x0 = np.concatenate([cavity_mean, model.local_start(stats)])
+    phi_start = model.phi_start(stats, cavity_mean) if hasattr(model, "phi_start") else cavity_mean
+    x0 = np.concatenate([phi_start, model.local_start(stats)])
     known = None
     point = start.get("point") if isinstance(start, Mapping) else start
     if point is not None and np.shape(point) == x0.shape and np.isfinite(point).all():
