@@ -97,3 +97,24 @@ def test_pca_start_with_fewer_subjects_than_components_gives_q_columns():
     fit = fit_local(X, 5, n_iter=3, rng=0)
     assert fit.params["a"].W.shape == (8, 5) and fit.params["b"].W.shape == (3, 5)
     assert np.all(np.isfinite(fit.params["a"].W)) and fit.params["a"].sigma2 > 0
+
+
+def test_pca_start_of_complete_views_is_the_joint_closed_form():
+    # two views, every subject has both: the start is the ML PPCA of the views side by side
+    n, q = 500, 3
+    X = _ppca_data(n, 10, q, seed=5)
+    views = {"a": X[:, :6], "b": X[:, 6:]}
+    site = check_views(views)
+    means = {k: v.mean(axis=0) for k, v in views.items()}
+    scatter = {k: float(((v - means[k]) ** 2).sum()) for k, v in views.items()}
+    W, s2 = pca_start(site, means, scatter, q, np.random.default_rng(0))
+
+    _, s2_ml, U = _closed_form(X, q)
+    W_joint = np.vstack([W["a"], W["b"]])
+    assert _subspace_gap(W_joint, U) < 1e-10
+    lam = np.linalg.eigvalsh(np.cov(X.T, bias=True))[::-1][:q]
+    np.testing.assert_allclose(np.sort(np.linalg.eigvalsh(W_joint.T @ W_joint))[::-1], lam - s2_ml, rtol=1e-10)
+    # each view's noise: its residual variance per entry beyond W_k W_k^T
+    for k, v in views.items():
+        expected = np.trace(np.cov(v.T, bias=True)) / v.shape[1] - np.vdot(W[k], W[k]) / v.shape[1]
+        assert s2[k] == pytest.approx(expected, rel=1e-10)
