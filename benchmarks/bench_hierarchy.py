@@ -112,6 +112,8 @@ def main() -> None:
     parser.add_argument("--designs", type=int, default=60, help="number of designs drawn (default 60)")
     parser.add_argument("--drift", type=int, default=8, help="designs re-run for 100 rounds with tol=None (default 8)")
     parser.add_argument("--max-values", type=float, default=4e5, help="largest data size of a design (default 4e5)")
+    parser.add_argument("--updates", nargs="+", default=["em", "paper"], choices=["em", "paper"],
+                        help="the prior updates fitted (default both)")
     args = parser.parse_args()
 
     rows = []  # (design, q_offset, mode, ratio to truth (2, K), ratio to realised (2, K), rounds)
@@ -127,14 +129,14 @@ def main() -> None:
         realised = realised_sds(data, names)
         error = relative_error(data, d)
         for offset in (0, 2):
-            for mode in ("em", "paper"):
+            for mode in args.updates:
                 model = fit(data, d["q"] + offset, mode, i)
                 sds = fitted_sds(model, names)
                 rows.append((d, offset, mode, sds / truth, sds / realised, model.n_rounds_, error))
-        em = rows[-4]
+        em = rows[-2 * len(args.updates)]
         print(f"design {i:>3}: C = {d['n_sites']:>2}, d = {d['dims']}, n = {d['n'].min()}..{d['n'].max()}"
               f"{' (balanced)' if d['balanced'] else ''}, q = {d['q']}, sd(W~) = {d['sd_W']:.3f}, "
-              f"sd(mu~) = {d['sd_mu']:.3f} | EM, q right: sd(W~) / true {np.round(em[3][1], 2)}, "
+              f"sd(mu~) = {d['sd_mu']:.3f} | {em[2]}, q right: sd(W~) / true {np.round(em[3][1], 2)}, "
               f"sd(mu~) / true {np.round(em[3][0], 2)}, {em[5]} rounds  [{time.perf_counter() - start:.0f} s]",
               flush=True)
 
@@ -150,7 +152,7 @@ def main() -> None:
         print(f"\n{what}")
         print(f"{'designs':<16} {'update':>6} {'n':>3} | {'fitted / true':^34} | {'fitted / realised':^34} | rounds (median, max)")
         for label, keep in groups:
-            for mode in ("em", "paper"):
+            for mode in args.updates:
                 sel = [r for r in rows if keep(r[0], r[1]) and r[2] == mode]
                 if not sel:
                     continue

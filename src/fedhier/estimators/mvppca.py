@@ -785,12 +785,15 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             v = {}
             for name in GLOBAL_FIELDS:
                 key = f"{view}/{name}"
-                expected = {"mu": (dim,), "W": (dim, q)}.get(name, ())
+                expected = {"mu": (dim,), "W": (dim, q), "sigma2_W_columns": (q,)}.get(name, ())
+                if name == "sigma2_W_columns" and key not in arrays:  # files from before the per-column variances
+                    continue
                 if key not in arrays or arrays[key].shape != expected or arrays[key].dtype.kind != "f":
                     raise ValueError(f"{path}: array {key!r} is missing or not a float array of shape {expected}")
                 v[name] = arrays[key]
             check_finite({f"{view}/{name}": value for name, value in v.items()}, str(path))
-            glob[view] = GlobalView(mu=v["mu"], W=v["W"], **{n: float(v[n]) for n in GLOBAL_FIELDS if n not in ("mu", "W")})
+            glob[view] = GlobalView(mu=v["mu"], W=v["W"], sigma2_W_columns=v.get("sigma2_W_columns"),
+                                    **{n: float(v[n]) for n in GLOBAL_FIELDS if n not in ("mu", "W", "sigma2_W_columns")})
         model._global = glob
         model.n_components_ = q
         model.schema_ = schema

@@ -30,7 +30,7 @@ def test_loading_spread_is_the_trace_of_the_conditional_posterior_covariance_of_
     Sxx = A.T @ A
     # vec W | x-moments ~ N(., s2 (Sxx + lam I)^{-1} kron I_d): the Hessian of Q + ln p(W) in vec W
     hessian = np.kron(np.eye(d), (Sxx + lam * np.eye(q)) / s2)
-    assert loading_spread(Sxx, s2, d, lam) == pytest.approx(np.trace(np.linalg.inv(hessian)), rel=1e-10)
+    assert loading_spread(Sxx, s2, d, lam).sum() == pytest.approx(np.trace(np.linalg.inv(hessian)), rel=1e-10)
 
 
 def test_em_step_converges_to_the_reml_estimate_of_a_balanced_random_effects_model():
@@ -112,8 +112,10 @@ def test_rotation_shares_sum_to_the_number_of_rotations_and_follow_the_whitened_
         for name, d, scale, var in (("a", 6, 1.0, 0.1), ("b", 4, 3.0, 0.1), ("c", 5, 1.0, 10.0))
     }
     shares = rotation_shares(prior)
-    assert sum(shares.values()) == pytest.approx(q * (q - 1) / 2)
-    assert shares["b"] > shares["a"] > shares["c"]  # larger loadings / tighter prior: more of the rotation
+    assert all(s.shape == (q,) for s in shares.values())
+    assert sum(s.sum() for s in shares.values()) == pytest.approx(q * (q - 1) / 2)
+    # larger loadings / tighter prior: more of the rotation
+    assert shares["b"].sum() > shares["a"].sum() > shares["c"].sum()
 
 
 def test_paper_mode_statistics_are_unchanged_and_em_needs_the_spread_fields():
@@ -195,8 +197,10 @@ def test_protocol_declares_and_sends_the_spread_only_with_the_em_update():
     em, paper = MVPPCAProtocol(schema, 2), MVPPCAProtocol(schema, 2, prior_update="paper")
     added = set(em.reply_spec.fields) - set(paper.reply_spec.fields)
     per_view = {f"{v}/{f}" for v in ("a", "b") for f in ("sum_post_var_mu", "sum_post_var_W")}
-    assert added == per_view | {"latent_moment", "latent_count"}
+    per_column = {f"{v}/{f}" for v in ("a", "b") for f in ("sum_sq_W_columns", "sum_post_var_W_columns")}
+    assert added == per_view | per_column | {"latent_moment", "latent_count"}
     assert all(em.reply_spec.fields[name].shape == () and em.reply_spec.fields[name].optional for name in per_view)
+    assert all(em.reply_spec.fields[name].shape == (2,) and em.reply_spec.fields[name].optional for name in per_column)
     assert em.reply_spec.fields["latent_moment"].shape == () and em.reply_spec.fields["latent_count"].shape == ()
     reply = em.site_step(SiteContext(site=0, round=1, rng=np.random.default_rng(0), data=data, state={}), em.initial_broadcast())
     em.reply_spec.validate(reply)
