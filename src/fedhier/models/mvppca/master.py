@@ -95,9 +95,6 @@ LATENT_FIELDS = ("latent_moment", "latent_count")
 COLUMN_FIELDS = ("sum_sq_W_columns", "sum_post_var_W_columns")
 #: the Newton step of the variance update stays within this factor of the EM step
 _NEWTON_RANGE = 4.0
-#: the fraction of missing information used by the Newton step is capped here (gain at most 1 / 0.2^2 = 25);
-#: above it the noise of the sites' fits, amplified by the gain, made the variances of views oscillate
-_MAX_MISSING_INFORMATION = 0.8
 #: a spread below this fraction of the summed squared norms (about the anchor) is rounding noise
 _ZERO_SPREAD_RTOL = 1e-12
 
@@ -223,20 +220,37 @@ def _em_variance(spread, posterior, used, count: int, n_coord: int, flat=0.0, ne
     does not see (:func:`rotation_shares`).  The term D v - (1/C) sum_c tr V_c is the
     uncertainty of the global mean m~ (module docstring).
 
-    EM converges at the rate T'(v): for a coordinate with sampling variance a at a site,
-    T' = 1 - (1 - rho)^2 with rho = a / (v + a) = tr V_c / (D v), the fraction of missing
-    information, which tends to 1 when the spread is small against the sampling error.
-    With ``newton`` the step is Newton's on T(v) = v with that rate, rho the sites' mean,
+    EM converges at the rate T'(v) = 1 - (1 - rho)^2, rho = a / (v + a) the fraction of
+    missing information of a coordinate with sampling variance a at a site, which tends to
+    1 when the spread is small against the sampling error: there EM takes hundreds of
+    rounds.  With ``newton`` the step solves the fixed-point equation T(v) = v of a model of
+    how the sites' statistics answer to v, with every site's coordinates of one sampling
+    variance a: a site's posterior variance is t(v) = a v / (a + v), its estimate is the
+    maximum-likelihood one shrunk by b(v) = v / (v + a), so the spread is b(v)^2 S_ML.  From
+    the statistics at the v0 the sites used, t0 = sum_c tr V_c / (C D) gives
+    a = v0 t0 / (v0 - t0) and S_ML = S / b(v0)^2, and T(v) = v becomes, in u = v + a,
 
-        v_new = v + (T(v) - v) / (1 - rho)^2,
+        (C - 1)(D - r) u^2 - [(C - 1) D a + S_ML] u + S_ML a = 0,
 
-    kept within a factor :data:`_NEWTON_RANGE` of T(v); its fixed points are those of EM.
+    whose larger root gives v = u - a (with r = 0, v = S_ML / ((C - 1) D) - a: the REML
+    estimate of the sites' maximum-likelihood estimates).  Where the sites' statistics
+    satisfy T(v0) = v0 the root is v0, so the fixed points are those of EM.  The step is
+    kept within a factor :data:`_NEWTON_RANGE` of T(v0).
     """
     step = (spread + (1.0 - 1.0 / count) * posterior + n_coord * used + (count - 1) * flat * used) / (count * n_coord)
     if not newton:
         return step
-    rho = np.minimum(posterior / (count * n_coord * used), _MAX_MISSING_INFORMATION)
-    accelerated = used + (step - used) / (1.0 - rho) ** 2
+    spread, used, flat = (np.asarray(x, dtype=float) for x in (spread, used, flat))
+    t0 = np.asarray(posterior, dtype=float) / (count * n_coord)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = used * t0 / (used - t0)
+        ml_spread = spread * ((used + a) / used) ** 2
+        A = (count - 1) * (n_coord - flat)
+        B = (count - 1) * n_coord * a + ml_spread
+        u = (B + np.sqrt(B**2 - 4.0 * A * ml_spread * a)) / (2.0 * A)
+        solved = u - a
+    ok = (t0 > 0) & (t0 < used) & np.isfinite(solved)
+    accelerated = np.where(ok, solved, step)
     return np.minimum(np.maximum(accelerated, step / _NEWTON_RANGE), step * _NEWTON_RANGE)
 
 
