@@ -173,7 +173,9 @@ def stopping_rule(tol: float | None, privacy: Any = None) -> Callable[[Any, Any]
     return model_settled(float(tol))
 
 
-def reply_spec(schema: ViewSchema, n_components: int, prior_update: str, *, private: bool) -> MessageSpec:
+def reply_spec(
+    schema: ViewSchema, n_components: int, prior_update: str, *, private: bool, column_variances: bool = False
+) -> MessageSpec:
     """A site's declared reply: per view, the sufficient statistics of the master step (``count`` public, the rest
     DP releases in a private fit); without privacy also the raw diagnostics (expected log-likelihood, safeguards)
     and, with the EM prior update, the latents' second moment that sets the loadings' scale and the columns'
@@ -184,7 +186,7 @@ def reply_spec(schema: ViewSchema, n_components: int, prior_update: str, *, priv
     if prior_update == "em" and not private:
         reply.update({name: Field((), optional=True) for name in master.LATENT_FIELDS})
     released = "release" if private else "raw"
-    columns = prior_update == "em" and not private
+    columns = prior_update == "em" and not private and column_variances
     for view, dim in zip(schema.names, schema.dims):
         for stat, shape in master.statistic_shapes(dim, n_components, prior_update, columns).items():
             reply[f"{view}/{stat}"] = Field(tuple(shape), optional=True, disclosure="public" if stat == "count" else released)
@@ -222,6 +224,9 @@ class MVPPCAProtocol(RoundProtocol):
         How the master updates the prior's variances: the EM update that adds the sites'
         posterior spread [R] (two more scalars per view in the reply) or eqs. 14, 18 [P]
         (:mod:`fedhier.models.mvppca.master`).
+    column_variances : bool
+        With the EM update and no privacy, one between-site variance per column of the
+        loadings (two more vectors of q per view in the reply; off by default).
     """
 
     name = "fed-mv-ppca"
@@ -248,6 +253,7 @@ class MVPPCAProtocol(RoundProtocol):
         privacy: Any = None,
         initial_prior: GlobalParams | None = None,
         prior_update: str = "em",
+        column_variances: bool = False,
     ):
         if prior_update not in master.PRIOR_UPDATES:
             raise ValueError(f"prior_update must be one of {master.PRIOR_UPDATES}, got {prior_update!r}")
@@ -267,14 +273,17 @@ class MVPPCAProtocol(RoundProtocol):
         #: the safeguards' notes repeat every round: each kind once per fit at INFO, then at DEBUG
         self._safeguard_log = OnceLog(log)
         q = self.n_components
-        #: the latents' second moment sets the loadings' scale, and each column of the loadings has its own
-        #: variance; neither is released under privacy
+        #: the latents' second moment sets the loadings' scale; not released under privacy
         self.latent_scale = prior_update == "em" and privacy is None
+        #: each column of the loadings has its own variance (an option; not released under privacy)
+        self.column_variances = self.latent_scale and bool(column_variances)
         broadcast: dict[str, Field] = {"has_prior": Field(())}
         for view, dim in zip(schema.names, schema.dims):
             for name, shape in _global_shapes(dim, q).items():
                 broadcast[f"{view}/{name}"] = Field(shape, optional=True)
-        self._reply_spec = reply_spec(schema, q, prior_update, private=privacy is not None)
+        self._reply_spec = reply_spec(
+            schema, q, prior_update, private=privacy is not None, column_variances=self.column_variances
+        )
         self._broadcast_spec = MessageSpec("fed-mv-ppca-broadcast", broadcast)
 
     @property
@@ -335,7 +344,7 @@ class MVPPCAProtocol(RoundProtocol):
         params = fit.params
         anchor = self._anchor(broadcast)
         site_spread = (
-            spread.posterior_spread(ctx.data, params, prior, columns=self.latent_scale) if self.prior_update == "em" else None
+            spread.posterior_spread(ctx.data, params, prior, columns=self.column_variances) if self.prior_update == "em" else None
         )
         if self.privacy is not None:
             from ..models.mvppca import dp
@@ -371,7 +380,7 @@ class MVPPCAProtocol(RoundProtocol):
         out: dict[str, dict[str, np.ndarray]] = {}
         for view, dim in zip(self.schema.names, self.schema.dims):
             if f"{view}/count" in combined:
-                shapes = master.statistic_shapes(dim, self.n_components, self.prior_update, self.latent_scale)
+                shapes = master.statistic_shapes(dim, self.n_components, self.prior_update, self.column_variances)
                 out[view] = {stat: combined[f"{view}/{stat}"] for stat in shapes}
         return out
 

@@ -195,7 +195,7 @@ def test_protocol_declares_and_sends_the_spread_only_with_the_em_update():
     rng = np.random.default_rng(6)
     schema = ViewSchema(("a", "b"), (5, 4))
     data = {"a": rng.normal(size=(40, 5)), "b": rng.normal(size=(40, 4))}
-    em, paper = MVPPCAProtocol(schema, 2), MVPPCAProtocol(schema, 2, prior_update="paper")
+    em, paper = MVPPCAProtocol(schema, 2, column_variances=True), MVPPCAProtocol(schema, 2, prior_update="paper")
     added = set(em.reply_spec.fields) - set(paper.reply_spec.fields)
     per_view = {f"{v}/{f}" for v in ("a", "b") for f in ("sum_post_var_mu", "sum_post_var_W")}
     per_column = {f"{v}/{f}" for v in ("a", "b") for f in ("sum_sq_W_columns", "sum_post_var_W_columns")}
@@ -290,14 +290,14 @@ def test_accelerated_step_reaches_the_reml_estimate_where_the_spread_is_far_belo
 def test_em_update_recovers_the_spread_of_the_loadings_with_two_components_too_many():
     """The drawn design above fitted with q = 5 for a true q = 3: the two extra columns carry no signal and
     their own variances fall below the signal columns'; the summary sd(W~), which weighs each column's
-    variance by its squared norm, stays at the truth (one variance for all columns gave about 0.75 of it)."""
+    variance by its squared norm, stays at the truth."""
     rng = np.random.default_rng(0)
     n = [int(v) for v in rng.integers(20, 301, 6)]
     data = make_federated_ppca(
         6, n, (5, 40, 100), 3, sd_mu=0.5, sd_W=0.2, sigma2_alpha=3.0, sigma2_beta=2.0, global_sd=(2.0, 1.0),
         random_state=0,
     )
-    g = FedMVPPCA(n_components=5, n_rounds=100, random_state=0).fit(data.sites).global_params_
+    g = FedMVPPCA(n_components=5, n_rounds=100, random_state=0, column_variances=True).fit(data.sites).global_params_
     np.testing.assert_allclose([np.sqrt(g[v]["sigma2_W"]) for v in g], 0.2, rtol=0.15)
     for v in ("view2", "view3"):  # 40 and 100 features: the signal columns are the three largest
         norms = np.sum(g[v]["W"] ** 2, axis=0)
