@@ -27,6 +27,10 @@ columns, §4.4):
 
     v_new = [sum_c ||m_c - m~||^2 + (1 - 1/C_k) sum_c tr V_c + D v] / (C_k D).
 
+With the fields of :data:`COLUMN_FIELDS` (per column i, the sites' ||w_ci - a_i||^2 and
+tr Cov(w_ci)) each column of W gets this update from its own d_k coordinates, sigma2_Wi~, and
+sigma2_W~ is their mean weighted by ||w~_i||^2 (:func:`.params.loading_variance`).
+
 In round 1 the sites fit without a prior; the update is then the spread of their
 maximum-likelihood estimates, sum_c ||m_c - m~||^2 / ((C_k - 1) D), which includes their
 sampling error: a start from above, from which the EM steps of the next rounds descend.
@@ -93,7 +97,7 @@ LATENT_FIELDS = ("latent_moment", "latent_count")
 #: the per-view fields of shape (q,) that the per-column update of sigma2_Wi adds: the columns' terms of
 #: sum_sq_W and sum_post_var_W
 COLUMN_FIELDS = ("sum_sq_W_columns", "sum_post_var_W_columns")
-#: the Newton step of the variance update stays within this factor of the EM step
+#: the accelerated step of the variance update stays within this factor of the EM step
 _NEWTON_RANGE = 4.0
 #: a spread below this fraction of the summed squared norms (about the anchor) is rounding noise
 _ZERO_SPREAD_RTOL = 1e-12
