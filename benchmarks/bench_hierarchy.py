@@ -2,6 +2,7 @@
 
 Run:  python benchmarks/bench_hierarchy.py                  (60 designs, about 25 minutes on a shared machine)
       python benchmarks/bench_hierarchy.py --designs 12 --drift 3     (a quick look)
+      python benchmarks/bench_hierarchy.py --column-variances --updates em   (one variance per column)
 
 Each design is drawn (seed = the design's index) from one family, then its data from the hierarchical
 model of the spec (``make_federated_ppca``): 3 views of d_k features, d_k log-uniform on 5..500; C sites,
@@ -112,7 +113,12 @@ def main() -> None:
     parser.add_argument("--designs", type=int, default=60, help="number of designs drawn (default 60)")
     parser.add_argument("--drift", type=int, default=8, help="designs re-run for 100 rounds with tol=None (default 8)")
     parser.add_argument("--max-values", type=float, default=4e5, help="largest data size of a design (default 4e5)")
+    parser.add_argument("--column-variances", action="store_true",
+                        help="fit the EM update with one variance per column of the loadings (column_variances=True)")
+    parser.add_argument("--updates", nargs="+", default=["em", "paper"], choices=["em", "paper"],
+                        help="the prior updates fitted (default both)")
     args = parser.parse_args()
+    columns = {"column_variances": True} if args.column_variances else {}
 
     rows = []  # (design, q_offset, mode, ratio to truth (2, K), ratio to realised (2, K), rounds)
     start = time.perf_counter()
@@ -127,14 +133,14 @@ def main() -> None:
         realised = realised_sds(data, names)
         error = relative_error(data, d)
         for offset in (0, 2):
-            for mode in ("em", "paper"):
-                model = fit(data, d["q"] + offset, mode, i)
+            for mode in args.updates:
+                model = fit(data, d["q"] + offset, mode, i, **(columns if mode == "em" else {}))
                 sds = fitted_sds(model, names)
                 rows.append((d, offset, mode, sds / truth, sds / realised, model.n_rounds_, error))
-        em = rows[-4]
+        em = rows[-2 * len(args.updates)]
         print(f"design {i:>3}: C = {d['n_sites']:>2}, d = {d['dims']}, n = {d['n'].min()}..{d['n'].max()}"
               f"{' (balanced)' if d['balanced'] else ''}, q = {d['q']}, sd(W~) = {d['sd_W']:.3f}, "
-              f"sd(mu~) = {d['sd_mu']:.3f} | EM, q right: sd(W~) / true {np.round(em[3][1], 2)}, "
+              f"sd(mu~) = {d['sd_mu']:.3f} | {em[2]}, q right: sd(W~) / true {np.round(em[3][1], 2)}, "
               f"sd(mu~) / true {np.round(em[3][0], 2)}, {em[5]} rounds  [{time.perf_counter() - start:.0f} s]",
               flush=True)
 
@@ -150,7 +156,7 @@ def main() -> None:
         print(f"\n{what}")
         print(f"{'designs':<16} {'update':>6} {'n':>3} | {'fitted / true':^34} | {'fitted / realised':^34} | rounds (median, max)")
         for label, keep in groups:
-            for mode in ("em", "paper"):
+            for mode in args.updates:
                 sel = [r for r in rows if keep(r[0], r[1]) and r[2] == mode]
                 if not sel:
                     continue
@@ -176,8 +182,8 @@ def main() -> None:
             sigma2_alpha=3.0, sigma2_beta=2.0, global_sd=(2.0, 1.0), random_state=i,
         )
         names = list(data.global_params)
-        stopped = fit(data, d["q"], "em", i).n_rounds_
-        model = fit(data, d["q"], "em", i, tol=None)
+        stopped = fit(data, d["q"], "em", i, **columns).n_rounds_
+        model = fit(data, d["q"], "em", i, tol=None, **columns)
         ratio = fitted_sds(model, names) / fitted_sds(model, names, row=stopped - 1)
         drift.append(ratio)
         print(f"drift, design {i:>3}: stops at round {stopped}; round 100 / stop: sd(W~) {np.round(ratio[1], 3)}, "

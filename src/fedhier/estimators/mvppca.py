@@ -144,6 +144,13 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         estimate the real differences between sites instead of collapsing (docs/mvppca.md,
         "Between-site variances"); each site then sends two more numbers per view.
         "paper": the paper's update from the point estimates alone (eqs. 14, 18).
+    column_variances : bool, default False
+        With ``prior_update="em"`` and no privacy: give each column of the loadings its own
+        between-site variance (w_ci ~ N(w~_i, sigma2_Wi I)), so that columns without signal,
+        when ``n_components`` is larger than the data need, do not pull ``sigma2_W`` down;
+        each site then sends two vectors of ``n_components`` more per view.  Off by default:
+        on sites holding different groups it tied the columns too loosely (docs/mvppca.md,
+        "One variance per column").
     privacy : privacy configuration or None
         Client-level differential privacy (spec §8), a ``DPConfig``; see :mod:`fedhier.privacy`.
         Or record-level DP, a :class:`fedhier.privacy.analyze_gauss.RecordDP`: each site releases
@@ -228,6 +235,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         ig_solver: str = "newton",
         sigma2_prior: str | None = "weak",
         prior_update: str = "em",
+        column_variances: bool = False,
         privacy: Any = None,
         aggregation: str = "plain",
         n_jobs: int = 1,
@@ -250,6 +258,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.ig_solver = ig_solver
         self.sigma2_prior = sigma2_prior
         self.prior_update = prior_update
+        self.column_variances = column_variances
         self.privacy = privacy
         self.aggregation = aggregation
         self.n_jobs = n_jobs
@@ -320,7 +329,9 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
     # ------------------------------------------------------------------ fitting
     def _protocol(self, schema: ViewSchema) -> MVPPCAProtocol:
         settings = {name: getattr(self, name) for name in MVPPCAProtocol.SETTINGS}
-        return MVPPCAProtocol(schema, self.n_components_, privacy=self.privacy, **settings)
+        return MVPPCAProtocol(
+            schema, self.n_components_, privacy=self.privacy, column_variances=bool(self.column_variances), **settings
+        )
 
     def _aggregator(self, n_sites: int):
         if not isinstance(self.aggregation, str):
@@ -741,7 +752,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         meta = {
             "format": _FORMAT,
             "params": {
-                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "tol", "init", "local_tol", "ig_solver", "sigma2_prior", "prior_update", "insecure_reproducible_noise")},
+                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "tol", "init", "local_tol", "ig_solver", "sigma2_prior", "prior_update", "column_variances", "insecure_reproducible_noise")},
                 "aggregation": self.aggregation if isinstance(self.aggregation, str) else "secure",
             },
             **({"privacy": NOT_PRIVATE} if self.insecure_reproducible_noise and self.privacy is not None else {}),
@@ -785,12 +796,15 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             v = {}
             for name in GLOBAL_FIELDS:
                 key = f"{view}/{name}"
-                expected = {"mu": (dim,), "W": (dim, q)}.get(name, ())
+                expected = {"mu": (dim,), "W": (dim, q), "sigma2_W_columns": (q,)}.get(name, ())
+                if name == "sigma2_W_columns" and key not in arrays:  # files from before the per-column variances
+                    continue
                 if key not in arrays or arrays[key].shape != expected or arrays[key].dtype.kind != "f":
                     raise ValueError(f"{path}: array {key!r} is missing or not a float array of shape {expected}")
                 v[name] = arrays[key]
             check_finite({f"{view}/{name}": value for name, value in v.items()}, str(path))
-            glob[view] = GlobalView(mu=v["mu"], W=v["W"], **{n: float(v[n]) for n in GLOBAL_FIELDS if n not in ("mu", "W")})
+            glob[view] = GlobalView(mu=v["mu"], W=v["W"], sigma2_W_columns=v.get("sigma2_W_columns"),
+                                    **{n: float(v[n]) for n in GLOBAL_FIELDS if n not in ("mu", "W", "sigma2_W_columns")})
         model._global = glob
         model.n_components_ = q
         model.schema_ = schema

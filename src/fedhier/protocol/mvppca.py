@@ -15,7 +15,9 @@ Messages (flat, declared; ``<view>/<field>``):
   sum_post_var_W`` (the site's posterior spread, :mod:`fedhier.models.mvppca.spread`);
   with ``prior_update="em"`` and no privacy, ``latent_moment``, the site's
   sum_n tr <x_n x_n^T>, and ``latent_count``, its number of subjects, from which the master
-  sets the scale of the loadings (:func:`fedhier.models.mvppca.master.latent_scale`);
+  sets the scale of the loadings (:func:`fedhier.models.mvppca.master.latent_scale`), and per
+  view ``sum_sq_W_columns, sum_post_var_W_columns`` (q,), the columns' terms of ``sum_sq_W`` and
+  ``sum_post_var_W``, from which the master gives each column of the loadings its own variance;
   plus, in a fit without privacy only, ``expected_ll`` (the site's final Q_c, §4.2) and
   ``safeguards`` (how many [RC] safeguards triggered locally).  With privacy the
   statistics are computed from the site's DP releases alone (declared ``"release"``; the
@@ -23,7 +25,7 @@ Messages (flat, declared; ``<view>/<field>``):
   i.e. that the site replied) is public, and the two diagnostics, computed from the raw data, are
   never sent (``docs/privacy.md``).
 * broadcast: ``has_prior`` (0 before round 1's global step) and, per view,
-  ``mu, W, sigma2_mu, sigma2_W, alpha, beta, noise_var, var_sigma``.
+  ``mu, W, sigma2_mu, sigma2_W, alpha, beta, noise_var, var_sigma, sigma2_W_columns`` (q,).
 """
 
 from __future__ import annotations
@@ -73,11 +75,12 @@ SCALE_ADVICE = ("The defaults assume data on a unit scale: scale the data first 
                 "as the experiments do) or pass sigma2_prior=None.")
 
 
-GLOBAL_FIELDS = ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta", "noise_var", "var_sigma")
+GLOBAL_FIELDS = ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta", "noise_var", "var_sigma", "sigma2_W_columns")
 
 
 def _global_shapes(dim: int, q: int) -> dict[str, tuple[int, ...]]:
-    return {"mu": (dim,), "W": (dim, q), "sigma2_mu": (), "sigma2_W": (), "alpha": (), "beta": (), "noise_var": (), "var_sigma": ()}
+    return {"mu": (dim,), "W": (dim, q), "sigma2_mu": (), "sigma2_W": (), "alpha": (), "beta": (), "noise_var": (),
+            "var_sigma": (), "sigma2_W_columns": (q,)}
 
 
 def global_to_message(params: GlobalParams) -> Message:
@@ -111,6 +114,7 @@ def global_from_message(message: Mapping[str, np.ndarray], schema: ViewSchema) -
             beta=float(values["beta"]),
             noise_var=float(values["noise_var"]),
             var_sigma=np.inf if var_sigma < 0 else var_sigma,
+            sigma2_W_columns=np.array(values["sigma2_W_columns"], dtype=float),
         )
     return out
 
@@ -169,18 +173,22 @@ def stopping_rule(tol: float | None, privacy: Any = None) -> Callable[[Any, Any]
     return model_settled(float(tol))
 
 
-def reply_spec(schema: ViewSchema, n_components: int, prior_update: str, *, private: bool) -> MessageSpec:
+def reply_spec(
+    schema: ViewSchema, n_components: int, prior_update: str, *, private: bool, column_variances: bool = False
+) -> MessageSpec:
     """A site's declared reply: per view, the sufficient statistics of the master step (``count`` public, the rest
     DP releases in a private fit); without privacy also the raw diagnostics (expected log-likelihood, safeguards)
-    and, with the EM prior update, the latents' second moment that sets the loadings' scale.  It depends on
+    and, with the EM prior update, the latents' second moment that sets the loadings' scale and the columns'
+    terms of the loadings' spread.  It depends on
     whether the fit is private, never on the noise's calibration."""
     # raw diagnostics: sent only without privacy (check_disclosure refuses them otherwise)
     reply: dict[str, Field] = {"expected_ll": Field((), optional=True), "safeguards": Field((), optional=True)}
     if prior_update == "em" and not private:
         reply.update({name: Field((), optional=True) for name in master.LATENT_FIELDS})
     released = "release" if private else "raw"
+    columns = prior_update == "em" and not private and column_variances
     for view, dim in zip(schema.names, schema.dims):
-        for stat, shape in master.statistic_shapes(dim, n_components, prior_update).items():
+        for stat, shape in master.statistic_shapes(dim, n_components, prior_update, columns).items():
             reply[f"{view}/{stat}"] = Field(tuple(shape), optional=True, disclosure="public" if stat == "count" else released)
     return MessageSpec("fed-mv-ppca-reply", reply)
 
@@ -216,6 +224,9 @@ class MVPPCAProtocol(RoundProtocol):
         How the master updates the prior's variances: the EM update that adds the sites'
         posterior spread [R] (two more scalars per view in the reply) or eqs. 14, 18 [P]
         (:mod:`fedhier.models.mvppca.master`).
+    column_variances : bool
+        With the EM update and no privacy, one between-site variance per column of the
+        loadings (two more vectors of q per view in the reply; off by default).
     """
 
     name = "fed-mv-ppca"
@@ -242,6 +253,7 @@ class MVPPCAProtocol(RoundProtocol):
         privacy: Any = None,
         initial_prior: GlobalParams | None = None,
         prior_update: str = "em",
+        column_variances: bool = False,
     ):
         if prior_update not in master.PRIOR_UPDATES:
             raise ValueError(f"prior_update must be one of {master.PRIOR_UPDATES}, got {prior_update!r}")
@@ -263,11 +275,15 @@ class MVPPCAProtocol(RoundProtocol):
         q = self.n_components
         #: the latents' second moment sets the loadings' scale; not released under privacy
         self.latent_scale = prior_update == "em" and privacy is None
+        #: each column of the loadings has its own variance (an option; not released under privacy)
+        self.column_variances = self.latent_scale and bool(column_variances)
         broadcast: dict[str, Field] = {"has_prior": Field(())}
         for view, dim in zip(schema.names, schema.dims):
             for name, shape in _global_shapes(dim, q).items():
                 broadcast[f"{view}/{name}"] = Field(shape, optional=True)
-        self._reply_spec = reply_spec(schema, q, prior_update, private=privacy is not None)
+        self._reply_spec = reply_spec(
+            schema, q, prior_update, private=privacy is not None, column_variances=self.column_variances
+        )
         self._broadcast_spec = MessageSpec("fed-mv-ppca-broadcast", broadcast)
 
     @property
@@ -327,7 +343,9 @@ class MVPPCAProtocol(RoundProtocol):
             self._safeguard_log(note, "site %d, round %d: %s", ctx.site, ctx.round, note)
         params = fit.params
         anchor = self._anchor(broadcast)
-        site_spread = spread.posterior_spread(ctx.data, params, prior) if self.prior_update == "em" else None
+        site_spread = (
+            spread.posterior_spread(ctx.data, params, prior, columns=self.column_variances) if self.prior_update == "em" else None
+        )
         if self.privacy is not None:
             from ..models.mvppca import dp
 
@@ -362,7 +380,7 @@ class MVPPCAProtocol(RoundProtocol):
         out: dict[str, dict[str, np.ndarray]] = {}
         for view, dim in zip(self.schema.names, self.schema.dims):
             if f"{view}/count" in combined:
-                shapes = master.statistic_shapes(dim, self.n_components, self.prior_update)
+                shapes = master.statistic_shapes(dim, self.n_components, self.prior_update, self.column_variances)
                 out[view] = {stat: combined[f"{view}/{stat}"] for stat in shapes}
         return out
 

@@ -577,6 +577,8 @@ def denoise_global(new: GlobalParams, anchor: GlobalParams, counts: dict[str, in
         tau2 = _noise_sd(config, "sigma2", g_sigma2) ** 2
         lam = g_sigma2**2 / (g_sigma2**2 + tau2 / count)
         updates["noise_var"] = max(a_sigma2 + lam * (g.noise_var - a_sigma2), config.sigma2_floor)
+        if "sigma2_W" in updates:  # one variance for all the columns, as the DP fit estimates it
+            updates["sigma2_W_columns"] = None
         out[view] = replace(g, **updates)
     return out
 

@@ -8,7 +8,7 @@ broadcast prior and run MAP-EM.  With ``tol`` the iterations stop once the param
 settle (relative change below ``tol``), ``n_iter`` being the cap.
 Every iteration follows the order of §4.3:
 
-    (1) mu (eq. 11, Woodbury)  ->  (2) E-step  ->  (3) W (lambda_k = sigma2[s] / sigma2_W)
+    (1) mu (eq. 11, Woodbury)  ->  (2) E-step  ->  (3) W (lambda_i = sigma2[s] / sigma2_Wi, per column i)
     ->  (4) sigma2 (eq. 21, with N_c^(k) d_k).
 
 Subjects may lack views (entirely-NaN rows, §2.3 [R]): the E-step is done once per
@@ -80,6 +80,9 @@ def _check_prior(prior: GlobalParams, data: MultiViewData, q: int) -> None:
             value = getattr(g, field)
             if not (np.isfinite(value) and value > 0):
                 raise ValueError(f"prior: view {name!r} has {field} = {value}; it must be positive and finite")
+        columns = np.asarray(g.sigma2_W_columns, dtype=float)
+        if columns.shape != (q,) or not (np.all(np.isfinite(columns)) and np.all(columns > 0)):
+            raise ValueError(f"prior: view {name!r} needs {q} positive finite column variances of W")
 
 
 def _scatter_about(values: np.ndarray, centre: np.ndarray) -> float:
@@ -193,7 +196,7 @@ def fit_local(
         n_cols[name] = effective_columns(block.dim, q)
         if prior is not None:
             g = prior[name]
-            W[name] = np.asarray(g.W, dtype=float) + np.sqrt(g.sigma2_W) * rng.standard_normal((block.dim, q))
+            W[name] = np.asarray(g.W, dtype=float) + np.sqrt(g.sigma2_W_columns) * rng.standard_normal((block.dim, q))
             sigma2[name] = float(g.beta / rng.gamma(g.alpha))
         elif init == "random":
             W[name] = rng.uniform(-2.0, 2.0, size=(block.dim, q))
@@ -226,7 +229,7 @@ def fit_local(
             cross = block.values.T @ X - np.outer(mu[name], X.sum(axis=0))
             # (3) W with the current sigma2[s]
             g = None if prior is None else prior[name]
-            ridge = 0.0 if g is None else sigma2[name] / g.sigma2_W
+            ridge = 0.0 if g is None else sigma2[name] / np.asarray(g.sigma2_W_columns, dtype=float)
             W[name] = loading_step(cross, xx, ridge, None if g is None else np.asarray(g.W, dtype=float), n_cols[name])
             # (4) sigma2 with W[s+1], mu[s+1]
             S = scatter_first_form(scatter[name], block.n_obs, sample_mean[name], mu[name], W[name], cross, xx)
@@ -280,7 +283,8 @@ def log_prior(params: ViewParams, prior: GlobalView) -> float:
     dmu = np.asarray(params.mu) - np.asarray(prior.mu)
     dW = np.asarray(params.W) - np.asarray(prior.W)
     ln_mu = -0.5 * d * np.log(2 * np.pi * prior.sigma2_mu) - 0.5 * (dmu @ dmu) / prior.sigma2_mu
-    ln_W = -0.5 * d * q * np.log(2 * np.pi * prior.sigma2_W) - 0.5 * np.vdot(dW, dW) / prior.sigma2_W
+    columns = np.asarray(prior.sigma2_W_columns, dtype=float)
+    ln_W = -0.5 * d * np.sum(np.log(2 * np.pi * columns)) - 0.5 * np.sum(np.sum(dW**2, axis=0) / columns)
     ln_s = (
         prior.alpha * np.log(prior.beta) - gammaln(prior.alpha)
         - (prior.alpha + 1.0) * np.log(params.sigma2) - prior.beta / params.sigma2

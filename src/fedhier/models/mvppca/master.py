@@ -27,6 +27,10 @@ columns, §4.4):
 
     v_new = [sum_c ||m_c - m~||^2 + (1 - 1/C_k) sum_c tr V_c + D v] / (C_k D).
 
+With the fields of :data:`COLUMN_FIELDS` (per column i, the sites' ||w_ci - a_i||^2 and
+tr Cov(w_ci)) each column of W gets this update from its own d_k coordinates, sigma2_Wi~, and
+sigma2_W~ is their mean weighted by ||w~_i||^2 (:func:`.params.loading_variance`).
+
 In round 1 the sites fit without a prior; the update is then the spread of their
 maximum-likelihood estimates, sum_c ||m_c - m~||^2 / ((C_k - 1) D), which includes their
 sampling error: a start from above, from which the EM steps of the next rounds descend.
@@ -57,7 +61,7 @@ import numpy as np
 
 from .invgamma import fit_invgamma_statistics, invgamma_mle, invgamma_mle_from_statistics
 from .mstep import effective_columns
-from .params import GlobalParams, GlobalView, LocalParams
+from .params import GlobalParams, GlobalView, LocalParams, loading_variance
 
 __all__ = [
     "statistic_shapes",
@@ -74,6 +78,7 @@ __all__ = [
     "PRIOR_UPDATES",
     "SPREAD_FIELDS",
     "LATENT_FIELDS",
+    "COLUMN_FIELDS",
     "latent_scale",
 ]
 
@@ -89,11 +94,11 @@ PRIOR_UPDATES = ("em", "paper")
 SPREAD_FIELDS = ("sum_post_var_mu", "sum_post_var_W")
 #: the scalars (not per view) that ``prior_update="em"`` adds to a site's reply: sum_n tr <x_n x_n^T>, N_c
 LATENT_FIELDS = ("latent_moment", "latent_count")
-#: the Newton step of the variance update stays within this factor of the EM step
+#: the per-view fields of shape (q,) that the per-column update of sigma2_Wi adds: the columns' terms of
+#: sum_sq_W and sum_post_var_W
+COLUMN_FIELDS = ("sum_sq_W_columns", "sum_post_var_W_columns")
+#: the accelerated step of the variance update stays within this factor of the EM step
 _NEWTON_RANGE = 4.0
-#: the fraction of missing information used by the Newton step is capped here (gain at most 1 / 0.2^2 = 25);
-#: above it the noise of the sites' fits, amplified by the gain, made the variances of views oscillate
-_MAX_MISSING_INFORMATION = 0.8
 #: a spread below this fraction of the summed squared norms (about the anchor) is rounding noise
 _ZERO_SPREAD_RTOL = 1e-12
 
@@ -103,11 +108,16 @@ def _check_prior_update(prior_update: str) -> None:
         raise ValueError(f"prior_update must be one of {PRIOR_UPDATES}, got {prior_update!r}")
 
 
-def statistic_shapes(dim: int, n_components: int, prior_update: str = "paper") -> dict[str, tuple[int, ...]]:
+def statistic_shapes(
+    dim: int, n_components: int, prior_update: str = "paper", columns: bool = False
+) -> dict[str, tuple[int, ...]]:
     """Field names and shapes of the per-view statistics of :func:`site_statistics`
-    (``prior_update="em"`` adds the scalars of :data:`SPREAD_FIELDS`)."""
+    (``prior_update="em"`` adds the scalars of :data:`SPREAD_FIELDS`, and with ``columns``
+    the (q,) vectors of :data:`COLUMN_FIELDS`)."""
     _check_prior_update(prior_update)
     spread = {name: () for name in SPREAD_FIELDS} if prior_update == "em" else {}
+    if prior_update == "em" and columns:
+        spread |= {name: (n_components,) for name in COLUMN_FIELDS}
     return spread | {
         "count": (),
         "sum_mu": (dim,),
@@ -146,7 +156,9 @@ def site_statistics(
         anchor 0.
     spread : mapping view -> (tr Cov(mu_c), tr Cov(W_c)), optional
         The site's posterior spread (:func:`.spread.posterior_spread`); adds the fields
-        ``sum_post_var_mu``, ``sum_post_var_W`` (for ``prior_update="em"``).
+        ``sum_post_var_mu``, ``sum_post_var_W`` (for ``prior_update="em"``).  Given per
+        column (an ndarray of shape (q,)), also the fields of :data:`COLUMN_FIELDS`:
+        sum_sq_W_columns = ||w_ci - a_i||^2 and sum_post_var_W_columns = tr Cov(w_ci).
 
     Returns
     -------
@@ -179,11 +191,16 @@ def site_statistics(
             "sum_sq_sigma2": np.array(s2 * s2),
         }
         if spread is not None:
-            post_mu, post_W = (float(v) for v in spread[view])
-            if not (np.isfinite(post_mu) and np.isfinite(post_W) and post_mu >= 0 and post_W >= 0):
-                raise ValueError(f"spread: view {view!r} needs non-negative finite traces, got {spread[view]}")
+            post_mu, post_W = float(spread[view][0]), np.asarray(spread[view][1], dtype=float)
+            if post_W.shape not in ((), (W.shape[1],)):
+                raise ValueError(f"spread: view {view!r} needs tr Cov(W_c) as a number or {W.shape[1]} columns")
+            if not (np.isfinite(post_mu) and np.all(np.isfinite(post_W)) and post_mu >= 0 and np.all(post_W >= 0)):
+                raise ValueError(f"spread: view {view!r} needs non-negative finite traces")
             out[view]["sum_post_var_mu"] = np.array(post_mu)
-            out[view]["sum_post_var_W"] = np.array(post_W)
+            out[view]["sum_post_var_W"] = np.array(post_W.sum())
+            if post_W.ndim == 1:
+                out[view]["sum_sq_W_columns"] = np.sum(dW**2, axis=0)
+                out[view]["sum_post_var_W_columns"] = post_W.copy()
     return out
 
 
@@ -192,10 +209,11 @@ def _spread(spread: float, sum_sq: float) -> float:
     return spread if spread > _ZERO_SPREAD_RTOL * sum_sq else 0.0
 
 
-def _em_variance(
-    spread: float, posterior: float, used: float, count: int, n_coord: int, flat: float = 0.0, newton: bool = True
-) -> float:
+def _em_variance(spread, posterior, used, count: int, n_coord: int, flat=0.0, newton: bool = True):
     """One step for a between-site variance with the global mean integrated out (REML).
+
+    Elementwise: ``spread``, ``posterior``, ``used``, ``flat`` are numbers, or arrays of one
+    entry per column of the loadings (each column its own variance, D = d_k).
 
     The EM step is
 
@@ -206,46 +224,70 @@ def _em_variance(
     does not see (:func:`rotation_shares`).  The term D v - (1/C) sum_c tr V_c is the
     uncertainty of the global mean m~ (module docstring).
 
-    EM converges at the rate T'(v): for a coordinate with sampling variance a at a site,
-    T' = 1 - (1 - rho)^2 with rho = a / (v + a) = tr V_c / (D v), the fraction of missing
-    information, which tends to 1 when the spread is small against the sampling error.
-    With ``newton`` the step is Newton's on T(v) = v with that rate, rho the sites' mean,
+    EM converges at the rate T'(v) = 1 - (1 - rho)^2, rho = a / (v + a) the fraction of
+    missing information of a coordinate with sampling variance a at a site, which tends to
+    1 when the spread is small against the sampling error: there EM takes hundreds of
+    rounds.  With ``newton`` the step solves the fixed-point equation T(v) = v of a model of
+    how the sites' statistics answer to v, with every site's coordinates of one sampling
+    variance a: a site's posterior variance is t(v) = a v / (a + v), its estimate is the
+    maximum-likelihood one shrunk by b(v) = v / (v + a), so the spread is b(v)^2 S_ML.  From
+    the statistics at the v0 the sites used, t0 = sum_c tr V_c / (C D) gives
+    a = v0 t0 / (v0 - t0) and S_ML = S / b(v0)^2, and T(v) = v becomes, in u = v + a,
 
-        v_new = v + (T(v) - v) / (1 - rho)^2,
+        (C - 1)(D - r) u^2 - [(C - 1) D a + S_ML] u + S_ML a = 0,
 
-    kept within a factor :data:`_NEWTON_RANGE` of T(v); its fixed points are those of EM.
+    whose larger root gives v = u - a (with r = 0, v = S_ML / ((C - 1) D) - a: the REML
+    estimate of the sites' maximum-likelihood estimates).  Where the sites' statistics
+    satisfy T(v0) = v0 the root is v0, so the fixed points are those of EM.  The step is
+    kept within a factor :data:`_NEWTON_RANGE` of T(v0).
     """
     step = (spread + (1.0 - 1.0 / count) * posterior + n_coord * used + (count - 1) * flat * used) / (count * n_coord)
     if not newton:
         return step
-    rho = min(posterior / (count * n_coord * used), _MAX_MISSING_INFORMATION)
-    accelerated = used + (step - used) / (1.0 - rho) ** 2
-    return min(max(accelerated, step / _NEWTON_RANGE), step * _NEWTON_RANGE)
+    spread, used, flat = (np.asarray(x, dtype=float) for x in (spread, used, flat))
+    t0 = np.asarray(posterior, dtype=float) / (count * n_coord)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = used * t0 / (used - t0)
+        ml_spread = spread * ((used + a) / used) ** 2
+        A = (count - 1) * (n_coord - flat)
+        B = (count - 1) * n_coord * a + ml_spread
+        u = (B + np.sqrt(B**2 - 4.0 * A * ml_spread * a)) / (2.0 * A)
+        solved = u - a
+    ok = (t0 > 0) & (t0 < used) & np.isfinite(solved)
+    accelerated = np.where(ok, solved, step)
+    return np.minimum(np.maximum(accelerated, step / _NEWTON_RANGE), step * _NEWTON_RANGE)
 
 
-def rotation_shares(prior: GlobalParams) -> dict[str, float]:
-    """How many of the q (q - 1) / 2 rotation directions of the latent space fall on each view.
+def rotation_shares(prior: GlobalParams) -> dict[str, np.ndarray]:
+    """How many of the q (q - 1) / 2 rotation directions of the latent space fall on each column of each view.
 
     The likelihood of a site depends on its loadings only through W_c W_c^T: W_c R (R
     orthogonal, the same for all views) fits equally well, so the local MAP turns W_c
     toward W~ and its deviation along the q (q - 1) / 2 directions W~ A (A skew-symmetric)
-    is lost, although the prior gives each of them variance sigma2_W~.  For the pair of
-    columns (i, j), view k's share of the direction is its whitened weight
-    (||w~_ki||^2 + ||w~_kj||^2) / sigma2_W~k over the sum over views; r_k sums the shares.
+    is lost, although the prior gives each of them variance.  The direction of the pair
+    (i, j) moves column i of view k along w~_kj and column j along w~_ki; their whitened
+    weights ||w~_kj||^2 / sigma2_W~ki and ||w~_ki||^2 / sigma2_W~kj over the sum over views
+    and the two columns are their shares of the direction; r_ki sums the shares of column i.
+
+    Returns
+    -------
+    dict view -> ndarray of shape (q,)
     """
     views = list(prior)
     if not views:
         return {}
     q = np.shape(prior[views[0]].W)[1]
-    col = np.array([np.sum(np.asarray(prior[v].W, dtype=float) ** 2, axis=0) / prior[v].sigma2_W for v in views])  # (K, q)
-    shares = np.zeros(len(views))
+    norms = np.array([np.sum(np.asarray(prior[v].W, dtype=float) ** 2, axis=0) for v in views])  # (K, q)
+    variances = np.array([np.asarray(prior[v].sigma2_W_columns, dtype=float) for v in views])  # (K, q)
+    shares = np.zeros((len(views), q))
     for i in range(q):
         for j in range(i + 1, q):
-            weight = col[:, i] + col[:, j]
-            total = weight.sum()
+            weight_i, weight_j = norms[:, j] / variances[:, i], norms[:, i] / variances[:, j]
+            total = weight_i.sum() + weight_j.sum()
             if total > 0 and np.isfinite(total):
-                shares += weight / total
-    return dict(zip(views, shares.tolist()))
+                shares[:, i] += weight_i / total
+                shares[:, j] += weight_j / total
+    return dict(zip(views, shares))
 
 
 def _finish_view(
@@ -254,52 +296,64 @@ def _finish_view(
     mu: np.ndarray,
     spread_mu: float,
     W: np.ndarray,
-    spread_W: float,
+    spread_W: float | np.ndarray,
     ig: tuple[float, float, list[str]],
     noise_var: float,
     notes: list[str],
-    posterior: tuple[float, float, GlobalView | None, float] | None = None,
+    posterior: tuple | None = None,
     newton: bool = True,
 ) -> GlobalView:
     """Variances with the [RC] safeguards, from the means and summed squared deviations.
 
     ``posterior`` = (sum_c tr Cov(mu_c), sum_c tr Cov(W_c), the prior view the sites used or
-    None in round 1, the view's rotation share) selects the EM update (module docstring);
-    None the paper's eqs. 14, 18; ``newton`` as :func:`_em_variance`.
+    None in round 1, the view's rotation shares per column) selects the EM update (module
+    docstring); None the paper's eqs. 14, 18; ``newton`` as :func:`_em_variance`.  With
+    ``spread_W`` and the W trace given per column (ndarrays of shape (q,)) each column i
+    gets its own variance sigma2_Wi from its d_k coordinates; otherwise one variance is
+    shared by all columns.
     """
     d, q = W.shape
+    q_k = max(effective_columns(d, q), 1)
     if count == 1:
-        var_mu = var_W = SINGLE_SITE_VARIANCE
+        var_mu, var_W = SINGLE_SITE_VARIANCE, np.full(q_k, SINGLE_SITE_VARIANCE)
         notes.append(f"view {view!r}: a single site (C_k = 1), prior variances set to {SINGLE_SITE_VARIANCE:g}")
     else:
         if posterior is None:  # eqs. 14, 18
             var_mu = spread_mu / (count * d)
-            var_W = spread_W / (count * d * q)
+            var_W = np.full(q_k, spread_W / (count * d * q))
         else:
             post_mu, post_W, used, flat = posterior
-            q_k = max(effective_columns(d, q), 1)
+            if np.ndim(spread_W) == 1:  # one variance per column, of d_k coordinates each
+                spread_W, post_W, flat, n_coord = spread_W[:q_k], post_W[:q_k], flat[:q_k], d
+                used_W = None if used is None else np.asarray(used.sigma2_W_columns, dtype=float)[:q_k]
+            else:
+                flat, n_coord = float(np.sum(flat)), d * q_k
+                used_W = None if used is None else used.sigma2_W
             if used is None:  # round 1: the sites' maximum-likelihood estimates, an upper start
                 var_mu = spread_mu / ((count - 1) * d)
-                var_W = spread_W / ((count - 1) * d * q_k)
+                var_W = spread_W / ((count - 1) * n_coord)
             else:
                 var_mu = _em_variance(spread_mu, post_mu, used.sigma2_mu, count, d, newton=newton)
-                var_W = _em_variance(spread_W, post_W, used.sigma2_W, count, d * q_k, flat, newton=newton)
+                var_W = _em_variance(spread_W, post_W, used_W, count, n_coord, flat, newton=newton)
+            var_W = np.broadcast_to(np.asarray(var_W, dtype=float), (q_k,)).copy()
         if var_mu <= 0.0:
             var_mu = ZERO_SPREAD_VARIANCE
             notes.append(f"view {view!r}: zero spread of mu, sigma2_mu set to {ZERO_SPREAD_VARIANCE:g}")
-        if var_W <= 0.0:
-            var_W = ZERO_SPREAD_VARIANCE
+        if np.any(var_W <= 0.0):
+            var_W[var_W <= 0.0] = ZERO_SPREAD_VARIANCE
             notes.append(f"view {view!r}: zero spread of W, sigma2_W set to {ZERO_SPREAD_VARIANCE:g}")
     cap = float(np.linalg.norm(W)) / 5.0
-    if 0.0 < cap < var_W:
-        notes.append(f"view {view!r}: sigma2_W {var_W:.4g} capped at ||W~||_F / 5 = {cap:.4g}")
-        var_W = cap
+    if 0.0 < cap < var_W.max():
+        notes.append(f"view {view!r}: sigma2_W {var_W.max():.4g} capped at ||W~||_F / 5 = {cap:.4g}")
+        var_W = np.minimum(var_W, cap)
+    var_summary = loading_variance(W[:, :q_k], var_W)
+    columns = np.concatenate([var_W, np.full(q - q_k, var_summary)])[:q]  # columns beyond q_k are 0 (§4.4)
     alpha, beta, ig_notes = ig
     notes.extend(f"view {view!r}: {note}" for note in ig_notes)
     var_sigma = beta**2 / ((alpha - 1.0) ** 2 * (alpha - 2.0)) if alpha > 2.0 else np.inf
     return GlobalView(
-        mu=mu, W=W, sigma2_mu=float(var_mu), sigma2_W=float(var_W), alpha=alpha, beta=beta,
-        noise_var=float(noise_var), var_sigma=float(var_sigma),
+        mu=mu, W=W, sigma2_mu=float(var_mu), sigma2_W=var_summary, alpha=alpha, beta=beta,
+        noise_var=float(noise_var), var_sigma=float(var_sigma), sigma2_W_columns=columns,
     )
 
 
@@ -364,7 +418,8 @@ def global_step(
             continue
         count = int(count)
         dim = np.shape(fields.get("sum_mu"))[0] if np.ndim(fields.get("sum_mu")) == 1 else -1
-        for name, shape in statistic_shapes(dim, q, prior_update).items():
+        columns = prior_update == "em" and COLUMN_FIELDS[0] in fields
+        for name, shape in statistic_shapes(dim, q, prior_update, columns).items():
             if name not in fields:
                 raise ValueError(f"statistics: view {view!r} lacks field {name!r}")
             if np.shape(fields[name]) != shape:
@@ -376,6 +431,12 @@ def global_step(
         sum_sq_mu, sum_sq_W = float(fields["sum_sq_mu"]), float(fields["sum_sq_W"])
         spread_mu = _spread(sum_sq_mu - count * float(dmu @ dmu), sum_sq_mu)
         spread_W = _spread(sum_sq_W - count * float(np.vdot(dW, dW)), sum_sq_W)
+        post_W = float(fields["sum_post_var_W"]) if prior_update == "em" else 0.0
+        if columns:  # per column i: sum_c ||w_ci - w~_i||^2, zero below the rounding noise of its own sum
+            sum_sq_columns = np.asarray(fields["sum_sq_W_columns"], dtype=float)
+            spread_W = sum_sq_columns - count * np.sum(dW**2, axis=0)
+            spread_W[spread_W <= _ZERO_SPREAD_RTOL * sum_sq_columns] = 0.0
+            post_W = np.asarray(fields["sum_post_var_W_columns"], dtype=float)
         ig = fit_invgamma_statistics(
             count, float(fields["sum_inv_sigma2"]), float(fields["sum_log_sigma2"]),
             float(fields["sum_sigma2"]), float(fields["sum_sq_sigma2"]), ig_solver,
@@ -383,8 +444,8 @@ def global_step(
         posterior = None
         if prior_update == "em":
             used = None if previous is None else previous.get(view)
-            flat = 0.0 if previous is None else shares.get(view, 0.0)
-            posterior = (float(fields["sum_post_var_mu"]), float(fields["sum_post_var_W"]), used, flat)
+            flat = shares.get(view, np.zeros(q))
+            posterior = (float(fields["sum_post_var_mu"]), post_W, used, flat)
         result[view] = _finish_view(
             view, count, mu, spread_mu, W, spread_W, ig, float(fields["sum_sigma2"]) / count, notes, posterior, newton
         )
@@ -457,7 +518,7 @@ def data_independent_prior(dims: Mapping[str, int], n_components: int) -> Global
 def latent_scale(params: GlobalParams, second_moment: float) -> GlobalParams:
     """Fold the latents' pooled second moment s into the scale of the loadings (module docstring).
 
-    W~ <- sqrt(s) W~, sigma2_W~ <- s sigma2_W~; the rest of theta~ is unchanged.
+    W~ <- sqrt(s) W~, sigma2_W~ <- s sigma2_W~ (and each sigma2_Wi~); the rest of theta~ is unchanged.
 
     Parameters
     ----------
@@ -475,7 +536,9 @@ def latent_scale(params: GlobalParams, second_moment: float) -> GlobalParams:
     if not (np.isfinite(s) and s > 0.0):
         raise ValueError(f"latent second moment must be a positive finite number, got {s}")
     return {
-        view: replace(g, W=np.sqrt(s) * np.asarray(g.W, dtype=float), sigma2_W=g.sigma2_W * s) for view, g in params.items()
+        view: replace(g, W=np.sqrt(s) * np.asarray(g.W, dtype=float), sigma2_W=g.sigma2_W * s,
+                      sigma2_W_columns=s * np.asarray(g.sigma2_W_columns, dtype=float))
+        for view, g in params.items()
     }
 
 

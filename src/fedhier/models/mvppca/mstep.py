@@ -81,11 +81,14 @@ def mean_step(
 def loading_step(
     cross: np.ndarray,
     second_moment: np.ndarray,
-    ridge: float,
+    ridge: float | np.ndarray,
     prior_W: np.ndarray | None,
     n_effective: int,
 ) -> np.ndarray:
-    """Step (3) of §4.3: W = [sum (t - mu) <x>^T + lambda W~] [sum <x x^T> + lambda I]^{-1}.
+    """Step (3) of §4.3: W = [sum (t - mu) <x>^T + W~ Lambda] [sum <x x^T> + Lambda]^{-1}.
+
+    Lambda = diag(lambda_i), lambda_i = sigma2 / sigma2_Wi for the prior w_ci ~ N(w~_i, sigma2_Wi I)
+    on each column (lambda I with one variance for all columns).
 
     Parameters
     ----------
@@ -93,8 +96,8 @@ def loading_step(
         sum_n (t_n - mu) <x_n>^T over the subjects that have the view.
     second_moment : ndarray of shape (q, q)
         sum_n <x_n x_n^T> over the same subjects.
-    ridge : float
-        lambda_k = sigma2[s] / sigma2_W~ (0 without prior).
+    ridge : float or ndarray of shape (q,)
+        lambda_i = sigma2[s] / sigma2_Wi~ (0 without prior).
     prior_W : ndarray of shape (d, q) or None
         W~ (ignored when ``ridge`` is 0).
     n_effective : int
@@ -105,7 +108,8 @@ def loading_step(
     ndarray of shape (d, q)
     """
     q = second_moment.shape[0]
-    rhs = cross if ridge == 0.0 else cross + ridge * prior_W
+    ridge = np.broadcast_to(np.asarray(ridge, dtype=float), (q,))
+    rhs = cross if not ridge.any() else cross + prior_W * ridge
     system = second_moment.copy()
     system.flat[:: q + 1] += ridge
     chol = cholesky(system, lower=True, check_finite=False)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-__all__ = ["ViewParams", "GlobalView", "LocalParams", "GlobalParams", "point_model"]
+__all__ = ["ViewParams", "GlobalView", "LocalParams", "GlobalParams", "point_model", "loading_variance"]
 
 
 @dataclass(frozen=True)
@@ -52,20 +52,26 @@ class ViewParams:
 class GlobalView:
     """Hierarchical prior of one view (§3) as estimated by the master (§5).
 
-    mu_c ~ N(mu, sigma2_mu I), vec W_c ~ N(vec W, sigma2_W I), sigma2_c ~ IG(alpha, beta).
+    mu_c ~ N(mu, sigma2_mu I), w_ci ~ N(w_i, sigma2_Wi I) for each column i of W_c,
+    sigma2_c ~ IG(alpha, beta).
 
     Attributes
     ----------
     mu : ndarray of shape (d_k,)
     W : ndarray of shape (d_k, q)
     sigma2_mu, sigma2_W : float
-        Prior variances (not standard deviations; spec §15.11).
+        Prior variances (not standard deviations; spec §15.11); sigma2_W is the loadings'
+        summary variance, the mean of ``sigma2_W_columns`` weighted by the columns' squared
+        norms ||w_i||^2 (:func:`loading_variance`).
     alpha, beta : float
         Inverse-gamma shape and scale (scipy ``invgamma(a=alpha, scale=beta)``).
     noise_var : float
         s-bar: mean of the received sigma2_c, the point noise variance used by §9 and §11.
     var_sigma : float
         v_sigma = beta^2 / ((alpha-1)^2 (alpha-2)), the IG variance (inf if alpha <= 2).
+    sigma2_W_columns : ndarray of shape (q,), optional
+        sigma2_Wi, the prior variance of each column of the loadings; omitted, every column
+        has variance sigma2_W.
     """
 
     mu: np.ndarray
@@ -76,6 +82,11 @@ class GlobalView:
     beta: float
     noise_var: float
     var_sigma: float
+    sigma2_W_columns: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.sigma2_W_columns is None:
+            object.__setattr__(self, "sigma2_W_columns", np.full(np.shape(self.W)[1], float(self.sigma2_W)))
 
     @property
     def dim(self) -> int:
@@ -87,6 +98,26 @@ class GlobalView:
 
     def to_dict(self) -> dict[str, np.ndarray | float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def loading_variance(W: np.ndarray, columns: np.ndarray) -> float:
+    """The summary variance of the loadings: sum_i ||w_i||^2 sigma2_Wi / sum_i ||w_i||^2.
+
+    Each column's variance counts in proportion to the variance its column explains, so
+    columns that carry no signal (w_i = 0, when q is larger than the data need) do not
+    pull the summary down; with equal variances it is their common value, and with W = 0
+    their mean.
+
+    Parameters
+    ----------
+    W : ndarray of shape (d, q)
+    columns : ndarray of shape (q,)
+        sigma2_Wi.
+    """
+    weight = np.sum(np.asarray(W, dtype=float) ** 2, axis=0)
+    columns = np.asarray(columns, dtype=float)
+    total, least = weight.sum(), columns.min()  # about the least, so that equal variances give exactly their value
+    return float(least + weight @ (columns - least) / total) if total > 0 and np.isfinite(total) else float(columns.mean())
 
 
 LocalParams = dict[str, ViewParams]

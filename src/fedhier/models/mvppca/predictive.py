@@ -130,7 +130,7 @@ def impute_covariance(model: Mapping[str, ViewParams], X: Mapping[str, np.ndarra
 def hierarchical_predictive_variance(global_params: GlobalParams, X: Mapping[str, np.ndarray], view: str) -> np.ndarray:
     """Per-feature predictive variance of view m for an unseen site (§9 [R], moment matched).
 
-    diag(W~ M_O W~^T) + s-bar + sigma2_mu~ + sigma2_W~ (tr M_O + ||x-hat||^2), under the
+    diag(W~ M_O W~^T) + s-bar + sigma2_mu~ + sum_i sigma2_Wi~ ((M_O)_ii + x-hat_i^2), under the
     point model (mu~, W~, s-bar) of ``global_params``.
 
     Returns
@@ -142,8 +142,9 @@ def hierarchical_predictive_variance(global_params: GlobalParams, X: Mapping[str
     data, post = _condition(model, X)
     g = global_params[view]
     per_pattern = np.einsum("dq,pqr,dr->pd", p.W, post.covariances, p.W) + p.sigma2
-    trace = np.trace(post.covariances, axis1=1, axis2=2)[data.pattern_of]
-    between = g.sigma2_mu + g.sigma2_W * (trace + np.einsum("ij,ij->i", post.means, post.means))
+    columns = np.asarray(g.sigma2_W_columns, dtype=float)
+    weighted_trace = np.einsum("pii,i->p", post.covariances, columns)[data.pattern_of]
+    between = g.sigma2_mu + weighted_trace + post.means**2 @ columns
     return per_pattern[data.pattern_of] + between[:, None]
 
 
@@ -182,7 +183,7 @@ def sample(model: Mapping[str, ViewParams], n: int, rng: np.random.Generator | i
 def draw_site_params(global_params: GlobalParams, rng: np.random.Generator) -> dict[str, ViewParams]:
     """theta ~ P(theta | theta~) of §3, per view in sorted view order.
 
-    mu ~ N(mu~, sigma2_mu~ I), W ~ MN(W~, I, sigma2_W~ I), sigma2 ~ IG(alpha, beta), drawn in
+    mu ~ N(mu~, sigma2_mu~ I), w_i ~ N(w~_i, sigma2_Wi~ I) per column, sigma2 ~ IG(alpha, beta), drawn in
     that order for each view.  §3 is followed literally: the columns that §4.4 keeps at 0
     for d_k <= q receive their prior noise like the others.
     """
@@ -193,7 +194,7 @@ def draw_site_params(global_params: GlobalParams, rng: np.random.Generator) -> d
         W = np.asarray(g.W, dtype=float)
         out[view] = ViewParams(
             mu=mu + np.sqrt(g.sigma2_mu) * rng.standard_normal(mu.shape),
-            W=W + np.sqrt(g.sigma2_W) * rng.standard_normal(W.shape),
+            W=W + np.sqrt(np.asarray(g.sigma2_W_columns, dtype=float)) * rng.standard_normal(W.shape),
             sigma2=float(g.beta / rng.gamma(g.alpha)),
         )
     return out
@@ -218,12 +219,13 @@ def sample_hierarchical(
 
 def _stacked(model: GlobalParams, views: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(m, W, D) of a subject at a new site, all views stacked: t ~ N(m, W W^T + diag(D)) with
-    D = s-bar_k + sigma2_mu~k + q_k sigma2_W~k on the coordinates of view k (q_k effective columns)."""
+    D = s-bar_k + sigma2_mu~k + sum_{i < q_k} sigma2_Wi~k on the coordinates of view k (q_k effective columns)."""
     m = np.concatenate([np.asarray(model[v].mu, dtype=float) for v in views])
     W = np.vstack([np.asarray(model[v].W, dtype=float) for v in views])
     D = np.concatenate([
         np.full(np.shape(model[v].W)[0],
-                model[v].noise_var + model[v].sigma2_mu + effective_columns(*np.shape(model[v].W)) * model[v].sigma2_W)
+                model[v].noise_var + model[v].sigma2_mu
+                + np.sum(np.asarray(model[v].sigma2_W_columns, dtype=float)[: effective_columns(*np.shape(model[v].W))]))
         for v in views
     ])
     return m, W, D
@@ -257,7 +259,7 @@ def model_change(previous: GlobalParams, current: GlobalParams) -> float:
     """How much the predictive distribution of a subject changed between two global models.
 
     The distribution is that of a subject at a new site, every view stacked (spec §9 [R]):
-    t ~ N(mu~, W~ W~^T + diag(D)), D = s-bar_k + sigma2_mu~k + q_k sigma2_W~k on the
+    t ~ N(mu~, W~ W~^T + diag(D)), D = s-bar_k + sigma2_mu~k + sum_{i < q_k} sigma2_Wi~k on the
     coordinates of view k (the site's own mu_c and W_c integrated out).  The change is the
     square root of the symmetrised Kullback-Leibler divergence,
 

@@ -16,9 +16,10 @@ and likewise for mu.  This module computes the traces at one site, from the site
 final (mu, W, sigma2) and the prior it used; only the two scalars travel.
 
 * W (one view, d_k x q_k effective columns): given the latent moments of the E-step the
-  rows of W are independent Gaussians with covariance sigma2 (S_xx + lambda I)^{-1},
-  S_xx = sum_n <x_n x_n^T> over the subjects with the view, lambda = sigma2 / sigma2_W~
-  (the ridge of step (3)), so tr Cov(W) = d_k sigma2 tr (S_xx + lambda I)^{-1}.
+  rows of W are independent Gaussians with covariance sigma2 (S_xx + Lambda)^{-1},
+  S_xx = sum_n <x_n x_n^T> over the subjects with the view, Lambda = diag(sigma2 / sigma2_Wi~)
+  (the ridge of step (3)), so column i has tr Cov(w_i) = d_k sigma2 [(S_xx + Lambda)^{-1}]_ii
+  and tr Cov(W) is their sum.
 * mu (one view): step (1) maximises the view's marginal likelihood plus the prior, whose
   curvature gives Cov(mu) = (N C^{-1} + I / sigma2_mu~)^{-1}, C = W W^T + sigma2 I;
   with e_i the eigenvalues of W W^T (the q of W^T W, then zeros),
@@ -46,8 +47,8 @@ from .params import GlobalParams, ViewParams
 __all__ = ["posterior_spread", "mean_spread", "loading_spread", "latent_moment"]
 
 
-def loading_spread(second_moment: np.ndarray, sigma2: float, dim: int, ridge: float) -> float:
-    """tr Cov(W_k) = d_k sigma2 tr (S_xx + lambda I)^{-1} over the effective columns.
+def loading_spread(second_moment: np.ndarray, sigma2: float, dim: int, ridge: float | np.ndarray) -> np.ndarray:
+    """tr Cov(w_i) = d_k sigma2 [(S_xx + Lambda)^{-1}]_ii for each effective column i.
 
     Parameters
     ----------
@@ -56,14 +57,18 @@ def loading_spread(second_moment: np.ndarray, sigma2: float, dim: int, ridge: fl
     sigma2 : float
     dim : int
         d_k.
-    ridge : float
-        lambda = sigma2 / sigma2_W~ (0 without a prior).
+    ridge : float or ndarray of shape (q_k,)
+        lambda_i = sigma2 / sigma2_Wi~ (0 without a prior).
+
+    Returns
+    -------
+    ndarray of shape (q_k,)
     """
     q = second_moment.shape[0]
     if q == 0:
-        return 0.0
-    system = second_moment + ridge * np.eye(q)
-    return float(dim * sigma2 * np.trace(np.linalg.inv(system)))
+        return np.zeros(0)
+    system = second_moment + np.diag(np.broadcast_to(np.asarray(ridge, dtype=float), (q,)))
+    return dim * sigma2 * np.diag(np.linalg.inv(system)).copy()
 
 
 def mean_spread(W: np.ndarray, sigma2: float, n_obs: int, prior_var: float | None) -> float:
@@ -79,7 +84,9 @@ def posterior_spread(
     data: Mapping[str, np.ndarray],
     params: Mapping[str, ViewParams],
     prior: GlobalParams | None,
-) -> dict[str, tuple[float, float]]:
+    *,
+    columns: bool = False,
+) -> dict[str, tuple[float, float | np.ndarray]]:
     """Per view, (tr Cov(mu_k), tr Cov(W_k)) at one site (module docstring).
 
     Parameters
@@ -90,10 +97,13 @@ def posterior_spread(
         The site's fitted theta_c (every view of ``data``).
     prior : GlobalParams or None
         The prior theta~[r-1] the site fitted with; None in round 1 (flat prior).
+    columns : bool
+        Give tr Cov(W_k) per column, an ndarray of shape (q,) (0 beyond the effective
+        columns), instead of its sum.
 
     Returns
     -------
-    dict view -> (float, float)
+    dict view -> (float, float or ndarray of shape (q,))
     """
     site = check_views(data, what="site data", dims={k: p.dim for k, p in params.items()})
     post = posterior(site, params)
@@ -108,10 +118,12 @@ def posterior_spread(
             X = post.means if rows is None else post.means[rows]
             second += X.T @ X + X.shape[0] * post.covariances[pattern]
         g = None if prior is None else prior[name]
-        ridge = 0.0 if g is None else p.sigma2 / g.sigma2_W
+        ridge = 0.0 if g is None else p.sigma2 / np.asarray(g.sigma2_W_columns, dtype=float)[:q_k]
+        per_column = np.zeros(W.shape[1])
+        per_column[:q_k] = loading_spread(second[:q_k, :q_k], p.sigma2, block.dim, ridge)
         out[name] = (
             mean_spread(W, p.sigma2, block.n_obs, None if g is None else g.sigma2_mu),
-            loading_spread(second[:q_k, :q_k], p.sigma2, block.dim, ridge),
+            per_column if columns else float(per_column.sum()),
         )
     return out
 
