@@ -294,6 +294,24 @@ def test_collab_report_roc_auc_matches_scikit_learn(tmp_path):
         assert f"{roc_auc_score(y, model.anomaly_score(X, site=s)):.4g}" in text
 
 
+def test_collab_privacy_paragraph_says_when_epsilon_protects_nothing(tmp_path):
+    """The warning appears exactly when a site's ε exceeds 10: unclipped samples on few rows give an astronomical
+    ε; clipped samples with a large minimum pattern weight give a small one."""
+    from fedhier.estimators.collab import CollabDict
+    from fedhier.report.collab import MEANINGFUL_EPSILON, write_collab_report
+
+    rng = np.random.default_rng(1)
+    sites = [rng.normal(size=(120, 2)) for _ in range(3)]
+    for name, kw in (("loose", {}), ("tight", {"clip_norm": 0.25, "n_min": 5000.0})):
+        model = CollabDict(n_components=2, max_iter=3, random_state=0, **kw).fit(sites)
+        out = write_collab_report(tmp_path / name, model, sites, site_names=["a", "b", "c"], variables=["u", "v"],
+                                  title="t", intro="i")
+        text = "".join(check_page(out).text)
+        largest = max(v["epsilon"] for v in model.privacy_spent_.values())
+        assert ("no meaningful protection" in text) == (largest > MEANINGFUL_EPSILON), (name, largest)
+        assert (largest > MEANINGFUL_EPSILON) == (name == "loose"), (name, largest)
+
+
 def test_collab_report_without_labels(tmp_path):
     _sensor_csv(tmp_path / "sensors.csv", per_site=200)
     out = tmp_path / "collab"

@@ -228,6 +228,30 @@ test_collabdict_as_constructed_passes_the_estimator_checks = pytest.mark.slow(
     test_collabdict_as_constructed_passes_the_estimator_checks)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not torch_available(), reason="needs the torch extra")
+def test_federated_vae_as_constructed_passes_the_estimator_checks():
+    """The default FederatedVAE (100 rounds of 15 epochs) on scikit-learn's small check data: every check passes
+    (about 35 s, its sites training on one torch thread, so marked slow)."""
+    from sklearn.utils.estimator_checks import check_estimator
+
+    results = check_estimator(FederatedVAE(), on_fail=None)
+    failed = [r["check_name"] for r in results if r["status"] == "failed"]
+    assert not failed, failed
+
+@pytest.mark.slow
+def test_collabvae_as_constructed_passes_the_estimator_checks():
+    """The default CollabVAE (200 rounds of its serverless protocol) on scikit-learn's small check data: every
+    check passes (25 s alone, 60 s beside a running test suite, so marked slow)."""
+    from sklearn.utils.estimator_checks import check_estimator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        results = check_estimator(CollabVAE(), on_fail=None)
+    failed = [r["check_name"] for r in results if r["status"] == "failed"]
+    assert not failed, failed
+
+
 def _sites_frame(rng, n_sites=4, n=30):
     """A DataFrame of rows of ``n_sites`` sites (column "site"), 6 features on 2 latent factors, and a response."""
     pd = pytest.importorskip("pandas")

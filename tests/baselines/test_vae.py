@@ -135,3 +135,26 @@ def test_missing_views_are_refused():
         FederatedVAE(Q, n_rounds=1).fit(sites)
     with pytest.raises(ValueError, match="proximal"):
         FederatedVAE(Q, proximal=-1.0).fit(_sites())
+
+
+
+def test_a_site_trains_on_one_torch_thread_and_gives_the_caller_its_threads_back(monkeypatch):
+    """The sites' local epochs run on one torch thread (small networks: more threads only wait for each other on a
+    busy machine); the caller's thread count is restored after the fit."""
+    seen = []
+    original = FederatedAveraging._local_epochs
+
+    def spy(self, ctx, broadcast):
+        seen.append(torch.get_num_threads())
+        return original(self, ctx, broadcast)
+
+    monkeypatch.setattr(FederatedAveraging, "_local_epochs", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        X = np.random.default_rng(0).normal(size=(20, 3))
+        FederatedVAE(n_components=1, n_rounds=2, n_epochs=1, random_state=0).fit(X)
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -15,6 +15,7 @@ __all__ = ["write_collab_report"]
 
 #: sites drawn in the score figure (every site is in the tables)
 MAX_SITES_SHOWN = 12
+MEANINGFUL_EPSILON = 10.0  # above this an ε bounds nothing useful: odds may grow by e^10 ≈ 22 000
 
 
 def write_collab_report(
@@ -219,12 +220,18 @@ def _privacy_section(report, model, site_names) -> None:
     report.heading("Privacy of the published patterns")
     spent = model.privacy_spent_
     any_site = next(iter(spent.values()))
+    largest = max(v["epsilon"] for v in spent.values())
     report.paragraph(
-        "The shared pattern means are published as random draws from their posterior, which makes them differentially "
-        f"private; ε at δ = {any_site['delta']:g} bounds what the published patterns reveal about any one sample "
+        "The shared pattern means are published as random draws from their posterior, a differentially private "
+        f"release: ε at δ = {any_site['delta']:g} bounds what the published patterns reveal about any one sample "
         "(smaller is more private)."
         + ("" if any_site["diameter_enforced"] else " The bound assumes no standardised sample is farther from the "
            "others than the largest one seen in training (samples are not clipped).")
+        + ("" if largest <= MEANINGFUL_EPSILON else
+           f" An ε above {MEANINGFUL_EPSILON:g} gives no meaningful protection (it allows an observer's odds about a "
+           f"sample to grow by a factor e^ε); this fit's largest ε is {largest:.3g}, so treat the published patterns "
+           "as revealing the training samples. Clipping the samples (clip_norm) and a larger minimum pattern weight "
+           "(n_min) lower ε.")
     )
     report.table(
         [{"site": site_names[s], "ε": v["epsilon"], "δ": v["delta"], "Rényi ε (tight)": v["epsilon_rdp_tight"],
