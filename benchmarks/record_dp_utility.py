@@ -11,7 +11,7 @@ third held out, the rest over 3 sites, scenario G/K, min--max scaling, q = 5), f
 Metrics: the demo's test MAE (reconstruction of the masked test set) and the MAE of the
 imputed hidden test views.  Methods: non-private (100 rounds); site-level DP
 (``DPConfig.total(eps, 1e-5, n_rounds=100, n_views=3, spread=True)``, the demo's ``--dp``); record-level
-DP (``RecordDP(eps, 1e-5)``, clip sqrt(d)/2 around 0.5); Analyze Gauss on pooled data (one
+DP (``RecordDP(eps, 1e-5)``, clip sqrt(d)/6 around 0.5); Analyze Gauss on pooled data (one
 site holding every training subject, record-level DP); the training mean.
 
 FedLin: the bundled UCI heart disease data (4 hospitals; maximum heart rate on age, sex,

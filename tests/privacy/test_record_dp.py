@@ -10,6 +10,7 @@
 """
 
 import csv
+import math
 from pathlib import Path
 
 import dp_accounting
@@ -36,7 +37,9 @@ from fedhier.runtime.guard import SiteGuard
 from fedhier.runtime.simulate import simulate
 
 CSV = Path(__file__).resolve().parents[2] / "docs" / "experiments" / "record-dp.csv"
-NEARLY_NO_NOISE = RecordDP(1e6, 1e-5)  # z ~ 1e-4 relative to 2 C^2: the post-processing's exact limit
+# z ~ 1e-4 relative to 2 C^2: the post-processing's exact limit; C = 1.5 clips no row of the tests' 7 or 8
+# features in [0, 1] around 0.5 (sqrt(8) / 2 < 1.5), which the default sqrt(d) / 6 would
+NEARLY_NO_NOISE = RecordDP(1e6, 1e-5, clip=1.5)
 
 
 class ZeroNoise(NoiseSource):
@@ -350,3 +353,32 @@ def test_every_epsilon_on_the_record_dp_page_recomputes_with_dp_accounting():
             smallest = pld_accountant.get_smallest_gaussian_noise(
                 common.DifferentialPrivacyParameters(float(r["epsilon"]), float(r["delta"])), 1)
             assert float(r["noise_multiplier"]) == pytest.approx(smallest, rel=1e-3)
+
+
+def _model_data(n_subjects, seed):
+    """3 sites of views 20 / 20 / 20 drawn from the hierarchical model (q = 5), min-max scaled; a third held out."""
+    from fedhier.data import MinMaxScaling, combine_ranges, site_ranges
+    from fedhier.data.synthetic import make_federated_ppca
+
+    fed = make_federated_ppca(3, n_subjects // 3, (20, 20, 20), 5, sd_mu=1.0, sd_W=1.0, sigma2_alpha=3.0,
+                              sigma2_beta=2.0, random_state=seed)
+    cut = 2 * (n_subjects // 3) // 3
+    train = [{v: X[:cut] for v, X in s.items()} for s in fed.sites]
+    test = {v: np.vstack([s[v][cut:] for s in fed.sites]) for v in fed.sites[0]}
+    scaling = MinMaxScaling(combine_ranges([site_ranges(s) for s in train]))
+    return [scaling.transform(s) for s in train], scaling.transform(test)
+
+
+def test_default_bound_brings_epsilon_one_within_15_percent_of_the_noiseless_fit_on_30000_subjects():
+    from fedhier.estimators.mvppca import FedMVPPCA
+    from fedhier.metrics import reconstruction_mae
+
+    sites, test = _model_data(30_000, seed=3)
+
+    def mae(config):
+        model = FedMVPPCA(n_components=5, privacy=config).fit(sites)
+        return reconstruction_mae(test, model.reconstruct(test))
+
+    noiseless = mae(RecordDP(1e6, 1e-5, clip=math.sqrt(60) / 2))  # no row clipped, noise negligible
+    assert mae(RecordDP(1.0, 1e-5)) < 1.15 * noiseless
+    assert mae(RecordDP(1.0, 1e-5, clip=math.sqrt(60) / 2)) > 1.5 * noiseless  # the bound that never clips

@@ -30,7 +30,9 @@ sigma = z * 2 C^2 and is recorded as ``GaussianDpEvent(z)`` (:func:`release_seco
 Choosing C.  C is public and must not be read off the data.  For data scaled to [0, 1]
 with public ranges and centred at 0.5, every entry lies in [-1/2, 1/2], so C = sqrt(d) / 2
 never clips (d = number of columns); a smaller C lowers the noise (sigma grows as C^2)
-but shrinks the records longer than C, which biases the statistics.
+but shrinks the records longer than C, which biases the statistics.  Fed-mv-PPCA's default
+is sqrt(d) / 6, the norm of a typical row when min--max scaling spans about six standard
+deviations of each feature: a third of sqrt(d) / 2, so a ninth of its noise.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class RecordDP:
         The (epsilon, delta) of the site's single release: epsilon > 0, delta in (0, 1).
     clip : float or None
         Public bound C on the norm of one record around ``centre`` (module docstring).
-        None: the model's default for data scaled to [0, 1] (Fed-mv-PPCA: sqrt(d) / 2
+        None: the model's default for data scaled to [0, 1] (Fed-mv-PPCA: sqrt(d) / 6
         around 0.5); FedLin has no default and requires it.
     centre : float or None
         Public centre of the records (None: the model's default, 0.5 for Fed-mv-PPCA, 0 for

@@ -1,7 +1,7 @@
 """Record-level DP Fed-mv-PPCA: one release of each site's noisy moments, the hierarchical fit as post-processing.
 
 Site c (``site_release``): its subjects' stacked observed views, centred at the public
-centre, clipped to norm C, with one indicator per view (:func:`fedhier.privacy.analyze_gauss.record_vectors`),
+centre, clipped to norm C (default sqrt(d) / 6, :func:`default_clip`), with one indicator per view (:func:`fedhier.privacy.analyze_gauss.record_vectors`),
 give one noisy moment matrix M~_c over the layout
 
     [ view_1 (d_1) | ... | view_K (d_K) | o_1 ... o_K ]       (K = views of the schema)
@@ -55,8 +55,14 @@ PRESENCE_SDS = 3.0
 
 
 def default_clip(dims: Sequence[int]) -> float:
-    """sqrt(d) / 2: no record of data in [0, 1] is clipped around 0.5 (d = sum of the view dimensions)."""
-    return 0.5 * math.sqrt(float(sum(dims)))
+    """sqrt(d) / 6, for rows of d features min--max scaled to [0, 1], around 0.5 (d = sum of the view dimensions).
+
+    Min--max scaling maps a feature's range, about six standard deviations of a bell-shaped
+    feature, onto [0, 1], so a feature's sd is about 1/6 and a typical row lies within
+    sqrt(d) / 6 of the centre.  sqrt(d) / 2 never clips, but its noise, proportional to C^2,
+    is nine times as large; the few rows beyond sqrt(d) / 6 are shrunk onto it.
+    """
+    return math.sqrt(float(sum(dims))) / 6.0
 
 
 def layout(dims: Sequence[int]) -> tuple[list[slice], list[int]]:
