@@ -553,10 +553,11 @@ def _identify(grid: Grid, nodes: Sequence[int], sites: Sequence[str], registered
               poll: float, result: FlowerFitResult) -> None:
     """Ask every connected SuperNode its site name (a ``query`` message) and fill ``result.nodes`` / ``ignored``.
 
-    The question needs only a started ClientApp, so it is given ``min(timeout, START_WINDOW)`` seconds: a node
-    silent through Flower's whole start window has a ClientApp that Flower refused, and is named as such.
+    The question needs only a started ClientApp, so :func:`run_rounds` gives it ``min(round_timeout, START_WINDOW)``
+    seconds (``timeout``): a node silent through Flower's whole start window has a ClientApp that Flower refused,
+    and is named as such.
     """
-    window = min(timeout, START_WINDOW)
+    window = timeout
     contents = {n: RecordDict({_RECORD: ConfigRecord({"round": 0})}) for n in nodes}
     messages, silent = _exchange(grid, contents, HELLO_TYPE, 0, window, poll)
     for node, msg in messages.items():
@@ -605,7 +606,8 @@ def run_rounds(
     site name (a ``query`` message) and gives it Flower's start window,
     ``min(round_timeout, START_WINDOW)`` seconds, to answer: a node whose ClientApp Flower
     refused stops the fit there, with the cause, when fewer than ``min_sites`` sites
-    answered.  When ``protocol.broadcast_is_common`` is False each round sends each site
+    answered (a resumed fit gives them ``round_timeout``: a SuperNode may still be on the
+    interrupted run's last message).  When ``protocol.broadcast_is_common`` is False each round sends each site
     only its part of the broadcast.
 
     Parameters
@@ -666,7 +668,9 @@ def run_rounds(
 
     result = FlowerFitResult(broadcast=broadcast, history=list(history), seed=seed)
     registered = _registered_names(grid)
-    _identify(grid, connected, sites, registered, round_timeout, poll_interval, result)
+    # a resumed fit's SuperNodes may still be on the interrupted run's last message: they get round_timeout
+    _identify(grid, connected, sites, registered, round_timeout if start is not None else min(round_timeout, START_WINDOW),
+              poll_interval, result)
     if len(result.nodes) < min_sites:
         detail = _causes({}, sites, result.ignored)
         raise RoundFailed(int(first) + 1, f"{len(result.nodes)} site(s) answered before the round, at least {min_sites} "
