@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-integration bench docs
+.PHONY: demo test test-integration test-integration-busy bench docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ demo: $(VENV)/.installed-core
 # The tests run with one BLAS thread per process: on a machine whose cores are busy, OpenBLAS's threads wait for
 # each other at every call (benchmarks/bench_blas_threads.py: a fit of many small products takes 2-4 x as long
 # with a thread per core as with one), and the integration tests run several processes at once anyway.
-test test-integration: export OPENBLAS_NUM_THREADS = 1
+test test-integration test-integration-busy: export OPENBLAS_NUM_THREADS = 1
 
 ## make test: the whole default test suite (pytest exits non-zero, including 5 = no tests)
 test: $(VENV)/.installed-test
@@ -34,6 +34,10 @@ test: $(VENV)/.installed-test
 ## make test-integration: the tests that start real SuperLinks, SuperNodes and MPI jobs on loopback (CI's second step)
 test-integration: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -m "integration and not slow"
+
+## make test-integration-busy: the same tests with the machine held busy (3 busy processes per core, benchmarks/cpu_burner.py)
+test-integration-busy: $(VENV)/.installed-test
+	FEDHIER_BUSY=3 $(BIN)/python -m pytest -m "integration and not slow"
 
 ## make bench: the benchmarks quoted in the README
 bench: $(VENV)/.installed-test

@@ -1,6 +1,6 @@
 """Seconds per round of fedhier over Flower against Flower's own floor and against simulate().
 
-Run:  python benchmarks/bench_flower.py [--rounds 5] [--repeats 2] [--tls] [--secure]   (about 2 minutes per repeat)
+Run:  python benchmarks/bench_flower.py [--rounds 5] [--repeats 5] [--busy 3] [--tls] [--secure]   (about 2 minutes per repeat)
 
 The bundled Alzheimer data (333 subjects, views of 124 + 3 + 4 features) is split into three
 hospitals (iid, ``fedhier flower demo-data``); on one federation of a real ``flower-superlink``
@@ -12,13 +12,16 @@ in this run:
 * the Flower floor: ``benchmarks/flower_floor/``, a minimal Flower Message-API app (no fedhier,
   its ClientApp imports only Flower) that sends each round the same bytes down and up as the
   fedhier fit's rounds, with the same poll interval;
-* both ``--repeats`` times, alternating (fedhier, floor, fedhier, floor, ...), since a round's
-  time on a shared machine varies by seconds from one round to the next;
+* both ``--repeats`` times (default 5), alternating which runs first (fedhier then floor, floor
+  then fedhier, ...), since a round's time on a shared machine varies by seconds from one round
+  to the next and a federation's first run pays for warming it;
+* with ``--busy N``, all of it on a machine held busy by N busy processes per core
+  (``benchmarks/cpu_burner.py``), as a loaded host;
 * the same fit in-process with :func:`fedhier.runtime.simulate`.
 
 Printed: seconds per round of each (push of the round to its last reply / global step done),
 the median over the rounds after round 1 of every repeat and the ratio fedhier / floor, with the
-ratio of each repeat (the target of issue "runtimes" is at
+ratio of each repeat and their median (the target of issue "runtimes" is at
 most 1.1 for plain rounds); with ``--secure``, what each of a secure round's four extra
 exchanges costs in floor rounds; and the largest difference between the Flower and the
 in-process fit's global parameters (0 expected).
@@ -27,6 +30,7 @@ in-process fit's global parameters (0 expected).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -37,6 +41,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cpu_burner import CpuBurner  # noqa: E402
 
 from fedhier.data import load_alzheimer, partition
 from fedhier.deploy.mvppca import FlowerFitConfig
@@ -70,8 +77,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tls", action="store_true", help="TLS between the SuperNodes and the SuperLink")
     parser.add_argument("--secure", action="store_true", help="also a 2-round fit with secure summation")
-    parser.add_argument("--repeats", type=int, default=2, help="fedhier fits and floor runs, alternating")
+    parser.add_argument("--repeats", type=int, default=5, help="fedhier fits and floor runs, alternating which is first")
+    parser.add_argument("--busy", type=int, default=0, help="busy processes per core while it runs (0: none)")
     args = parser.parse_args()
+    burner = CpuBurner(per_core=args.busy) if args.busy else contextlib.nullcontext()
+    with burner:
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-flower-") as tmp:
         tmp = Path(tmp)
@@ -87,7 +101,11 @@ def main() -> None:
         with LoopbackFederation(tmp / "federation", {s: tmp / "sites" / f"{s}.csv" for s in SITES}, tls=args.tls,
                                 site_seed=config.seed) as federation:
             ours, floors, walls = [], [], []
+            down = up = None  # bytes per site per round of the fit, which the floor then sends: known after the first fit
             for repeat in range(args.repeats):
+                if repeat % 2 and up is not None:  # odd repeats: the floor first
+                    floors.append(floor_rounds(federation, tmp / f"floor-{repeat}", rounds=args.rounds, down=down, up=up,
+                                               poll=config.poll_interval))
                 t0 = time.perf_counter()
                 out = tmp / f"out-{repeat}"
                 summary = submit(fit_toml, superlink=federation.address, timeout=1800, out=out, **federation.tls_options())
@@ -98,8 +116,9 @@ def main() -> None:
                 ours.append([r["seconds"] for r in history])
                 down = int(statistics.median(v for r in history for v in r["bytes_down"].values()))
                 up = int(statistics.median(v for r in history for v in r["bytes_up"].values()))
-                floors.append(floor_rounds(federation, tmp / f"floor-{repeat}", rounds=args.rounds, down=down, up=up,
-                                           poll=config.poll_interval))
+                if len(floors) < len(ours):
+                    floors.append(floor_rounds(federation, tmp / f"floor-{repeat}", rounds=args.rounds, down=down, up=up,
+                                               poll=config.poll_interval))
             secure = None
             if args.secure:
                 secure_toml = tmp / "sites" / "fit-secure.toml"
@@ -122,9 +141,11 @@ def main() -> None:
     floor_med = statistics.median(x for bare in floors for x in bare[later])
     per_repeat = [statistics.median(mine[later]) / statistics.median(bare[later]) for mine, bare in zip(ours, floors)]
     sim_med = statistics.median(r.seconds for r in reference.history[later])
-    print(f"median round after round 1 over {args.repeats} repeat(s): fedhier over Flower {ours_med:.2f} s, Flower floor "
-          f"{floor_med:.2f} s, ratio {ours_med / floor_med:.2f} (target <= 1.1; per repeat "
-          f"{', '.join(f'{r:.2f}' for r in per_repeat)}); simulate() {sim_med:.3f} s")
+    busy = f", {args.busy} busy processes per core" if args.busy else ""
+    print(f"median round after round 1 over {args.repeats} repeat(s){busy}: fedhier over Flower {ours_med:.2f} s, Flower "
+          f"floor {floor_med:.2f} s, ratio {ours_med / floor_med:.2f} (target <= 1.1; per repeat "
+          f"{', '.join(f'{r:.2f}' for r in per_repeat)}, their median {statistics.median(per_repeat):.2f}); "
+          f"simulate() {sim_med:.3f} s")
     if secure is not None:
         per_exchange = (statistics.median(secure) - ours_med) / 4
         print(f"secure round (median of {len(secure)}): {statistics.median(secure):.2f} s; each of its 4 extra exchanges "

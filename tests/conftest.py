@@ -1,6 +1,7 @@
 """Shared fixtures."""
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -20,3 +21,18 @@ def example():
         return module
 
     return load
+
+
+@pytest.fixture(scope="session", autouse=True)
+def busy_machine():
+    """With ``FEDHIER_BUSY=N`` (``make test-integration-busy``), the whole session runs with N busy processes per
+    core (``benchmarks/cpu_burner.py``), stopped by PID at the end: the tests as on a loaded host."""
+    per_core = os.environ.get("FEDHIER_BUSY", "")
+    if not per_core:
+        yield None
+        return
+    spec = importlib.util.spec_from_file_location("cpu_burner", EXAMPLES.parent / "benchmarks" / "cpu_burner.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with module.CpuBurner(per_core=int(per_core)) as burner:
+        yield burner

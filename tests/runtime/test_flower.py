@@ -44,6 +44,7 @@ from fedhier.secure.secure_round import SecureAggregator  # noqa: E402
 from fedhier.protocol.messages import decode  # noqa: E402
 from fedhier.deploy.apps import client_app, server_app  # noqa: E402
 from fedhier.deploy.mvppca import FlowerFitConfig  # noqa: E402
+import fedhier.runtime.flower as flower_runtime  # noqa: E402
 from fedhier.runtime.flower import (  # noqa: E402
     RUN_CONFIG_KEY,
     SECURE_STEPS,
@@ -79,8 +80,9 @@ class LocalGrid:
     """Stand-in for ``flwr.serverapp.Grid``: delivers each message to the real ClientApp.
 
     ``behaviour[node]`` is "ok" (answer), "silent" (never answer: a dead SuperNode),
-    "crash" (Flower error reply, as when the ClientApp process dies) or "unreachable"
-    (the SuperLink's reply when the message to a vanished SuperNode expires).  A node in
+    "crash" (Flower error reply, as when the ClientApp process dies), "unreachable"
+    (the SuperLink's reply when the message to a vanished SuperNode expires) or "no
+    heartbeat" (the SuperNode's reply when Flower gave up on its ClientApp).  A node in
     ``vanish_after[(round, message type)]`` becomes unreachable once it has answered that
     message.  ``received`` keeps every (message type, reply) the server pulled, and
     ``delivered`` every (node, message type, content) a node's ClientApp was given.
@@ -127,10 +129,13 @@ class LocalGrid:
             if behaviour == "silent":
                 self.inbox[mid] = msg
                 continue
-            if behaviour in ("crash", "unreachable"):
+            if behaviour in ("crash", "unreachable", "no heartbeat"):
                 from flwr.app import Error, Message
 
-                error = Error(code=0, reason="ClientApp process died") if behaviour == "crash" else Error(code=3, reason="Message Unavailable")
+                # "no heartbeat": what a SuperNode replies when its ClientApp's heartbeats stopped
+                error = {"crash": Error(code=0, reason="ClientApp process died"),
+                         "unreachable": Error(code=3, reason="Message Unavailable"),
+                         "no heartbeat": Error(code=8, reason="ClientApp stopped responding.")}[behaviour]
                 replies.append(Message(error, reply_to=msg))
                 continue
             site, path = self.nodes[node]
@@ -229,7 +234,7 @@ def test_public_ranges_scale_each_site_s_own_file_and_equal_simulate_on_files_sc
     assert _max_diff(result.broadcast, reference.broadcast) <= 1e-10
     unscaled = simulate(config.protocol(), raw, n_rounds=config.n_rounds, random_state=config.seed)
     assert _max_diff(result.broadcast, unscaled.broadcast) > 1e-3  # the scaling changed the fit
-    assert len(grid.sent) == scaled.n_rounds * len(SITES)  # the model's rounds, nothing before them
+    assert len(grid.sent) == (1 + scaled.n_rounds) * len(SITES)  # "which site?", then the model's rounds
     # a value outside its declared range: the site names the column and row, never the value
     tight = config.replace(ranges={**ranges, columns[0]: (ranges[columns[0]][0] + 1.0, ranges[columns[0]][0] + 1.5)})
     from fedhier.data.sitefiles import SiteDataError
@@ -288,7 +293,7 @@ def test_record_level_dp_over_flower_is_one_noisy_release_per_site_and_equals_th
     assert record.reply_spec() == record.protocol().reply_spec and record.reply_spec().fields["moments"].disclosure == "release"
     grid, _ = _grid(folder, record)
     result = _run(grid, record)
-    assert len(grid.sent) == len(SITES) and [r.sites for r in result.history] == [[0, 1, 2]]  # one release per site
+    assert len(grid.sent) == 2 * len(SITES) and [r.sites for r in result.history] == [[0, 1, 2]]  # "which site?", one release
     write_result(record.out, record, result)
     saved = FedMVPPCA.load(Path(record.out) / "model.npz")
     estimator = FedMVPPCA(n_components=record.n_components, privacy=RecordDP(10.0, 1e-5), random_state=record.seed,
@@ -346,7 +351,7 @@ def test_site_that_disappears_is_dropped_once_and_lost(demo, how, reason):
     assert result.history[1].failed[1] == reason
     assert all(r.sites == [0, 2] for r in result.history[1:])
     assert all(r.absent == [1] for r in result.history[2:])
-    assert sum(1 for node, _ in grid.sent if node == nodes[1]) == 2  # not asked after it was lost
+    assert sum(1 for node, group in grid.sent if node == nodes[1] and group != "0") == 2  # not asked after it was lost
     reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed,
                          participation={r: [1] for r in range(2, config.n_rounds + 1)})
     assert _max_diff(result.broadcast, reference.broadcast) <= 1e-10
@@ -377,17 +382,51 @@ def test_site_whose_step_fails_is_dropped_per_round(demo, tmp_path):
         assert "non-numeric value in column" in record.failed[2] and ", row 1" in record.failed[2]
         assert "not-a-number" not in record.failed[2]  # the coordinator learns where, never what
     assert result.lost == {}
-    assert sum(1 for node, _ in grid.sent if node == nodes[2]) == config.n_rounds  # asked every round
+    assert sum(1 for node, group in grid.sent if node == nodes[2] and group != "0") == config.n_rounds  # asked every round
     reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed,
                          participation={r: [2] for r in range(1, config.n_rounds + 1)})
     assert _max_diff(result.broadcast, reference.broadcast) <= 1e-10
+
+
+def test_a_clientapp_flower_refuses_is_named_with_its_cause_and_remedy(demo, monkeypatch):
+    """Flower's own refusals end a site's part at once, with one line saying why and what to do: a ClientApp
+    whose heartbeats stopped is lost (not asked again); SuperNodes silent through Flower's start window stop the
+    fit before round 1, not after round_timeout."""
+    folder, config, sites = demo
+    grid, nodes = _grid(folder, config)
+
+    def no_heartbeat_after_round_1(record, _broadcast):
+        if record.round == 1:
+            grid.behaviour[nodes[1]] = "no heartbeat"
+
+    result = _run(grid, config, round_timeout=5.0, callbacks=[no_heartbeat_after_round_1])
+    assert result.lost == {1: 2}
+    reason = result.history[1].failed[1]
+    assert reason.startswith("its ClientApp stopped sending Flower's heartbeat") and "lower the host's load" in reason
+    assert sum(1 for node, group in grid.sent if node == nodes[1] and group != "0") == 2  # not asked again
+    reference = simulate(config.protocol(), sites, n_rounds=config.n_rounds, random_state=config.seed,
+                         participation={r: [1] for r in range(2, config.n_rounds + 1)})
+    assert _max_diff(result.broadcast, reference.broadcast) <= 1e-10
+
+    monkeypatch.setattr(flower_runtime, "START_WINDOW", 0.3)  # Flower's is 60 s
+    grid, nodes = _grid(folder, config)
+    grid.behaviour.update({nodes[0]: "silent", nodes[2]: "silent"})
+    t0 = time.monotonic()
+    with pytest.raises(RoundFailed) as info:
+        _run(grid, config, min_sites=2, round_timeout=600.0)
+    assert time.monotonic() - t0 < 600.0  # the start window, not round_timeout
+    line = str(info.value)
+    assert "\n" not in line and line.startswith("round 1: 1 site(s) answered before the round, at least 2 needed")
+    cause = f"SuperNode {nodes[0]}, SuperNode {nodes[2]}: its ClientApp did not start within Flower's heartbeat window (0.3 s)"
+    assert cause in line and line.count("heartbeat window") == 1 and "restart the SuperNode" in line
+    assert not any(group != "0" for _, group in grid.sent)  # no round was sent
 
 
 def test_too_few_sites_stop_the_fit_with_a_clear_error(demo):
     folder, config, _ = demo
     grid, nodes = _grid(folder, config)
     grid.behaviour.update({nodes[0]: "silent", nodes[2]: "crash"})
-    with pytest.raises(RoundFailed, match=r"round 1: 1 site\(s\) replied, at least 2 needed") as info:
+    with pytest.raises(RoundFailed, match=r"round 1: 1 site\(s\) answered before the round, at least 2 needed") as info:
         _run(grid, config, min_sites=2, round_timeout=0.3)
     assert f"SuperNode {nodes[0]}: no reply within 0.3 s" in str(info.value)
     assert f"SuperNode {nodes[2]}: Flower error 0: ClientApp process died" in str(info.value)
@@ -557,7 +596,7 @@ def test_secure_round_loop_equals_simulate_and_the_server_never_receives_a_reply
 
     spec = config.protocol().reply_spec
     kinds = [kind for kind, _ in grid.received]
-    assert kinds == (["train"] * 3 + [f"train.{step}" for step in SECURE_STEPS for _ in range(3)]) * config.n_rounds
+    assert kinds == ["query"] * 3 + (["train"] * 3 + [f"train.{step}" for step in SECURE_STEPS for _ in range(3)]) * config.n_rounds
     for kind, reply in grid.received:
         record = dict(reply.content.config_records["fedhier"])
         assert record["status"] == ("held" if kind == "train" else "ok"), record
@@ -966,8 +1005,9 @@ def test_fedlin_hm2_over_flower_equals_the_estimator_and_writes_a_loadable_model
     # the coordinator's model has no site's posterior; a machine computes its own from q(phi) and its data
     assert model.coef_.shape == (0, 5)
     assert model.adapt(*sites[0]) == 0 and model.coef_.shape == (1, 5)
-    # every site received the whole (common) EP broadcast, and no hello was needed
-    assert {kind for _, kind, _ in grid.delivered} == {"train"}
+    # every site was asked its name, then received the whole (common) EP broadcast
+    assert [kind for _, kind, _ in grid.delivered][:3] == ["query"] * 3
+    assert {kind for _, kind, _ in grid.delivered[3:]} == {"train"}
 
 
 def test_fedlin_hm1_over_flower_equals_the_estimator_and_sends_each_site_only_its_own_column(fleet, tmp_path):
@@ -1307,7 +1347,7 @@ def test_the_deadline_follows_progress_and_the_ttl_covers_it(demo):
     grid.push_messages, grid.pull_messages = push_timed, pull_when_ready
     result = _run(grid, config, n_rounds=1, round_timeout=0.4)
     assert result.history[0].sites == [0, 1, 2]
-    assert ttls == [0.4 * 4] * 3
+    assert ttls == [0.4 * 4] * 6  # "which site?" and round 1
     grid, nodes = _grid(folder, config)
     grid.behaviour[nodes[2]] = "silent"
     result = _run(grid, config, n_rounds=1, round_timeout=0.4)

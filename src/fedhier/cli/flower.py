@@ -531,16 +531,20 @@ class LoopbackFederation:
         :func:`fedhier.runtime.simulate` with ``random_state=site_seed``; None: each site's own entropy.
     database : SQLite file of the SuperLink's state, so that a restarted SuperLink (:meth:`restart`) knows the
         SuperNodes again (with the default in-memory state they cannot reconnect).
+    path : folders put on every process's ``PATH`` before this Python's bin and the inherited ``PATH``, e.g. a
+        test's stand-in for a Flower executable.
     """
 
     def __init__(
         self, root: str | Path, sites: dict[str, str | Path], *, tls: bool = False, node_auth: bool = False,
         startup_timeout: float = 60.0, site_seed: int | None = None, database: str | Path | None = None,
+        path: Sequence[str | Path] = (),
     ):
         for name in sites:  # each names files under root (log, Flower home, keys)
             check_site_name(name, "FlowerCluster")
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.path = tuple(path)
         self.tls = tls
         self.procs: dict[str, subprocess.Popen] = {}
         self.commands: dict[str, list[str]] = {}
@@ -574,9 +578,17 @@ class LoopbackFederation:
         return {"root_certificates": self.certificates["ca.pem"]} if self.tls else {"insecure": True}
 
     def env(self, name: str) -> dict[str, str]:
+        """The environment of process ``name``: its own ``FLWR_HOME``; ``PATH`` starts with ``path`` and this Python's
+        bin, after, for a SuperNode, fedhier's SuperExec (one ClientApp process at a time,
+        :mod:`fedhier.runtime.flower_exec`)."""
         home = self.root / f"home-{name}"
         home.mkdir(exist_ok=True)
-        return {**os.environ, "FLWR_HOME": str(home), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        first = [*map(str, self.path), str(Path(sys.executable).parent)]
+        if name != "superlink":
+            from ..runtime.flower_exec import superexec_folder
+
+            first.insert(0, str(superexec_folder(self.root / "superexec")))
+        return {**os.environ, "FLWR_HOME": str(home), "PATH": os.pathsep.join([*first, os.environ.get("PATH", "")])}
 
     def _start(self, name: str, cmd: list[str]) -> None:
         self.commands[name] = cmd
@@ -980,17 +992,26 @@ def _describe(data) -> str:
     return f"{data.n} rows, {data.d} coefficients"  # FedLin HM2: the site's sufficient statistics
 
 
-def _run(cmd: list[str], print_only: bool) -> int:
-    """Run a Flower process in the foreground until it exits; SIGINT/SIGTERM are passed on to it."""
+def _run(cmd: list[str], print_only: bool, site: bool = False) -> int:
+    """Run a Flower process in the foreground until it exits; SIGINT/SIGTERM are passed on to it.
+
+    ``site``: the process is a SuperNode, which starts fedhier's SuperExec (one ClientApp process at a time,
+    :mod:`fedhier.runtime.flower_exec`)."""
     if print_only:
         print(shlex.join(cmd))
         return 0
     # Flower starts helpers (flower-superexec) by name: put this environment's bin first on PATH
     _require_flower()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    with _Forwarding() as forwarding:
-        forwarding.start(cmd, env=env)
-        code = forwarding.wait()
+    with tempfile.TemporaryDirectory(prefix="fedhier-superexec-") as folder:
+        if site:
+            from ..runtime.flower_exec import superexec_folder, supernode_path
+
+            env = {**os.environ, "PATH": supernode_path(superexec_folder(folder))}
+        else:
+            env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        with _Forwarding() as forwarding:
+            forwarding.start(cmd, env=env)
+            code = forwarding.wait()
     return forwarding.exit_code(code)
 
 
@@ -1028,7 +1049,7 @@ def _flower(args: argparse.Namespace) -> int:
             insecure=args.insecure, port=args.port, auth_key=args.auth_key, seed=args.seed, site_key=args.site_key,
             roster=args.roster,
         )
-        return _run(cmd, args.print_command)
+        return _run(cmd, args.print_command, site=True)
     if args.command == "run":
         summary = submit(
             args.config, superlink=args.superlink, federation=args.federation, root_certificates=args.root_certificates,

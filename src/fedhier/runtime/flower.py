@@ -20,9 +20,9 @@ final broadcast becomes a fitted model), which the estimator layer provides
 * the site step is :func:`fedhier.runtime.simulate.run_site_step` and the server step is
   :func:`fedhier.runtime.simulate.server_update`;
 * each site receives only its part of the broadcast (``protocol.site_broadcast``; FedLin
-  HM1 sends site k only its own column of Theta).  For such a protocol the server asks
-  every SuperNode its site name before round 1 (a Flower ``query`` message, answered from
-  the SuperNode's ``node_config``), so round 1 already goes to the right node;
+  HM1 sends site k only its own column of Theta).  The server asks every SuperNode its
+  site name before round 1 (a Flower ``query`` message, answered from the SuperNode's
+  ``node_config``), so round 1 already goes to the right node;
 * a SuperNode's site name comes from its ``node_config`` (``site="..."``).  With node
   authentication the SuperLink knows each registered key's name (``flwr supernode register
   --name``): a SuperNode whose claimed site differs from its registered name is ignored;
@@ -41,8 +41,13 @@ Robustness:
   reply came or ``round_timeout`` seconds passed without a new one (so a round is not cut
   while slow ClientApps keep answering, and a dead site costs ``round_timeout`` after the
   last reply); Flower's message TTL covers that longest wait;
+* the question before round 1 needs only a started ClientApp, so it is given Flower's
+  start window (:data:`START_WINDOW`, its heartbeat patience): a SuperNode silent that
+  long has a ClientApp Flower refused, and the fit, if it cannot go on without it, stops
+  there with that cause and its remedy instead of after ``round_timeout``;
 * a site whose step raises is dropped from that round (its error is recorded) and asked
-  again in the next round;
+  again in the next round; a site whose ClientApp Flower gave up on (no heartbeat), could
+  not load or refused to run is lost, with the cause;
 * a site that does not answer before the deadline, or that Flower reports unreachable
   (its SuperNode crashed or disconnected, the message expired), is dropped from that
   round and *lost*: it is not asked again in this fit, so one dead site costs one
@@ -95,6 +100,7 @@ from .simulate import (RoundFailed, RoundRecord, decode_state, encode_site_broad
 try:
     from flwr.app import ConfigRecord, Context, Message as FlowerMessage, RecordDict
     from flwr.clientapp import ClientApp
+    from flwr.common import constant as flower_constant
     from flwr.common.constant import ErrorCode
     from flwr.serverapp import Grid, ServerApp
 except ImportError as exc:  # pragma: no cover - depends on the installation
@@ -140,6 +146,24 @@ CHECKPOINT = "checkpoint.npz"
 _RECORD = "fedhier"
 #: Flower error codes meaning that the SuperNode or the message cannot be reached.
 _UNREACHABLE = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE})
+#: Flower's heartbeat period (s): a ClientApp process must claim its message this long after its launch, or its
+#: SuperNode launches another; a running one must send a heartbeat every HEARTBEAT_PATIENCE periods.
+HEARTBEAT_PERIOD = float(getattr(flower_constant, "HEARTBEAT_DEFAULT_INTERVAL", 30))
+#: seconds the coordinator gives every SuperNode to answer "which site are you?" before round 1: Flower's
+#: heartbeat patience.  The question needs nothing but a started ClientApp, so a node silent that long has a
+#: ClientApp Flower refused (or it never pulled the message).
+START_WINDOW = float(getattr(flower_constant, "HEARTBEAT_PATIENCE", 2)) * HEARTBEAT_PERIOD
+_OVERLOADED = ("the host is overloaded or the SuperNode is stuck on an earlier message; lower the host's load (or restart "
+               "the SuperNode, which stops the ClientApps Flower keeps launching) and run the fit again")
+#: Flower's own refusals of a site's ClientApp (error code -> cause and remedy, one line): the site is lost.
+_REFUSED = {
+    ErrorCode.CLIENT_APP_CRASHED: f"its ClientApp stopped sending Flower's heartbeat for {START_WINDOW:g} s and Flower gave "
+                                  f"up on it: {_OVERLOADED}",
+    ErrorCode.LOAD_CLIENT_APP_EXCEPTION: "Flower could not load its ClientApp; install the coordinator's fedhier version "
+                                         "(with its [flower] extra) where the SuperNode runs",
+    ErrorCode.INVALID_FAB: "its SuperNode refused the app, which none of its trusted entities signed; sign the app or "
+                           "start the SuperNode without --trusted-entities",
+}
 _STATE = "fedhier-state"
 #: ``context.state`` record of a site in a secure round: its reply and its secure-sum secrets (never sent).
 _SECURE = "fedhier-secure"
@@ -383,9 +407,12 @@ def _read_reply(msg: FlowerMessage) -> tuple[str | None, str, bytes | str]:
     Status "ok" (payload: our encoded message), "held" (secure fit: the site computed its
     reply and keeps it for the secure sum; empty payload), "error" (the site's step or its
     ClientApp failed: dropped from this round) or "gone" (Flower reports the SuperNode or
-    the message unreachable: the site disappeared).
+    the message unreachable, or refused the site's ClientApp: the site is lost; for a
+    refusal the payload names its cause and remedy).
     """
     if msg.has_error():
+        if msg.error.code in _REFUSED:
+            return None, "gone", _REFUSED[msg.error.code]
         status = "gone" if msg.error.code in _UNREACHABLE else "error"
         return None, status, f"Flower error {msg.error.code}: {msg.error.reason}"
     record = msg.content.config_records.get(_RECORD)
@@ -524,16 +551,35 @@ def _claim(result: FlowerFitResult, sites: Sequence[str], registered: Mapping[in
 
 def _identify(grid: Grid, nodes: Sequence[int], sites: Sequence[str], registered: Mapping[int, str], timeout: float,
               poll: float, result: FlowerFitResult) -> None:
-    """Ask every connected SuperNode its site name (a ``query`` message) and fill ``result.nodes`` / ``ignored``."""
+    """Ask every connected SuperNode its site name (a ``query`` message) and fill ``result.nodes`` / ``ignored``.
+
+    The question needs only a started ClientApp, so :func:`run_rounds` gives it ``min(round_timeout, START_WINDOW)``
+    seconds (``timeout``): a node silent through Flower's whole start window has a ClientApp that Flower refused,
+    and is named as such.
+    """
+    window = timeout
     contents = {n: RecordDict({_RECORD: ConfigRecord({"round": 0})}) for n in nodes}
-    messages, silent = _exchange(grid, contents, HELLO_TYPE, 0, timeout, poll)
+    messages, silent = _exchange(grid, contents, HELLO_TYPE, 0, window, poll)
     for node, msg in messages.items():
         name, status, payload = _read_reply(msg)
         if status == "ok":
             _claim(result, sites, registered, node, name, payload, 1)
         else:
             result.ignored[node] = str(payload).splitlines()[0] if str(payload) else status
+    if window >= START_WINDOW:
+        silent = dict.fromkeys(silent, f"its ClientApp did not start within Flower's heartbeat window ({window:g} s): "
+                                       + _OVERLOADED)
     result.ignored.update(silent)
+
+
+def _causes(failed: Mapping[int, str], sites: Sequence[str], ignored: Mapping[int, str]) -> str:
+    """The reasons of a failed round on one line, each reason once with the sites (or SuperNodes) it concerns."""
+    by_reason: dict[str, list[str]] = {}
+    for s, reason in sorted(failed.items()):
+        by_reason.setdefault(reason, []).append(f"site {s} ({sites[s]})")
+    for node, reason in ignored.items():
+        by_reason.setdefault(reason, []).append(f"SuperNode {node}")
+    return "; ".join(f"{', '.join(who)}: {reason}" for reason, who in by_reason.items())
 
 
 def run_rounds(
@@ -556,10 +602,13 @@ def run_rounds(
 
     The server half of :func:`fedhier.runtime.simulate` over the network (see the module
     docstring for the dropout rules).  Before round 1 the server waits up to
-    ``connect_timeout`` seconds for one SuperNode per listed site.  When every site receives
-    the same broadcast, round 1 goes to every connected node and each reply names its
-    site; otherwise (``protocol.broadcast_is_common`` False) the server first asks every
-    node its site name, and each round sends each site only its part of the broadcast.
+    ``connect_timeout`` seconds for one SuperNode per listed site, then asks every node its
+    site name (a ``query`` message) and gives it Flower's start window,
+    ``min(round_timeout, START_WINDOW)`` seconds, to answer: a node whose ClientApp Flower
+    refused stops the fit there, with the cause, when fewer than ``min_sites`` sites
+    answered (a resumed fit gives them ``round_timeout``: a SuperNode may still be on the
+    interrupted run's last message).  When ``protocol.broadcast_is_common`` is False each round sends each site
+    only its part of the broadcast.
 
     Parameters
     ----------
@@ -591,7 +640,7 @@ def run_rounds(
     Raises
     ------
     RoundFailed
-        Fewer than ``min_sites`` SuperNodes connected or replied in a round, two
+        Fewer than ``min_sites`` SuperNodes connected, answered before round 1 or replied in a round, two
         SuperNodes claim the same site, or the secure sum of a round failed (fewer than
         ``aggregator.threshold`` sites remained at one of its steps).
     ValueError
@@ -619,14 +668,16 @@ def run_rounds(
 
     result = FlowerFitResult(broadcast=broadcast, history=list(history), seed=seed)
     registered = _registered_names(grid)
-    if per_site:
-        _identify(grid, connected, sites, registered, round_timeout, poll_interval, result)
+    # a resumed fit's SuperNodes may still be on the interrupted run's last message: they get round_timeout
+    _identify(grid, connected, sites, registered, round_timeout if start is not None else min(round_timeout, START_WINDOW),
+              poll_interval, result)
+    if len(result.nodes) < min_sites:
+        detail = _causes({}, sites, result.ignored)
+        raise RoundFailed(int(first) + 1, f"{len(result.nodes)} site(s) answered before the round, at least {min_sites} "
+                                          "needed" + (f" ({detail})" if detail else ""))
     for rnd in range(int(first) + 1, n_rounds + 1):
         t0 = time.perf_counter()
-        if rnd == first + 1 and not per_site:
-            targets: dict[int, int | None] = dict.fromkeys(connected)  # node -> site, learnt from the replies
-        else:
-            targets = {n: s for s, n in sorted(result.nodes.items()) if s not in result.lost}
+        targets = {n: s for s, n in sorted(result.nodes.items()) if s not in result.lost}
         common = None if per_site else encode(protocol.broadcast_spec, broadcast)
         down = {n: common if common is not None else encode_site_broadcast(protocol, broadcast, s) for n, s in targets.items()}
         contents = {n: RecordDict({_RECORD: ConfigRecord({"round": rnd, "broadcast": down[n]})}) for n in targets}
@@ -638,12 +689,7 @@ def run_rounds(
         failed: dict[int, str] = {}
         bytes_up: dict[int, int] = {}
         for node, msg in messages.items():
-            name, status, payload = _read_reply(msg)
-            if node not in site_of_node:  # round 1 of a common broadcast: the reply names the site
-                index = _claim(result, sites, registered, node, name, payload, rnd)
-                if index is None:
-                    continue
-                site_of_node[node] = index
+            _, status, payload = _read_reply(msg)
             index = site_of_node[node]
             if status == "gone":
                 silent[node] = str(payload)
@@ -661,19 +707,12 @@ def run_rounds(
             else:
                 failed[index] = str(payload).splitlines()[0] if str(payload) else "error"
         for node, reason in silent.items():
-            if node in site_of_node:
-                index = site_of_node[node]
-                failed[index] = reason
-                result.lost[index] = rnd
-            elif rnd == first + 1:
-                result.ignored[node] = reason
+            failed[site_of_node[node]] = reason
+            result.lost[site_of_node[node]] = rnd
         ready = sorted([*replies, *held])
         absent = [s for s in range(len(sites)) if s not in ready and s not in failed]
         if len(ready) < min_sites:
-            detail = "; ".join(
-                [f"site {s} ({sites[s]}): {m}" for s, m in sorted(failed.items())]
-                + [f"SuperNode {n}: {m}" for n, m in result.ignored.items()]
-            )
+            detail = _causes(failed, sites, result.ignored)
             raise RoundFailed(rnd, f"{len(ready)} site(s) replied, at least {min_sites} needed" + (f" ({detail})" if detail else ""))
 
         bytes_down = {site_of_node[n]: len(down[n]) for n in targets if n in site_of_node}
