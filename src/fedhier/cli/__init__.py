@@ -38,6 +38,9 @@ def _cmd_demo(args) -> int:
     from ..demo import DEFAULT_EPSILON, RECORD_LEVEL_FIT, demo_forecast, demo_privacy, run_demo
 
     console = Console(soft_wrap=True)  # one line per result, also when stdout is a file
+    if args.unit is not None and _total_budget(args) is None:
+        raise ValueError(f"--unit {args.unit} says what --dp protects: add --dp or --epsilon, or leave --unit out")
+    args.unit = args.unit or "record"
     total_budget = _total_budget(args, DEFAULT_EPSILON[args.unit])
     per_release = (10.0, 0.01) if args.paper_dp else None
     outlook = demo_forecast(demo_privacy(total_budget, per_release, args.rounds, args.unit),
@@ -174,7 +177,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     site_timeout_flag(p)
     privacy_flags(p, "DP with a total budget per site; --unit says what it protects (default: one subject, epsilon 10)")
-    p.add_argument("--unit", choices=("record", "site"), default="record",
+    p.add_argument("--unit", choices=("record", "site"), default=None,
                    help="what --dp protects: one subject (record, default epsilon 10: each site releases its noisy "
                         "moments once) or a whole site (site, default epsilon 1: noise in every round)")
     p.add_argument(
