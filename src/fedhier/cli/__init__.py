@@ -40,10 +40,10 @@ def _cmd_demo(args) -> int:
     console = Console(soft_wrap=True)  # one line per result, also when stdout is a file
     if args.unit is not None and _total_budget(args) is None:
         raise ValueError(f"--unit {args.unit} says what --dp protects: add --dp or --epsilon, or leave --unit out")
-    args.unit = args.unit or "record"
-    total_budget = _total_budget(args, DEFAULT_EPSILON[args.unit])
+    unit = args.unit or "record"
+    total_budget = _total_budget(args, DEFAULT_EPSILON[unit])
     per_release = (10.0, 0.01) if args.paper_dp else None
-    outlook = demo_forecast(demo_privacy(total_budget, per_release, args.rounds, args.unit),
+    outlook = demo_forecast(demo_privacy(total_budget, per_release, args.rounds, unit),
                             n_components=args.components, n_rounds=args.rounds)
     if outlook is not None and outlook.beats_mean:  # before any data is read; else run_demo warns with this line
         console.print(outlook.line(), markup=False)
@@ -54,7 +54,7 @@ def _cmd_demo(args) -> int:
         seed=args.seed,
         total_budget=total_budget,
         per_release=per_release,
-        unit=args.unit,
+        unit=unit,
         progress=not args.quiet,
         site_timeout=args.site_timeout,
         insecure_reproducible_noise=args.insecure_reproducible_noise,
