@@ -106,10 +106,10 @@ def test_demo_report(tmp_path):
 
 def test_private_demo_report_has_the_privacy_ledger(tmp_path):
     out = tmp_path / "dp"
-    assert main(["demo", "--dp", "--out", str(out), "--rounds", "3", "--quiet"]) == 0
+    assert main(["demo", "--dp", "--unit", "site", "--out", str(out), "--rounds", "3", "--quiet"]) == 0
     page = check_page(out / "report.html")
     text = headings(page)
-    assert "Privacy ledger" in text and "Cumulative ε per site" in text and "fedhier demo --rounds 3 --dp" in text
+    assert "Privacy ledger" in text and "Cumulative ε per site" in text and "fedhier demo --rounds 3 --dp --unit site" in text
     # the private model beside the training mean, computed here from the demo's split by plain numpy
     from fedhier.demo import demo_data
 

@@ -29,6 +29,7 @@ from .data import (
     MinMaxScaling, MultiViewDataset, Partition, combine_ranges, load_alzheimer, mask_test_views, partition, site_ranges,
 )
 from .models.mvppca.dp import DPConfig
+from .privacy.analyze_gauss import RecordDP
 from .privacy.sampling import NOT_PRIVATE
 from .models.mvppca.forecast import mvppca_forecast
 from .privacy.forecast import Forecast
@@ -40,11 +41,16 @@ from .report.mvppca import privacy_by_round
 from .utils.io import write_json
 from .utils.results import result_folder
 
-__all__ = ["run_demo", "DemoData", "demo_data", "demo_forecast", "demo_privacy", "ALZHEIMER_VIEWS", "ALZHEIMER_SUBJECTS"]
+__all__ = ["run_demo", "DemoData", "demo_data", "demo_forecast", "demo_privacy", "ALZHEIMER_VIEWS", "ALZHEIMER_SUBJECTS",
+           "DEFAULT_EPSILON"]
 
 #: the bundled Alzheimer data's views and widths, and its number of subjects: public, known before it is read
 ALZHEIMER_VIEWS = {"proteins": 124, "csf": 3, "demographics": 4}
 ALZHEIMER_SUBJECTS = 333
+
+#: the demo's default total epsilon per site for each unit of protection (delta 1e-5): record-level DP at
+#: epsilon 10 beats the training mean on the demo; with 3 sites, site-level DP at epsilon 1 does not
+DEFAULT_EPSILON = {"record": 10.0, "site": 1.0}
 
 
 def _subset(views: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -83,7 +89,7 @@ def demo_data(*, n_sites: int = 3, scenario: str = "GK", seed: int = 0) -> DemoD
     )
 
 
-def demo_forecast(privacy: DPConfig | None, *, n_components: int = 5, n_sites: int = 3,
+def demo_forecast(privacy: DPConfig | RecordDP | None, *, n_components: int = 5, n_sites: int = 3,
                   n_rounds: int = 100) -> Forecast | None:
     """The utility forecast of the demo's private fit (:mod:`fedhier.models.mvppca.forecast`), None without privacy.
 
@@ -97,10 +103,16 @@ def demo_forecast(privacy: DPConfig | None, *, n_components: int = 5, n_sites: i
 
 
 def demo_privacy(total_budget: tuple[float, float] | None, per_release: tuple[float, float] | None,
-                 n_rounds: int = 100) -> DPConfig | None:
-    """The demo's privacy settings: a total budget per site over ``n_rounds`` rounds, the paper's per-release one, or None."""
+                 n_rounds: int = 100, unit: str = "record") -> DPConfig | RecordDP | None:
+    """The demo's privacy settings, or None: a total budget per site protecting one subject (``unit="record"``,
+    one release of noisy moments per site) or the whole site over ``n_rounds`` rounds (``unit="site"``),
+    or the paper's per-release budget."""
     if total_budget is not None and per_release is not None:
         raise ValueError("choose either a total budget or a per-release budget, not both")
+    if unit not in ("record", "site"):
+        raise ValueError(f"the unit of privacy must be 'record' or 'site', got {unit!r}")
+    if total_budget is not None and unit == "record":
+        return RecordDP(*total_budget)
     if total_budget is not None:
         # the default EM prior update also releases two posterior-spread scalars per view and round
         return DPConfig.total(*total_budget, n_rounds=n_rounds, n_views=len(ALZHEIMER_VIEWS), spread=True)
@@ -119,6 +131,7 @@ def run_demo(
     seed: int = 0,
     total_budget: tuple[float, float] | None = None,
     per_release: tuple[float, float] | None = None,
+    unit: str = "record",
     progress: bool = True,
     site_timeout: float | None = None,
     insecure_reproducible_noise: bool = False,
@@ -129,7 +142,9 @@ def run_demo(
     (``FedMVPPCA(site_timeout=...)``); None waits for every site.
 
     ``total_budget=(epsilon, delta)`` fits DP-Fed-mv-PPCA with that total budget per
-    site for the whole fit (client-level DP, spec §8; ``docs/privacy.md``);
+    site for the whole fit, protecting one subject (``unit="record"``: each site releases its
+    noisy moments once) or a whole site (``unit="site"``: client-level DP, spec §8;
+    ``docs/privacy.md``);
     ``per_release=(epsilon, delta)`` uses the paper's semantics, (epsilon, delta) per
     block per round (§12.4), and reports the true cumulative epsilon at delta = 1e-5.
     The privacy noise comes from each site's operating system, so two runs differ;
@@ -140,19 +155,19 @@ def run_demo(
     and warns, before any data is read, when the private model is not expected to beat the
     training mean.
     """
-    demo_privacy(total_budget, per_release)  # refuses both at once before the output folder is touched
+    demo_privacy(total_budget, per_release, unit=unit)  # refuses bad settings before the output folder is touched
     with result_folder(out_dir) as staging:  # checked now; appears with all its files or not at all
         return _run_demo(staging, n_components=n_components, n_rounds=n_rounds, n_sites=n_sites, scenario=scenario,
-                         seed=seed, total_budget=total_budget, per_release=per_release, progress=progress,
+                         seed=seed, total_budget=total_budget, per_release=per_release, unit=unit, progress=progress,
                          site_timeout=site_timeout, insecure_reproducible_noise=insecure_reproducible_noise)
 
 
 def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scenario: str, seed: int,
-              total_budget: tuple[float, float] | None, per_release: tuple[float, float] | None,
+              total_budget: tuple[float, float] | None, per_release: tuple[float, float] | None, unit: str,
               progress: bool, insecure_reproducible_noise: bool, site_timeout: float | None = None) -> dict[str, Any]:
     """:func:`run_demo`, writing the report folder's files into ``out`` (its staging folder)."""
     t0 = time.perf_counter()
-    privacy = demo_privacy(total_budget, per_release, n_rounds)
+    privacy = demo_privacy(total_budget, per_release, n_rounds, unit)
     outlook = demo_forecast(privacy, n_components=n_components, n_sites=n_sites, n_rounds=n_rounds)
     if outlook is not None and not outlook.beats_mean:
         warnings.warn(outlook.line(), UserWarning, stacklevel=3)
@@ -213,9 +228,12 @@ def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scen
         "bytes_sent": bytes_sent,
         "seconds": seconds,
     }
+    if total_budget is not None:
+        summary["privacy_unit"] = unit
+        summary["epsilon"], summary["delta"] = (float(x) for x in total_budget)
     if outlook is not None:
         summary["forecast"] = {"kept": outlook.kept, "beats_mean": outlook.beats_mean, "line": outlook.line()}
-    summary["command"] = _command(summary, total_budget, per_release, insecure_reproducible_noise)
+    summary["command"] = _command(summary, total_budget, per_release, unit, insecure_reproducible_noise)
     report_tables = [("Imputation of the hidden test views: mean absolute error on min–max-scaled data", imputation_rows)]
     privacy_rows = None
     if privacy is not None and insecure_reproducible_noise:
@@ -241,6 +259,11 @@ SCALING_OUTSIDE_PRIVACY = ("The min–max scaling ranges came from the training 
                            "(a simulation; a deployment declares public ranges).")
 
 
+#: how a record-level demo is fitted, in place of its rounds
+RECORD_LEVEL_FIT = ("one round: each site released its noisy moments once, and the model was fitted from them "
+                    "(no further data were read)")
+
+
 def _metrics_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     forecast = ([{"metric": "utility forecast, before the data were read (public quantities only)",
                   "value": summary["forecast"]["line"].removeprefix("utility forecast: ")}] if "forecast" in summary else [])
@@ -254,7 +277,7 @@ def _metrics_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _command(summary: dict[str, Any], total_budget, per_release, insecure_reproducible_noise: bool) -> str:
+def _command(summary: dict[str, Any], total_budget, per_release, unit: str, insecure_reproducible_noise: bool) -> str:
     """The ``fedhier demo`` command line of this run (the library call's equivalent)."""
     parts = ["fedhier demo"]
     if summary["seed"] != 0:
@@ -264,7 +287,10 @@ def _command(summary: dict[str, Any], total_budget, per_release, insecure_reprod
     if summary["n_components"] != 5:
         parts.append(f"--components {summary['n_components']}")
     if total_budget is not None:
-        parts.append("--dp" if tuple(total_budget) == (1.0, 1e-5) else f"--epsilon {total_budget[0]:g} --delta {total_budget[1]:g}")
+        parts.append("--dp" if tuple(total_budget) == (DEFAULT_EPSILON[unit], 1e-5)
+                     else f"--epsilon {total_budget[0]:g} --delta {total_budget[1]:g}")
+        if unit != "record":
+            parts.append(f"--unit {unit}")
     if per_release is not None:
         parts.append("--paper-dp" if tuple(per_release) == (10.0, 0.01) else f"(per-release budget ε = {per_release[0]:g}, δ = {per_release[1]:g})")
     if insecure_reproducible_noise:
@@ -280,10 +306,16 @@ def _write_report(out: Path, summary: dict[str, Any], model: FedMVPPCA, prepared
         f"{summary['data']}: {sum(summary['site_sizes'])} training subjects split over {summary['n_sites']} sites "
         f"(sizes {', '.join(map(str, summary['site_sizes']))}; {absent or 'every site has every view'}), and "
         f"{len(prepared.y_test)} held-out test subjects, of whom a random third lack one view each. Federated "
-        f"Fed-mv-PPCA with {summary['n_components']} latent factors, {summary['rounds_run']} rounds ("
-        + (f"at most {summary['n_rounds']}: the fit stops once a round changes the model's predictions by less than {summary['tol']:g}"
-           if summary["tol"] is not None else "all of them: the noise of the total privacy budget is calibrated for every round")
-        + "). All data are "
+        f"Fed-mv-PPCA with {summary['n_components']} latent factors, "
+        + (f"{RECORD_LEVEL_FIT} (record-level differential privacy, total ε = {summary['epsilon']:g} at "
+           f"δ = {summary['delta']:g} per site)" if summary.get("privacy_unit") == "record" else
+           f"{summary['rounds_run']} rounds ("
+           + (f"at most {summary['n_rounds']}: the fit stops once a round changes the model's predictions by less than {summary['tol']:g}"
+              if summary["tol"] is not None else "all of them: the noise of the total privacy budget is calibrated for every round")
+           + ")"
+           + (f" with site-level differential privacy, total ε = {summary['epsilon']:g} at δ = {summary['delta']:g} per site"
+              if summary.get("privacy_unit") == "site" else ""))
+        + ". All data are "
         "min–max scaled to [0, 1] with the training sites' ranges; errors are on that scale."
         + (f" {SCALING_OUTSIDE_PRIVACY}" if "scaling_outside_privacy" in summary else "")
         + (f" This result is {summary['not_private']}." if "not_private" in summary else "")

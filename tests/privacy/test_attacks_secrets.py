@@ -115,7 +115,7 @@ def test_a_two_fedhier_fit_dp_runs_differ_and_a_replay_cannot_tell_d_from_d_prim
 @pytest.mark.slow
 def test_a_fedhier_demo_dp_runs_differ_and_report_epsilon_at_most_1_with_every_release(tmp_path):
     for name in ("one", "two"):
-        run_demo(tmp_path / name, n_rounds=3, total_budget=(1.0, 1e-5), progress=False)
+        run_demo(tmp_path / name, n_rounds=3, total_budget=(1.0, 1e-5), unit="site", progress=False)
     assert not np.array_equal(_means(tmp_path / "one" / "model.npz"), _means(tmp_path / "two" / "model.npz"))
     summary = json.loads((tmp_path / "one" / "summary.json").read_text())
     report = json.loads((tmp_path / "one" / "privacy-report.json").read_text())
@@ -126,6 +126,22 @@ def test_a_fedhier_demo_dp_runs_differ_and_report_epsilon_at_most_1_with_every_r
         assert entry["epsilon"] <= 1.0 + 1e-9
         # every release: mu, W, sigma2 and the two spread scalars of every view of the analysis, every round
         assert len(entry["releases"]) == summary["rounds_run"] * len(views) * 5
+
+
+@pytest.mark.slow
+def test_the_default_fedhier_demo_dp_protects_subjects_at_epsilon_10_with_its_one_release_in_the_ledger(tmp_path, capsys):
+    for name in ("one", "two"):
+        assert main(["demo", "--dp", "--quiet", "--out", str(tmp_path / name)]) == 0
+    capsys.readouterr()
+    assert not np.array_equal(_means(tmp_path / "one" / "model.npz"), _means(tmp_path / "two" / "model.npz"))
+    summary = json.loads((tmp_path / "one" / "summary.json").read_text())
+    report = json.loads((tmp_path / "one" / "privacy-report.json").read_text())
+    assert (summary["privacy_unit"], summary["epsilon"], summary["delta"]) == ("record", 10.0, 1e-5)
+    assert report["unit"] == "record" and len(report["sites"]) == len(summary["site_sizes"])
+    for entry in report["sites"].values():
+        assert entry["epsilon"] <= 10.0 + 1e-9
+        assert [r["block"] for r in entry["releases"]] == ["moments"]  # each site's noisy moments, once: nothing else left it
+    assert summary["test_mae"] < summary["training_mean_test_mae"]  # the point of the default: better than the mean
 
 
 # --------------------------------------------------------------------------- (f) CollabDict's chunk masks

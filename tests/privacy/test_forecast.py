@@ -68,15 +68,12 @@ def test_demo_shapes_declared_for_the_forecast_are_the_bundled_data_s():
     assert dict(zip(data.schema.names, data.schema.dims)) == ALZHEIMER_VIEWS and data.n_samples == ALZHEIMER_SUBJECTS
 
 
-class _Read(Exception):
-    """Raised by the patched reader: the test stops at the first data read."""
+class _Read(BaseException):
+    """Raised by the patched reader: the test stops at the first data read (past the command line's error handling)."""
 
 
-@pytest.mark.parametrize("epsilon, warned", [(1.0, True), (1e6, False)])
-def test_a_hopeless_private_demo_is_warned_about_before_any_data_is_read(tmp_path, monkeypatch, epsilon, warned):
+def _record_reads(monkeypatch, events):
     import fedhier.demo as demo
-
-    events = []
 
     def reader():
         events.append("read")
@@ -84,9 +81,31 @@ def test_a_hopeless_private_demo_is_warned_about_before_any_data_is_read(tmp_pat
 
     monkeypatch.setattr(demo, "warnings", _Recording(events))
     monkeypatch.setattr(demo, "load_alzheimer", reader)
+
+
+@pytest.mark.parametrize("unit, epsilon, warned", [("site", 1.0, True), ("site", 1e6, False), ("record", 1.0, True),
+                                                   ("record", 10.0, False)])
+def test_a_hopeless_private_demo_is_warned_about_before_any_data_is_read(tmp_path, monkeypatch, unit, epsilon, warned):
+    import fedhier.demo as demo
+
+    events = []
+    _record_reads(monkeypatch, events)
     with pytest.raises(_Read):
-        demo.run_demo(tmp_path / "out", total_budget=(epsilon, 1e-5), progress=False)
+        demo.run_demo(tmp_path / "out", total_budget=(epsilon, 1e-5), unit=unit, progress=False)
     assert events == (["warning: not expected to beat the training mean", "read"] if warned else ["read"]), events
+
+
+@pytest.mark.parametrize("flags, warned", [(["--dp"], False), (["--dp", "--unit", "site"], True)])
+def test_the_demo_s_default_dp_is_not_warned_about_and_site_level_is(tmp_path, monkeypatch, capsys, flags, warned):
+    from fedhier.cli import main
+
+    events = []
+    _record_reads(monkeypatch, events)
+    with pytest.raises(_Read):
+        main(["demo", *flags, "--quiet", "--out", str(tmp_path / "out")])
+    assert events == (["warning: not expected to beat the training mean", "read"] if warned else ["read"]), events
+    if not warned:  # the forecast is printed instead, before the data are read
+        assert "expected to beat the training mean" in capsys.readouterr().out
 
 
 class _Recording:

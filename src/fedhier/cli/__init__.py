@@ -25,20 +25,25 @@ from .console import rounds_shown, run, site_timeout_flag
 __all__ = ["main"]
 
 
-def _total_budget(args) -> tuple[float, float] | None:
+def _total_budget(args, default_epsilon: float = 1.0) -> tuple[float, float] | None:
     """(epsilon, delta) of a total privacy budget from --dp / --epsilon / --delta, or None."""
     if getattr(args, "epsilon", None) is None and not getattr(args, "dp", False):
         return None
-    return (1.0 if args.epsilon is None else args.epsilon, args.delta)
+    return (default_epsilon if args.epsilon is None else args.epsilon, args.delta)
 
 
 def _cmd_demo(args) -> int:
     from rich.console import Console
 
-    from ..demo import demo_forecast, demo_privacy, run_demo
+    from ..demo import DEFAULT_EPSILON, RECORD_LEVEL_FIT, demo_forecast, demo_privacy, run_demo
 
     console = Console(soft_wrap=True)  # one line per result, also when stdout is a file
-    outlook = demo_forecast(demo_privacy(_total_budget(args), (10.0, 0.01) if args.paper_dp else None, args.rounds),
+    if args.unit is not None and _total_budget(args) is None:
+        raise ValueError(f"--unit {args.unit} says what --dp protects: add --dp or --epsilon, or leave --unit out")
+    unit = args.unit or "record"
+    total_budget = _total_budget(args, DEFAULT_EPSILON[unit])
+    per_release = (10.0, 0.01) if args.paper_dp else None
+    outlook = demo_forecast(demo_privacy(total_budget, per_release, args.rounds, unit),
                             n_components=args.components, n_rounds=args.rounds)
     if outlook is not None and outlook.beats_mean:  # before any data is read; else run_demo warns with this line
         console.print(outlook.line(), markup=False)
@@ -47,8 +52,9 @@ def _cmd_demo(args) -> int:
         n_components=args.components,
         n_rounds=args.rounds,
         seed=args.seed,
-        total_budget=_total_budget(args),
-        per_release=(10.0, 0.01) if args.paper_dp else None,
+        total_budget=total_budget,
+        per_release=per_release,
+        unit=unit,
         progress=not args.quiet,
         site_timeout=args.site_timeout,
         insecure_reproducible_noise=args.insecure_reproducible_noise,
@@ -58,7 +64,9 @@ def _cmd_demo(args) -> int:
         f"{summary['n_sites']} sites, scenario {summary['scenario']}, sizes {summary['site_sizes']}, "
         f"absent views {summary['missing_views']}"
     )
-    if summary["rounds_run"] < summary["n_rounds"]:
+    if summary.get("privacy_unit") == "record":
+        console.print(RECORD_LEVEL_FIT, markup=False)
+    elif summary["rounds_run"] < summary["n_rounds"]:
         console.print(
             f"converged: stopped after {summary['rounds_run']} of at most {summary['n_rounds']} rounds "
             f"(the model's predictions changed by less than {summary['tol']:g} in the last round)"
@@ -80,6 +88,9 @@ def _cmd_demo(args) -> int:
     if "not_private" in summary:
         console.print(summary["not_private"], markup=False)
     elif "privacy_spent" in summary:
+        if "privacy_unit" in summary:
+            console.print(f"{summary['privacy_unit']}-level differential privacy, total epsilon {summary['epsilon']:g} "
+                          f"at delta {summary['delta']:g} per site", markup=False)
         console.print(summary["scaling_outside_privacy"], markup=False)
         for site, spent in summary["privacy_spent"].items():
             console.print(f"privacy spent, site {site}: epsilon {spent['epsilon']:.3f} at delta {spent['delta']:g} ({spent['accountant']})")
@@ -150,8 +161,8 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fedhier {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def privacy_flags(p):
-        p.add_argument("--dp", action="store_true", help="client-level DP with a total budget (default epsilon 1)")
+    def privacy_flags(p, dp_help="client-level DP with a total budget (default epsilon 1)"):
+        p.add_argument("--dp", action="store_true", help=dp_help)
         p.add_argument("--epsilon", type=float, default=None, help="total privacy budget epsilon per site for the whole fit")
         p.add_argument("--delta", type=float, default=1e-5, help="total delta per site (default 1e-5)")
         p.add_argument("--insecure-reproducible-noise", action="store_true",
@@ -165,7 +176,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the data split and the fit (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     site_timeout_flag(p)
-    privacy_flags(p)
+    privacy_flags(p, "DP with a total budget per site; --unit says what it protects (default: one subject, epsilon 10)")
+    p.add_argument("--unit", choices=("record", "site"), default=None,
+                   help="what --dp protects: one subject (record, default epsilon 10: each site releases its noisy "
+                        "moments once) or a whole site (site, default epsilon 1: noise in every round)")
     p.add_argument(
         "--paper-dp",
         action="store_true",

@@ -477,7 +477,10 @@ def _privacy_section(report: Report, model: Any, site_names: Sequence[str], tabl
     table = list(privacy_by_round(model) if table is None else table)
     delta = model.privacy_spent_[0]["delta"]
     report.paragraph(
-        "Each site adds calibrated noise to everything it sends (client-level differential privacy); the ledger "
+        "Each site adds calibrated noise to everything it sends ("
+        + ("record-level differential privacy: it protects each subject" if getattr(model.privacy, "unit", "site") == "record"
+           else "client-level differential privacy")
+        + "); the ledger "
         f"counts what each site has spent. ε is the privacy loss at δ = {delta:g} accumulated up to each round "
         "(smaller is more private). Every site releases every view, measured there or not, so that its replies do not "
         "tell which views it measures."
