@@ -16,7 +16,7 @@ cd "$WORK"
 export OPENBLAS_NUM_THREADS=1
 
 $PY -m fedhier.cli demo --out demo --quiet
-$PY -m fedhier.cli demo --dp --out demo-dp --quiet
+$PY -m fedhier.cli demo --dp --unit site --out demo-dp --quiet
 zcat "$ROOT/src/fedhier/data/bundled/fedlin/radon.csv.gz" > radon.csv
 $PY -m fedhier.cli fit linear radon.csv --site county.name --target log.radon --features basement,uranium \
     --intercept --out fedlin
