@@ -167,14 +167,15 @@ def graph_from_edges(n_sites: int, edges) -> np.ndarray:
 
 
 def default_graph(n_sites: int, rng: np.random.Generator | int | None = None) -> np.ndarray:
-    """O2: the inverse-chord graph when ``S`` is prime, else a random 4-regular graph.
+    """O2: a random simple 4-regular graph drawn from the common seed ``rng``, at every ``S``.
 
+    The graph's structure is public, so every site draws the same graph from the same
+    seed.  A random 4-regular graph has a spectral gap bounded away from zero as ``S``
+    grows, so it needs fewer consensus steps than the inverse-chord graph at a prime ``S``.
     For ``S <= 5`` (too small for a simple 4-regular graph) the complete graph is used.
     """
     if n_sites < 3:
         raise ValueError(f"peer graph: CollabDict needs more than 2 sites, got {n_sites}")
-    if is_prime(n_sites) and n_sites >= 7:
-        return inverse_chord_graph(n_sites)
     if n_sites <= 5:
         return check_adjacency(np.ones((n_sites, n_sites), dtype=np.int64))
     return random_regular_graph(n_sites, 4, rng)
@@ -207,11 +208,31 @@ class GraphSpectrum:
     n_sites: int
 
 
+_DENSE_SPECTRUM_MAX_SITES = 200
+
+
 def laplacian_spectrum(adjacency: np.ndarray) -> GraphSpectrum:
-    """Eigenvalues ``lambda_2`` and ``lambda_S`` of ``L`` by a dense symmetric eigensolver."""
+    """Eigenvalues ``lambda_2`` and ``lambda_S`` of ``L = D - A``, shape ``(S, S)``.
+
+    Up to 200 sites by a dense symmetric eigensolver; above, by the sparse Lanczos solver
+    ``scipy.sparse.linalg.eigsh``: ``lambda_S`` as the largest eigenvalue of ``L``, and
+    ``lambda_2`` as the second eigenvalue nearest to ``-1`` in shift-invert mode, where
+    ``L + I`` is positive definite and the smallest eigenvalue is ``lambda_1 = 0``.
+    """
     a = check_adjacency(adjacency)
-    ev = np.linalg.eigvalsh(laplacian(a))
-    return GraphSpectrum(float(ev[1]), float(ev[-1]), int(a.sum(axis=1).max()), a.shape[0])
+    n_sites, max_degree = a.shape[0], int(a.sum(axis=1).max())
+    if n_sites <= _DENSE_SPECTRUM_MAX_SITES:
+        ev = np.linalg.eigvalsh(laplacian(a))
+        return GraphSpectrum(float(ev[1]), float(ev[-1]), max_degree, n_sites)
+    from scipy import sparse
+    from scipy.sparse.linalg import eigsh
+
+    sparse_a = sparse.csr_matrix(a.astype(float))
+    lap = (sparse.diags(np.asarray(sparse_a.sum(axis=1)).ravel()) - sparse_a).tocsc()
+    start = np.cos(np.arange(n_sites) + 1.0)  # a fixed start vector: the plan is the same at every site
+    lambda_max = eigsh(lap, k=1, which="LA", v0=start, return_eigenvectors=False)[0]
+    smallest = np.sort(eigsh(lap, k=2, sigma=-1.0, which="LM", v0=start, return_eigenvectors=False))
+    return GraphSpectrum(max(float(smallest[1]), 0.0), float(lambda_max), max_degree, n_sites)
 
 
 def step_size(spectrum: GraphSpectrum, rule: StepRule | float = "max-degree") -> float:

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from fedhier.runtime import graphs
 from fedhier.runtime.consensus import average_consensus, consensus_matrix
 from fedhier.runtime.graphs import (check_adjacency, consensus_steps, contraction_factor, cycle_graph,
                                               default_graph, diameter, graph_from_edges, inverse_chord_graph,
@@ -126,5 +127,34 @@ def test_check_adjacency_errors():
         check_adjacency(np.triu(np.ones((4, 4)), 1))
     with pytest.raises(ValueError, match="more than 2"):
         check_adjacency(np.ones((2, 2)))
-    assert default_graph(13).sum(axis=1).max() == 3  # prime: inverse chord
     assert np.all(default_graph(12, 0).sum(axis=1) == 4)
+
+
+@pytest.mark.parametrize("n_sites", [7, 13, 1009])
+def test_default_graph_is_regular_and_connected_at_prime_sizes(n_sites):
+    a = default_graph(n_sites, 3)
+    assert np.array_equal(a, a.T) and np.all(np.diag(a) == 0) and a.max() == 1  # simple
+    assert np.all(a.sum(axis=1) == 4)
+    reached = np.zeros(n_sites, dtype=bool)  # breadth-first search from site 0
+    frontier = reached.copy()
+    frontier[0] = reached[0] = True
+    while frontier.any():
+        frontier = (a[frontier] > 0).any(axis=0) & ~reached
+        reached |= frontier
+    assert reached.all()
+    assert np.array_equal(default_graph(n_sites, 3), a)  # the same public seed gives the same graph
+
+
+@pytest.mark.parametrize("graph", [random_regular_graph(40, 4, rng=1), inverse_chord_graph(31), cycle_graph(12),
+                                   graph_from_edges(6, [(0, 1), (1, 2), (3, 4), (4, 5)])])
+def test_sparse_spectrum_equals_dense_spectrum(graph, monkeypatch):
+    dense = laplacian_spectrum(graph)
+    ev = np.linalg.eigvalsh(laplacian(graph))
+    assert np.isclose(dense.lambda_2, ev[1], atol=1e-10) and np.isclose(dense.lambda_max, ev[-1])
+    monkeypatch.setattr(graphs, "_DENSE_SPECTRUM_MAX_SITES", 0)
+    sparse = laplacian_spectrum(graph)
+    assert np.isclose(sparse.lambda_2, ev[1], atol=1e-8) and np.isclose(sparse.lambda_max, ev[-1], atol=1e-8)
+    assert (sparse.max_degree, sparse.n_sites) == (dense.max_degree, dense.n_sites)
+    if ev[1] > 1e-8:  # connected: the consensus plan is the same
+        eps = step_size(sparse, "optimal")
+        assert consensus_steps(sparse, eps, 1e-6) == consensus_steps(dense, step_size(dense, "optimal"), 1e-6)
