@@ -101,7 +101,7 @@ def _start_up_deadline(timeout: float | None) -> Iterator[None]:
 DEFAULT_TIMEOUT = 300.0
 _DATA, _CONTROL = 7101, 7102   # message tags: payloads, and the agreement on lost peers
 #: longest pause (seconds) between two polls of a receive: a consensus step waits at most this long after arrival
-_MAX_PAUSE = 2e-4
+_MAX_PAUSE = 0.01
 _HEADER = struct.Struct("<qq")  # (epoch, sequence number) in front of every payload
 _STAND = struct.Struct("<qb")   # barriers passed, and the last one's outcome (-1: none, 0: false, 1: true)
 
@@ -164,7 +164,7 @@ class MPITransport(Transport):
         expected = (self._epoch, self._seq)
         deadline = None if self.timeout is None else time.monotonic() + deadline_factor * self.timeout
         got: dict[int, bytes] = {}
-        pause = 1e-5
+        pause = 1e-4
         while len(got) < len(sources):
             progressed = False
             for src in sources:
