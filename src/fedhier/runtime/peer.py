@@ -131,7 +131,7 @@ class PeerAggregation:
     committee_size : int or None
         ``k`` for ``"shamir"``: the peers that receive the shares, drawn from the run's
         public seed.  Default: every peer up to 31 peers, then
-        ``max(31, 2 ceil(log2 S) + 1)``, so that each peer sends ``k`` shares, not ``S``.
+        ``max(31, 2 ceil(log2 S) + 1, threshold)``, so that each peer sends ``k`` shares, not ``S``.
 
     Chunk masks are each site's secret: they come from the operating system's CSPRNG at the
     site (:class:`~fedhier.privacy.sampling.NoiseSource`), never from a seed.  Shamir coefficients always
@@ -408,6 +408,7 @@ def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray], aggregati
 
 #: Up to this many peers every peer receives a share; above it the shares go to a committee this large or larger.
 SMALLEST_COMMITTEE = 31
+_COMMITTEE_STREAM = 0x5A3  # keeps the committee's draw apart from the other public draws from the seed
 
 
 def shamir_committee_size(aggregation: PeerAggregation, n_sites: int) -> int:
@@ -428,9 +429,6 @@ def shamir_committee(seed: int, n_sites: int, alive: Sequence[int], size: int) -
     alive_set = {int(s) for s in alive}
     order = np.random.default_rng([int(seed), _COMMITTEE_STREAM]).permutation(n_sites)
     return [int(s) for s in order if int(s) in alive_set][:size]
-
-
-_COMMITTEE_STREAM = 0x5A3  # keeps the committee's draw apart from the other public draws from the seed
 
 
 def shamir_threshold(aggregation: PeerAggregation, n_sites: int) -> int:
