@@ -74,3 +74,50 @@ def test_mpi_fit_equals_in_process_simulator(tmp_path, aggregation):
         assert np.allclose(got.weights_[s], ref.weights_[s], atol=1e-12)
         assert np.all(np.isnan(np.delete(got.weights_, s, axis=0)))
         assert np.allclose(got.score_samples(sites[s], site=s), ref.score_samples(sites[s], site=s), atol=1e-9)
+
+
+_COMMITTEE_SCRIPT = """
+import sys
+import numpy as np
+from fedhier.runtime.mpi import MPITransport, world
+from fedhier.runtime.peer import PeerAggregation, aggregate_sums
+transport = MPITransport(world(), timeout=120)
+rank, n_sites = transport.rank, transport.n_sites
+aggregation = PeerAggregation(method="shamir", committee_size=3)
+for round in (1, 2):
+    sums, _ = aggregate_sums(transport, {rank: np.arange(5.0) * (rank + 1)}, round=round, seed=9, plan=None,
+                             aggregation=aggregation)
+    print(rank, round, transport.bytes_sent[rank], *sums[rank].tolist(), flush=True)
+"""
+
+
+def test_mpi_shamir_committee_sums_with_peers_outside_the_committee(tmp_path):
+    from fedhier.protocol.messages import Field, MessageSpec, encode
+    from fedhier.runtime.peer import shamir_committee
+
+    script = tmp_path / "committee.py"
+    script.write_text(_COMMITTEE_SCRIPT)
+    n_sites, k = 5, 3
+    proc = subprocess.Popen([_mpiexec(), "-n", str(n_sites), sys.executable, str(script)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, f"mpiexec failed\nstdout:\n{out}\nstderr:\n{err}"
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    assert len(rows) == 2 * n_sites
+    exact = np.arange(5.0) * sum(range(1, n_sites + 1))  # closed form: sum over ranks of (rank + 1) * arange(5)
+    committee = shamir_committee(9, n_sites, range(n_sites), k)
+    msg = len(encode(MessageSpec("collab-aggregate", {"x": Field((5,), "int64")}), {"x": np.zeros(5, np.int64)}))
+    for rank, round, sent, *values in rows:
+        np.testing.assert_allclose(np.array(values, dtype=float), exact, rtol=0, atol=n_sites * 2.0 ** -25)
+    sent = {int(r[0]): int(r[2]) for r in rows if r[1] == "2"}
+    outsiders = [s for s in range(n_sites) if s not in committee]
+    publishers = committee[:k // 2 + 1]
+    # over two rounds an outsider sends only its k shares; a publisher sends k - 1 shares and its sum to the
+    # other n_sites - 1 peers
+    assert outsiders and all(sent[s] == 2 * k * msg for s in outsiders)
+    assert all(sent[s] == 2 * (k - 1 + n_sites - 1) * msg for s in publishers)

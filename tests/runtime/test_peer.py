@@ -10,7 +10,7 @@ from fedhier.runtime.consensus import consensus_matrix, consensus_update, random
 from fedhier.runtime.graphs import inverse_chord_graph, random_regular_graph
 from fedhier.protocol.base import RoundProtocol
 from fedhier.protocol.messages import Field, MessageSpec, encode
-from fedhier.runtime.peer import PeerAggregation, simulate_peers
+from fedhier.runtime.peer import InProcessTransport, PeerAggregation, simulate_peers
 
 
 class SumProtocol(RoundProtocol):
@@ -169,3 +169,80 @@ def test_chunk_masks_from_site_entropy_change_only_rounding():
                          aggregation=PeerAggregation(method="chunked"))
     exact = np.sum(sites, axis=0)
     assert np.allclose(res.broadcast["total"], exact, rtol=0, atol=1e-8 * np.abs(exact).max())
+
+
+class RecordingTransport(InProcessTransport):
+    """An in-process transport that records every private exchange: receivers, what was sent, what arrived."""
+
+    def __init__(self, n_sites):
+        super().__init__(n_sites)
+        self.private = []
+
+    def all_to_all(self, spec, messages, receivers=None):
+        out = super().all_to_all(spec, messages, receivers)
+        self.private.append((receivers, {s: [m["x"].copy() for m in msgs] for s, msgs in messages.items()},
+                             {j: [m["x"].copy() for m in msgs] for j, msgs in out.items()}))
+        return out
+
+
+def test_shamir_committee_sum_is_exact_and_only_the_public_committee_receives_shares():
+    from fedhier.runtime.peer import aggregate_sums, shamir_committee
+    from fedhier.secure.fixedpoint import PRIME
+
+    n_sites, k, seed = 20, 7, 11
+    aggregation = PeerAggregation(method="shamir", committee_size=k)
+    vectors = {s: v for s, v in enumerate(_data(n_sites, size=5, seed=3))}
+    transport = RecordingTransport(n_sites)
+    sums, _ = aggregate_sums(transport, vectors, round=1, seed=seed, plan=None, aggregation=aggregation)
+    exact = np.sum(list(vectors.values()), axis=0)
+    for s in range(n_sites):  # fixed point with 24 fractional bits: each of the 20 encodings rounds by <= 2^-25
+        assert np.max(np.abs(sums[s] - exact)) <= n_sites * 2.0 ** -25
+        assert np.array_equal(sums[s], sums[0])
+    committee = shamir_committee(seed, n_sites, range(n_sites), k)
+    assert committee == shamir_committee(seed, n_sites, list(range(n_sites)), k)  # what every peer derives
+    assert len(set(committee)) == k and committee != list(range(k))  # drawn from the seed, not the first sites
+    [(receivers, sent, received)] = transport.private
+    assert receivers == committee and sorted(received) == sorted(committee)
+    # a member sees shares, not replies: its share from each site is a field element, not the site's encoding
+    codec_scale = 2.0 ** 24
+    for j in committee:
+        for s, share_row in enumerate(received[j]):
+            assert share_row.min() >= 0 and share_row.max() < PRIME
+            assert not np.array_equal(share_row, np.round(vectors[s] * codec_scale).astype(np.int64) % PRIME)
+    # bytes: a site outside the committee sends k shares and nothing else; a publisher also sends its sum to all
+    msg = len(encode(MessageSpec("collab-aggregate", {"x": Field((5,), "int64")}), {"x": np.zeros(5, np.int64)}))
+    outsider = next(s for s in range(n_sites) if s not in committee)
+    assert transport.bytes_sent[outsider] == k * msg
+    t = k // 2 + 1
+    assert transport.bytes_sent[committee[0]] == (k - 1) * msg + (n_sites - 1) * msg
+    assert transport.bytes_sent[committee[t]] == (k - 1) * msg  # not among the first t members: does not publish
+
+
+def test_default_committee_is_every_peer_when_few_and_logarithmic_when_many():
+    from fedhier.runtime.peer import shamir_committee_size, shamir_threshold
+
+    shamir = PeerAggregation(method="shamir")
+    assert [shamir_committee_size(shamir, s) for s in (11, 31, 100, 1_000, 100_000)] == [11, 31, 31, 31, 35]
+    assert [shamir_threshold(shamir, s) for s in (11, 31, 1_000)] == [6, 16, 16]
+    assert shamir_committee_size(PeerAggregation(method="shamir", threshold=40), 1_000) == 40
+    with pytest.raises(ValueError, match="committee size"):
+        shamir_threshold(PeerAggregation(method="shamir", committee_size=5, threshold=6), 100)
+
+
+def test_fewer_than_t_committee_shares_have_the_same_distribution_whatever_the_secret():
+    # An adversary holding t - 1 = 3 of the k = 7 shares tabulates them over 40,000 independent sharings
+    # (cryptographic coefficients, GF(11)) of secret 0 and of secret 5: the two tables agree (chi-square,
+    # two samples), while the t = 4 shares of the same sharings tell the secrets apart (disjoint supports).
+    from scipy.stats import chi2_contingency
+
+    from fedhier.secure.shamir import share
+
+    q, k, t, n = 11, 7, 4, 40_000
+    tables, supports = [], []
+    for secret in (0, 5):
+        rows = share(np.full(n, secret), k, t, modulus=q)
+        seen = rows[[1, 3, 6]]  # colluders at z = 2, 4, 7
+        tables.append(np.bincount((seen[0] * q + seen[1]) * q + seen[2], minlength=q ** 3))
+        supports.append(set(map(tuple, rows[:t].T)))
+    assert chi2_contingency(np.array(tables) + 1)[1] > 1e-4
+    assert not supports[0] & supports[1]

@@ -57,3 +57,20 @@ def test_a_site_passes_a_barrier_only_one_behind_the_survivors():
     assert (transport.barriers_passed, transport.last_outcome) == (1, True)
     with pytest.raises(PeerLost, match="passed 3 barriers, this site 1"):  # no correct peer is two ahead
         transport.pass_barrier(Agreement(frozenset({3}), 3))
+
+
+def test_shamir_committee_sum_survives_losing_outsiders_and_k_minus_t_members():
+    from fedhier.runtime.peer import shamir_committee
+
+    n_sites, k, seed = 20, 7, 4
+    committee = shamir_committee(seed, n_sites, range(n_sites), k)
+    outsider = next(s for s in range(n_sites) if s not in committee)
+    lost = [outsider] + committee[:k - (k // 2 + 1)]  # 3 = k - t members, among them publishers
+    sites = _data(n_sites)
+    res = simulate_peers(SumProtocol(4), sites, n_rounds=2, random_state=seed,
+                         aggregation=PeerAggregation(method="shamir", committee_size=k), lose={2: lost})
+    survivors = [s for s in range(n_sites) if s not in lost]
+    expected = 2 * sum(sites[s] for s in survivors)
+    for s in survivors:
+        np.testing.assert_allclose(res.broadcasts[s]["total"], expected, rtol=0, atol=2 * n_sites * 2.0 ** -25)
+    assert res.history[1]["lost"] == sorted(lost)

@@ -220,12 +220,15 @@ class MPITransport(Transport):
         self._count(self.rank, len(payload) * len(nbrs))
         return {self.rank: [decode(spec, got[j]) for j in nbrs]}
 
-    def all_to_all(self, spec: MessageSpec, messages):
-        rows = {j: encode(spec, m) for j, m in zip(self.alive, messages[self.rank])}
-        others = self._others()
-        got = self._round_trip({j: rows[j] for j in others}, others)
+    def all_to_all(self, spec: MessageSpec, messages, receivers=None):
+        receivers = self.alive if receivers is None else [int(j) for j in receivers]
+        rows = {j: encode(spec, m) for j, m in zip(receivers, messages[self.rank])}
+        sends = {j: payload for j, payload in rows.items() if j != self.rank}
+        got = self._round_trip(sends, self._others() if self.rank in rows else [])
+        self._count(self.rank, sum(len(payload) for payload in sends.values()))
+        if self.rank not in rows:
+            return {}
         got[self.rank] = rows[self.rank]
-        self._count(self.rank, sum(len(rows[j]) for j in others))
         return {self.rank: [decode(spec, got[j]) for j in self.alive]}
 
     def all_gather(self, spec: MessageSpec, messages, senders):

@@ -8,8 +8,9 @@ centre* by one of
   steps ``T`` (stopping rule §3.4), sums ``= S x average`` (§3.5);
 * ``"chunked"``: the same on ``C`` random zero-sum chunks, with the sites relabelled on
   the graph at every session (§4.1);
-* ``"shamir"``: Shamir shares of the fixed-point encoded replies, summed by share
-  holders and reconstructed by everyone (§4.2): exact and identical everywhere;
+* ``"shamir"``: Shamir shares of the fixed-point encoded replies, sent to a public
+  committee of ``k`` peers drawn from the run's seed (every peer up to 31 peers), summed
+  there and reconstructed by everyone (§4.2): exact and identical everywhere;
 
 then every site runs ``global_step`` on its own copy of the sum.  After consensus a
 max-consensus over ``diameter`` steps makes all copies bit-identical (O7).
@@ -125,7 +126,12 @@ class PeerAggregation:
     frac_bits : int
         Fixed-point fractional bits for ``"shamir"`` (O6: 24).
     threshold : int or None
-        Shamir threshold ``t``; default ``floor(S/2) + 1`` (O6).
+        Shamir threshold ``t``: the number of committee members whose shares give back the
+        sum; default ``floor(k/2) + 1`` for a committee of ``k`` peers.
+    committee_size : int or None
+        ``k`` for ``"shamir"``: the peers that receive the shares, drawn from the run's
+        public seed.  Default: every peer up to 31 peers, then
+        ``max(31, 2 ceil(log2 S) + 1, threshold)``, so that each peer sends ``k`` shares, not ``S``.
 
     Chunk masks are each site's secret: they come from the operating system's CSPRNG at the
     site (:class:`~fedhier.privacy.sampling.NoiseSource`), never from a seed.  Shamir coefficients always
@@ -141,12 +147,15 @@ class PeerAggregation:
     agree: bool = True
     frac_bits: int = 24
     threshold: int | None = None
+    committee_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in ("consensus", "chunked", "shamir"):
             raise ValueError(f"aggregation method must be 'consensus', 'chunked' or 'shamir', got {self.method!r}")
         if self.n_chunks < 1:
             raise ValueError(f"n_chunks must be >= 1, got {self.n_chunks}")
+        if self.committee_size is not None and self.committee_size < 1:
+            raise ValueError(f"committee_size must be >= 1, got {self.committee_size}")
 
 
 @dataclass(frozen=True)
@@ -235,9 +244,11 @@ class Transport(ABC):
         """
 
     @abstractmethod
-    def all_to_all(self, spec: MessageSpec, messages: Mapping[int, Sequence[Message]]) -> dict[int, list[Message]]:
-        """Site ``s`` sends ``messages[s][i]`` privately to site ``alive[i]``; returns, for each
-        local ``j``, the messages received from the sites of ``alive``, in that order."""
+    def all_to_all(self, spec: MessageSpec, messages: Mapping[int, Sequence[Message]],
+                   receivers: Sequence[int] | None = None) -> dict[int, list[Message]]:
+        """Site ``s`` sends ``messages[s][i]`` privately to site ``receivers[i]`` (default
+        ``alive``); returns, for each local ``j`` among the receivers, the messages received
+        from the sites of ``alive``, in that order."""
 
     @abstractmethod
     def all_gather(self, spec: MessageSpec, messages: Mapping[int, Message], senders: Sequence[int]) -> list[Message]:
@@ -292,15 +303,17 @@ class InProcessTransport(Transport):
             out[s] = [received[int(j)] for j in nbrs]
         return out
 
-    def all_to_all(self, spec, messages):
+    def all_to_all(self, spec, messages, receivers=None):
+        receivers = self.alive if receivers is None else [int(j) for j in receivers]
         self._check_heard(self.alive)
-        out: dict[int, list[Message]] = {j: [] for j in self.local_sites}
+        out: dict[int, list[Message]] = {j: [] for j in self.local_sites if j in receivers}
         for s in self.local_sites:
-            for i, j in enumerate(self.alive):
-                payload = encode(spec, messages[s][i])
+            for j, message in zip(receivers, messages[s]):
+                payload = encode(spec, message)
                 if j != s:
                     self._count(s, len(payload))
-                out[j].append(decode(spec, payload))
+                if j in out:
+                    out[j].append(decode(spec, payload))
         return out
 
     def all_gather(self, spec, messages, senders):
@@ -348,14 +361,22 @@ def _agree(transport: Transport, adjacency: np.ndarray, values: dict[int, np.nda
     return x
 
 
-def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray],
-                 aggregation: PeerAggregation) -> dict[int, np.ndarray]:
+def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray], aggregation: PeerAggregation,
+                 seed: int) -> dict[int, np.ndarray]:
+    """Sum of the replies by Shamir sharing to a committee (spec §4.2).
+
+    Every alive site ``s`` encodes its reply ``v_s`` (m,) in fixed point and sends share ``i``
+    (the evaluation at ``z = i + 1``) of it to committee member ``i`` only; member ``i`` adds
+    the shares it receives, ``sigma_i = sum_s f_s(i + 1)``, a share of ``sum_s v_s``; the
+    first ``t`` members publish theirs and every site interpolates the sum at 0.
+    """
     from ..secure.fixedpoint import PRIME, FixedPoint
     from ..secure.shamir import reconstruct, share
 
     n_sites, alive = transport.n_sites, transport.alive
     size = next(iter(vectors.values())).size
     threshold = shamir_threshold(aggregation, n_sites)
+    committee = shamir_committee(seed, n_sites, alive, shamir_committee_size(aggregation, n_sites))
     codec = FixedPoint(frac_bits=aggregation.frac_bits, modulus=PRIME,
                        max_abs=2.0 ** (60 - aggregation.frac_bits) / (n_sites + 1))
     spec = _vector_spec(size, "int64")
@@ -370,27 +391,52 @@ def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray],
                 "data before fitting (a round of raw moments shares sums of squares), lower frac_bits, or use the "
                 "'consensus' or 'chunked' aggregation"
             ) from None
-        rows = share(encoded, len(alive), threshold, rng=None)  # row i at x = i + 1, for alive[i]; cryptographic
-        shares[s] = [{"x": rows[i]} for i in range(len(alive))]
-    received = transport.all_to_all(spec, shares)
-    holder_sums = {}
+        rows = share(encoded, len(committee), threshold, rng=None)  # row i at z = i + 1, for committee[i]
+        shares[s] = [{"x": row} for row in rows]
+    received = transport.all_to_all(spec, shares, receivers=committee)
+    member_sums = {}
     for j, msgs in received.items():
         acc = np.zeros(size, dtype=np.int64)
         for m in msgs:
             acc = (acc + m["x"]) % PRIME
-        holder_sums[j] = {"x": acc}
-    holders = alive[:threshold]
-    published = transport.all_gather(spec, holder_sums, holders)
+        member_sums[j] = {"x": acc}
+    published = transport.all_gather(spec, member_sums, committee[:threshold])
     total = reconstruct(np.stack([m["x"] for m in published]), np.arange(1, threshold + 1))
     value = codec.decode(np.asarray(total, dtype=np.int64), n_summands=len(alive))
     return {s: value.copy() for s in transport.local_sites}
 
 
+#: Up to this many peers every peer receives a share; above it the shares go to a committee this large or larger.
+SMALLEST_COMMITTEE = 31
+_COMMITTEE_STREAM = 0x5A3  # keeps the committee's draw apart from the other public draws from the seed
+
+
+def shamir_committee_size(aggregation: PeerAggregation, n_sites: int) -> int:
+    """``k``, the number of peers that receive Shamir shares in a run of ``n_sites`` peers.
+
+    ``aggregation.committee_size`` if set, else ``max(31, 2 ceil(log2 S) + 1, t)`` for a
+    user's threshold ``t``; never more than ``S``.
+    """
+    if aggregation.committee_size is not None:
+        return min(n_sites, aggregation.committee_size)
+    return min(n_sites, max(SMALLEST_COMMITTEE, 2 * int(np.ceil(np.log2(n_sites))) + 1, aggregation.threshold or 0))
+
+
+def shamir_committee(seed: int, n_sites: int, alive: Sequence[int], size: int) -> list[int]:
+    """The Shamir committee: the first ``size`` alive sites in an order of all ``n_sites`` sites
+    drawn from the run's public seed, so every site derives the same committee; when a member
+    is lost the next alive site in that order takes its place."""
+    alive_set = {int(s) for s in alive}
+    order = np.random.default_rng([int(seed), _COMMITTEE_STREAM]).permutation(n_sites)
+    return [int(s) for s in order if int(s) in alive_set][:size]
+
+
 def shamir_threshold(aggregation: PeerAggregation, n_sites: int) -> int:
-    """The Shamir threshold t of a run with ``n_sites`` peers (default ``floor(S/2) + 1``)."""
-    threshold = aggregation.threshold or n_sites // 2 + 1
-    if not 1 <= threshold <= n_sites:
-        raise ValueError(f"Shamir threshold must lie in 1..{n_sites}, got {threshold}")
+    """The Shamir threshold t of a run with ``n_sites`` peers (default ``floor(k/2) + 1`` for a committee of k)."""
+    size = shamir_committee_size(aggregation, n_sites)
+    threshold = aggregation.threshold or size // 2 + 1
+    if not 1 <= threshold <= size:
+        raise ValueError(f"Shamir threshold must lie in 1..{size} (the committee size), got {threshold}")
     return threshold
 
 
@@ -434,7 +480,7 @@ def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, roun
     """
     n_sites, alive = transport.n_sites, transport.alive
     if aggregation.method == "shamir":
-        return _shamir_sums(transport, vectors, aggregation), 0
+        return _shamir_sums(transport, vectors, aggregation, seed), 0
     size = next(iter(vectors.values())).size
     spec = _vector_spec(size)
     if aggregation.method == "chunked":
