@@ -87,7 +87,9 @@ aggregation = PeerAggregation(method="shamir", committee_size=3)
 for round in (1, 2):
     sums, _ = aggregate_sums(transport, {rank: np.arange(5.0) * (rank + 1)}, round=round, seed=9, plan=None,
                              aggregation=aggregation)
-    print(rank, round, transport.bytes_sent[rank], *sums[rank].tolist(), flush=True)
+    # one write per line: with PYTHONUNBUFFERED, print writes each item separately and the ranks' lines interleave
+    sys.stdout.write(" ".join(map(str, [rank, round, transport.bytes_sent[rank], *sums[rank].tolist()])) + "\\n")
+    sys.stdout.flush()
 """
 
 
