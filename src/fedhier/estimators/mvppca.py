@@ -152,11 +152,12 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         on sites holding different groups it tied the columns too loosely (docs/mvppca.md,
         "One variance per column").
     acceleration : {"squarem", None}, default "squarem"
-        Without privacy, the coordinator extrapolates the global parameters from every two
-        rounds (SQUAREM, :mod:`fedhier.models.mvppca.accelerate`) and keeps the extrapolation
-        only when the sites' summed expected log-likelihood does not drop; the demo then reaches
-        the predictions of the plain loop in fewer rounds (docs/mvppca.md, "Fewer rounds").
-        None broadcasts every master step as it is, as the paper does; a fit with privacy always does.
+        Without privacy, the coordinator extrapolates the global means and loadings from every
+        two rounds (SQUAREM, :mod:`fedhier.models.mvppca.accelerate`) and keeps an extrapolation
+        only when the round from it changes the predictions at most twice as much as the plain
+        round before it did; on the demo the fit stops after half the rounds at the same test
+        error (docs/mvppca.md, "Fewer rounds").  None broadcasts every master step as it is, as
+        the paper does; a fit with privacy always does.
     privacy : privacy configuration or None
         Client-level differential privacy (spec §8), a ``DPConfig``; see :mod:`fedhier.privacy`.
         Or record-level DP, a :class:`fedhier.privacy.analyze_gauss.RecordDP`: each site releases

@@ -229,10 +229,11 @@ class MVPPCAProtocol(RoundProtocol):
         With the EM update and no privacy, one between-site variance per column of the
         loadings (two more vectors of q per view in the reply; off by default).
     acceleration : "squarem" or None
-        Without privacy, the coordinator extrapolates the global parameters across rounds
-        (:class:`fedhier.models.mvppca.accelerate.Squarem`, safeguarded by the sites' summed
-        expected log-likelihood); None, and every fit with privacy, broadcasts the master's
-        step as it is (the paper's rounds).
+        Without privacy, the coordinator extrapolates the global means and loadings across
+        rounds (:class:`fedhier.models.mvppca.accelerate.Squarem`, an extrapolation kept only when
+        the next round changes its predictions little enough); its state lives in this object, so
+        one instance serves one coordinator.  None, and every fit with privacy, broadcasts the
+        master's step as it is (the paper's rounds).
     """
 
     name = "fed-mv-ppca"
