@@ -45,7 +45,7 @@ STEP_FACTOR = 4.0
 
 
 def _means(params: GlobalParams, views: list[str]) -> np.ndarray:
-    """(mu~, W~) of every view, one vector."""
+    """(mu~, W~) of every view, one vector of shape (sum_k d_k (1 + q),): mu~_k, then W~_k row by row."""
     return np.concatenate([np.concatenate([np.ravel(params[v].mu), np.ravel(params[v].W)]) for v in views])
 
 
