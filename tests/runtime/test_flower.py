@@ -207,6 +207,19 @@ def test_round_loop_equals_simulate(demo):
     assert [r.metrics for r in result.history] == [r.metrics for r in reference.history]
 
 
+def test_round_loop_with_the_coordinator_s_extrapolation_equals_simulate(demo):
+    """Enough rounds for SQUAREM to extrapolate: the coordinator's state lives in the protocol, the same on both."""
+    folder, config, sites = demo
+    grid, _ = _grid(folder, config)
+    protocol, reference_protocol = config.protocol(), config.protocol()
+    options = dict(seed=config.seed, min_sites=1, round_timeout=5.0, connect_timeout=1.0, poll_interval=0.01)
+    result = run_rounds(grid, protocol, config.sites, n_rounds=9, **options)
+    reference = simulate(reference_protocol, sites, n_rounds=9, random_state=config.seed)
+    assert max(protocol.accelerator.steps) > 1.0
+    assert protocol.accelerator.steps == reference_protocol.accelerator.steps
+    assert _max_diff(result.broadcast, reference.broadcast) <= 1e-10
+
+
 def _public_ranges(folder, config):
     """The sites' files in their own units, public ranges a little wider than every column's values, and the files
     scaled by hand with them: ``(raw sites, ranges, scaled sites)``."""

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..data.schema import ViewSchema
 from ..models.mvppca import local, master, predictive, spread
+from ..models.mvppca.accelerate import ACCELERATIONS, Squarem
 from ..models.mvppca._data import row_blocks
 from ..models.mvppca.mstep import weak_ig_prior
 from ..models.mvppca.params import GlobalParams, GlobalView
@@ -227,6 +228,12 @@ class MVPPCAProtocol(RoundProtocol):
     column_variances : bool
         With the EM update and no privacy, one between-site variance per column of the
         loadings (two more vectors of q per view in the reply; off by default).
+    acceleration : "squarem" or None
+        Without privacy, the coordinator extrapolates the global means and loadings across
+        rounds (:class:`fedhier.models.mvppca.accelerate.Squarem`, an extrapolation kept only when
+        the next round changes its predictions little enough); its state lives in this object, so
+        one instance serves one coordinator.  None, and every fit with privacy, broadcasts the
+        master's step as it is (the paper's rounds).
     """
 
     name = "fed-mv-ppca"
@@ -254,7 +261,10 @@ class MVPPCAProtocol(RoundProtocol):
         initial_prior: GlobalParams | None = None,
         prior_update: str = "em",
         column_variances: bool = False,
+        acceleration: str | None = "squarem",
     ):
+        if acceleration not in ACCELERATIONS:
+            raise ValueError(f"acceleration must be one of {ACCELERATIONS}, got {acceleration!r}")
         if prior_update not in master.PRIOR_UPDATES:
             raise ValueError(f"prior_update must be one of {master.PRIOR_UPDATES}, got {prior_update!r}")
         self.prior_update = prior_update
@@ -270,6 +280,8 @@ class MVPPCAProtocol(RoundProtocol):
         if privacy is not None and initial_prior is None:
             initial_prior = master.data_independent_prior(dict(zip(schema.names, schema.dims)), self.n_components)
         self.initial_prior = initial_prior
+        #: the extrapolation across rounds needs the sites' expected log-likelihood, sent without privacy only
+        self.accelerator = Squarem() if acceleration == "squarem" and privacy is None else None
         #: the safeguards' notes repeat every round: each kind once per fit at INFO, then at DEBUG
         self._safeguard_log = OnceLog(log)
         q = self.n_components
@@ -401,6 +413,11 @@ class MVPPCAProtocol(RoundProtocol):
             new = master.latent_scale(new, second_moment)
         for note in safeguards:
             self._safeguard_log(note, "round %d, master: %s", round, note)
+        if self.accelerator is not None:
+            if prior is None:
+                self.accelerator.reset()  # round 1: a new fit
+            else:
+                new = self.accelerator.step(prior, new)
         if self.privacy is not None and self.privacy.denoise and anchor is not None:
             from ..models.mvppca import dp
 

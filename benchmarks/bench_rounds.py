@@ -1,0 +1,126 @@
+"""How many rounds does Fed-mv-PPCA need on the demo?  The plain round loop against EM acceleration.
+
+Run:  python benchmarks/bench_rounds.py                    (seeds 0-9, about a minute)
+      python benchmarks/bench_rounds.py --long 400         (also against 400 plain rounds, about two minutes)
+      python benchmarks/bench_rounds.py --seeds 3           (a quick look)
+
+For every seed the demo's data are split as ``fedhier demo --seed SEED`` splits them
+(:func:`fedhier.demo.demo_data`), and the fit of the plain round loop (``FedMVPPCA(n_components=5, random_state=SEED, acceleration=None)``,
+the default before the acceleration, stopped by its own ``tol`` rule) is the reference: its global model's predictions and its test
+MAE (the demo's masked test third).  Each candidate is then fitted on the same split with the same seed and
+printed are, over the seeds,
+
+* ``reach``: the first round whose broadcast predicts within ``tol`` of the reference's, the quantity the
+  stopping rule uses (:func:`fedhier.models.mvppca.model_change` between the two global models, below the
+  default ``tol``); a round is one broadcast and the sites' replies, whatever the coordinator does with them;
+* ``stop``: the rounds the candidate ran until its own stopping rule ended it;
+* ``apart``: how far its final predictions are from the reference's (the same quantity; ``tol`` is 0.02);
+* ``MAE ratio``: its final test MAE over the reference's, paired by seed.
+
+``--long R`` also fits the plain loop for R rounds without the stopping rule and prints how far each
+candidate's final predictions, and the reference's, are from that fit's (``to long``): the demo's fit
+keeps moving slowly long after the rule stops it, so the reference is one point on a long path.
+
+Each column gives the median and the range [min, max] over the seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+
+import numpy as np
+
+from fedhier import FedMVPPCA
+from fedhier.demo import demo_data
+from fedhier.metrics import reconstruction_mae
+from fedhier.models.mvppca.predictive import model_change
+from fedhier.protocol.defaults import MVPPCA_TOL
+from fedhier.protocol.mvppca import global_from_message
+
+#: the candidates: FedMVPPCA's keyword arguments beside the demo's n_components and random_state
+CANDIDATES = {
+    "plain (the paper's loop)": {"acceleration": None},
+    "squarem (default)": {"acceleration": "squarem"},
+}
+
+
+class Broadcasts:
+    """Round callback keeping every round's broadcast (a copy of its arrays)."""
+
+    def __init__(self):
+        self.rounds: list[dict[str, np.ndarray]] = []
+
+    def __call__(self, record, broadcast) -> None:
+        self.rounds.append({k: np.array(v) for k, v in broadcast.items()})
+
+
+def fit(sites, seed: int, **options) -> tuple[FedMVPPCA, list[dict[str, np.ndarray]]]:
+    kept = Broadcasts()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a candidate that does not settle warns; the table says so
+        model = FedMVPPCA(n_components=5, random_state=seed, progress=False, **options).fit(sites, callbacks=[kept])
+    return model, kept.rounds
+
+
+def first_round_within(reference, broadcasts, schema, tol: float) -> float:
+    """The first round (1-based) whose global model predicts within ``tol`` of ``reference``; inf if none."""
+    for r, broadcast in enumerate(broadcasts, start=1):
+        current = global_from_message(broadcast, schema)
+        if current is not None and model_change(reference, current) < tol:
+            return float(r)
+    return float("inf")
+
+
+def summary(values) -> str:
+    values = np.asarray(values, dtype=float)
+    return f"{np.median(values):7.3g} [{values.min():.3g}, {values.max():.3g}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. SEEDS-1 (default 10)")
+    parser.add_argument("--long", type=int, default=0, help="rounds of the long plain fit (default 0: none)")
+    args = parser.parse_args()
+    tol = MVPPCA_TOL
+    rows = {name: {"reach": [], "stop": [], "apart": [], "ratio": [], "long": []} for name in CANDIDATES}
+    reference_rounds, reference_long = [], []
+    for seed in range(args.seeds):
+        data = demo_data(seed=seed)
+        reference, reference_broadcasts = fit(data.sites, seed, acceleration=None)
+        schema = reference.schema_
+        target = global_from_message(reference_broadcasts[-1], schema)
+        reference_mae = reconstruction_mae(data.test_masked, reference.reconstruct(data.test_masked))
+        reference_rounds.append(reference.n_rounds_)
+        if args.long:
+            _, long_broadcasts = fit(data.sites, seed, acceleration=None, tol=None, n_rounds=args.long)
+            limit = global_from_message(long_broadcasts[-1], schema)
+            reference_long.append(model_change(limit, target))
+        line = [f"seed {seed}: reference {reference.n_rounds_} rounds, MAE {reference_mae:.4f}"]
+        for name, options in CANDIDATES.items():
+            model, broadcasts = fit(data.sites, seed, **options)
+            mae = reconstruction_mae(data.test_masked, model.reconstruct(data.test_masked))
+            rows[name]["reach"].append(first_round_within(target, broadcasts, schema, tol))
+            rows[name]["stop"].append(model.n_rounds_)
+            rows[name]["ratio"].append(mae / reference_mae)
+            final = global_from_message(broadcasts[-1], schema)
+            rows[name]["apart"].append(model_change(target, final))
+            if args.long:
+                rows[name]["long"].append(model_change(limit, final))
+            line.append(f"{name.split()[0]} reach {rows[name]['reach'][-1]:.0f} stop {model.n_rounds_} "
+                        f"MAE x{mae / reference_mae:.4f}")
+        print("; ".join(line), flush=True)
+    print("(each column: median [min, max] over the seeds)")
+    print(f"\nseeds 0-{args.seeds - 1}, tol {tol}; the reference (the plain loop) stopped after "
+          f"{summary(reference_rounds)} rounds")
+    if args.long:
+        print(f"the reference's predictions are {summary(reference_long)} from those of {args.long} plain rounds")
+    columns = ("reach", "stop", "apart", "ratio") + (("long",) if args.long else ())
+    titles = {"reach": "reach", "stop": "stop", "apart": "apart", "ratio": "MAE ratio", "long": "to long"}
+    print(f"{'candidate':26s}" + "".join(f"{titles[c]:>26s}" for c in columns))
+    for name, row in rows.items():
+        print(f"{name:26s}" + "".join(f"{summary(row[c]):>26s}" for c in columns))
+
+
+if __name__ == "__main__":
+    main()
