@@ -139,6 +139,33 @@ def test_interrupted_fit_resumes_from_its_checkpoint(tmp_path, iid_problem):
     assert "v1/sd_W" in resumed.history_[1]["metrics"] and "rel_change" in resumed.history_[2]["metrics"]
 
 
+@pytest.mark.parametrize("interrupted_after", [5, 6])
+def test_a_resumed_fit_extrapolates_as_the_uninterrupted_one(tmp_path, iid_problem, interrupted_after):
+    """The coordinator's extrapolation across rounds is part of the checkpoint: a fit interrupted in the middle of
+    an extrapolation cycle resumes to the bytes of the uninterrupted fit."""
+    from fedhier.runtime.checkpoint import read_checkpoint
+
+    sites, _ = iid_problem
+    kw = dict(n_components=3, n_local_iter=3, n_first_iter=5, random_state=1, tol=None)
+    full = FedMVPPCA(n_rounds=12, **kw).fit(sites)
+    path = tmp_path / "fit.ckpt.npz"
+    FedMVPPCA(n_rounds=interrupted_after, **kw).fit(sites, checkpoint=path)
+    assert any(k.startswith("first/") for k in read_checkpoint(path).coordinator)  # a cycle was under way
+    resumed = FedMVPPCA(n_rounds=12, **kw).fit(sites, checkpoint=path)
+    for view in ("v1", "v2"):
+        assert np.asarray(resumed.global_params_[view]["W"]).tobytes() == np.asarray(full.global_params_[view]["W"]).tobytes()
+    with pytest.raises(ValueError, match="setting acceleration"):
+        FedMVPPCA(n_rounds=12, acceleration=None, **kw).fit(sites, checkpoint=path)
+    # the file is untrusted: an extrapolation state of the wrong shape is refused, not used
+    FedMVPPCA(n_rounds=interrupted_after, **kw).fit(sites, checkpoint=(damaged := tmp_path / "damaged.npz"))
+    with np.load(damaged, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    arrays["coordinator/first/v1/W"] = arrays["coordinator/first/v1/W"][:, :2]
+    np.savez(damaged, **arrays)
+    with pytest.raises(ValueError, match="extrapolation state does not fit"):
+        FedMVPPCA(n_rounds=12, **kw).fit(sites, checkpoint=damaged)
+
+
 def _theta_change(old, new):
     """max over views and blocks of ||new - old|| / ||old||, straight from two broadcasts."""
     keys = [k for k in new if k.rpartition("/")[2] in ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta")]

@@ -154,6 +154,19 @@ class RoundProtocol(ABC):
         """Scalars recorded in the history for this round (e.g. expected log-likelihood)."""
         return {}
 
+    def coordinator_state(self) -> dict[str, np.ndarray]:
+        """What :meth:`global_step` carries from round to round besides the broadcast, as named arrays.
+
+        A checkpoint stores it with the broadcast, so a fit resumed from it takes the steps an
+        uninterrupted fit takes.  Default: nothing (each step depends on the broadcast alone).
+        """
+        return {}
+
+    def restore_coordinator_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Take back :meth:`coordinator_state` from a checkpoint (untrusted: ValueError when it does not fit)."""
+        if state:
+            raise ValueError(f"the {self.name!r} protocol keeps no state between rounds, but the checkpoint holds some")
+
     def validate_site_data(self, site: int, data: Any) -> None:  # pragma: no cover - default
         """Raise ``ValueError`` naming the site and problem before any work is done."""
 

@@ -280,7 +280,8 @@ class MVPPCAProtocol(RoundProtocol):
         if privacy is not None and initial_prior is None:
             initial_prior = master.data_independent_prior(dict(zip(schema.names, schema.dims)), self.n_components)
         self.initial_prior = initial_prior
-        #: the extrapolation across rounds needs the sites' expected log-likelihood, sent without privacy only
+        self.acceleration = acceleration
+        #: the extrapolation across rounds, without privacy only (under DP the plain rounds of the paper)
         self.accelerator = Squarem() if acceleration == "squarem" and privacy is None else None
         #: the safeguards' notes repeat every round: each kind once per fit at INFO, then at DEBUG
         self._safeguard_log = OnceLog(log)
@@ -424,6 +425,37 @@ class MVPPCAProtocol(RoundProtocol):
             counts = {view: int(fields["count"]) for view, fields in self._statistics(combined).items()}
             new = dp.denoise_global(new, anchor, counts, self.privacy)
         return global_to_message(new)
+
+    def coordinator_state(self) -> dict[str, np.ndarray]:
+        """The extrapolation's cycle under way (:meth:`Squarem.state`), global parameters as ``<part>/<view>/<field>``."""
+        if self.accelerator is None:
+            return {}
+        out: dict[str, np.ndarray] = {}
+        for name, value in self.accelerator.state().items():
+            if isinstance(value, dict):
+                out.update({f"{name}/{k}": v for k, v in global_to_message(value).items() if k != "has_prior"})
+            else:
+                out[name] = value
+        return out
+
+    def restore_coordinator_state(self, state: Mapping[str, np.ndarray]) -> None:
+        if not state:
+            return  # a checkpoint of round 0's broadcast or of a fit without extrapolation: a new cycle
+        if self.accelerator is None:
+            raise ValueError("the checkpoint holds an extrapolation's state, but this fit does not extrapolate")
+        parts: dict[str, Any] = {}
+        for name in ("first", "plain"):
+            fields = {k.split("/", 1)[1]: v for k, v in state.items() if k.startswith(f"{name}/")}
+            if not fields:
+                continue
+            views = {k.rsplit("/", 1)[0] for k in fields}
+            expected = {f"{view}/{f}": shape for view in views if view in self.schema.names
+                        for f, shape in _global_shapes(self.schema.dims[self.schema.names.index(view)], self.n_components).items()}
+            if set(fields) != set(expected) or any(np.shape(fields[k]) != shape for k, shape in expected.items()):
+                raise ValueError("the checkpoint's extrapolation state does not fit this fit's views")
+            parts[name] = global_from_message({"has_prior": np.asarray(1.0), **fields}, self.schema)
+        rest = {k: v for k, v in state.items() if "/" not in k}
+        self.accelerator.restore({**rest, **parts})
 
     def round_metrics(self, combined: Message, round: int) -> dict[str, float]:
         stats = self._statistics(combined)

@@ -15,7 +15,7 @@ import hmac
 import io
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -107,6 +107,8 @@ class Checkpoint:
     site_states: list[dict[str, np.ndarray]]
     history: list[dict[str, Any]]
     fingerprint: Fingerprint | None = None
+    #: what the coordinator's step carries between rounds (``RoundProtocol.coordinator_state``)
+    coordinator: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> Path:
@@ -115,6 +117,7 @@ def write_checkpoint(path: str | Path, checkpoint: Checkpoint) -> Path:
     arrays: dict[str, np.ndarray] = {f"broadcast/{k}": np.asarray(v) for k, v in checkpoint.broadcast.items()}
     for s, state in enumerate(checkpoint.site_states):
         arrays.update({f"state/{s}/{k}": np.asarray(v) for k, v in state.items()})
+    arrays.update({f"coordinator/{k}": np.asarray(v) for k, v in checkpoint.coordinator.items()})
     meta = {
         "format": _FORMAT,
         "protocol": checkpoint.protocol,
@@ -164,6 +167,7 @@ def read_checkpoint(path: str | Path, *, n_sites: int | None = None) -> Checkpoi
         if listed < declared:
             raise ValueError(f"{path}: damaged checkpoint ({declared} sites declared, {listed} in the history)")
     broadcast = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("broadcast/")}
+    coordinator = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("coordinator/")}
     states: list[dict[str, np.ndarray]] = [{} for _ in range(declared)]
     for k, v in arrays.items():
         if k.startswith("state/"):
@@ -179,4 +183,4 @@ def read_checkpoint(path: str | Path, *, n_sites: int | None = None) -> Checkpoi
         round_, seed = int(meta["round"]), int(meta["seed"])
     except (KeyError, TypeError, ValueError):
         raise ValueError(f"{path}: damaged checkpoint (round or seed)") from None
-    return Checkpoint(str(meta.get("protocol")), round_, seed, broadcast, states, history, fingerprint)
+    return Checkpoint(str(meta.get("protocol")), round_, seed, broadcast, states, history, fingerprint, coordinator)

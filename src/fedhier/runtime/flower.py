@@ -1072,7 +1072,7 @@ def coordinate(grid: Grid, deployment: Deployment, *, resume: bool = False) -> F
             rows = [r.to_dict() for r in history]
             write_json(out / "history.json", rows)
             write_checkpoint(out / CHECKPOINT, Checkpoint(protocol.name, record.round, seed, broadcast, [{} for _ in sites], rows,
-                                                          fingerprint))
+                                                          fingerprint, protocol.coordinator_state()))
 
         hooks = deployment.hooks(None if start is None else start[1])
         if start is not None and hooks.stop is not None and start[2] and hooks.stop(start[2][-1], start[1]):
@@ -1135,6 +1135,10 @@ def _resume_point(path: Path, deployment: Deployment, protocol: RoundProtocol):
     if saved.round > deployment.n_rounds:
         raise ValueError(f"{path} is after round {saved.round}, beyond this fit's n_rounds={deployment.n_rounds}")
     history = [RoundRecord.from_dict(h) for h in saved.history]
+    try:
+        protocol.restore_coordinator_state(saved.coordinator)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
     return saved.round, protocol.broadcast_spec.validate(saved.broadcast), history, saved.seed
 
 

@@ -502,6 +502,10 @@ def simulate(
             broadcast = protocol.broadcast_spec.validate(saved.broadcast)
         except MessageError as exc:
             raise ValueError(f"checkpoint {checkpoint} was written by a differently configured {protocol.name!r} fit: {exc}") from None
+        try:
+            protocol.restore_coordinator_state(saved.coordinator)
+        except ValueError as exc:
+            raise ValueError(f"checkpoint {checkpoint}: {exc}") from None
         states = saved.site_states
         history = [RoundRecord.from_dict(h) for h in saved.history]
         if stop is not None and history and stop(history[-1], broadcast):
@@ -579,7 +583,8 @@ def simulate(
                 fingerprint = fingerprint or Fingerprint.of(protocol, sites)  # salted digests of the data, see Fingerprint
                 write_checkpoint(
                     checkpoint,
-                    Checkpoint(protocol.name, rnd, seed, broadcast, states, [h.to_dict() for h in history], fingerprint),
+                    Checkpoint(protocol.name, rnd, seed, broadcast, states, [h.to_dict() for h in history], fingerprint,
+                               protocol.coordinator_state()),
                 )
             round_done(record, broadcast)  # observers registered by the caller (fedhier.runtime.observers)
             if stop is not None and stop(record, broadcast):

@@ -69,7 +69,8 @@ class Squarem:
 
     :meth:`step` takes the round's broadcast theta~ (``previous``) and the master's step from the replies,
     F(theta~) (``mapped``), and returns what to broadcast next.  :meth:`reset` forgets the cycle (a new fit
-    starts a new cycle; so does a fit resumed from a checkpoint, with a new instance).
+    starts a new cycle).  :meth:`state` and :meth:`restore` carry the cycle through a checkpoint, so a
+    resumed fit extrapolates as the uninterrupted one does.
     """
 
     def __init__(self) -> None:
@@ -83,6 +84,36 @@ class Squarem:
         self.max_step = 1.0
         #: the step lengths a taken (a diagnostic); 0 for an extrapolation the safeguard dropped
         self.steps: list[float] = []
+
+    def state(self) -> dict[str, np.ndarray | GlobalParams]:
+        """The cycle under way: ``max_step``, ``before``, ``steps`` (arrays) and, when set, ``start`` (the stacked
+        theta_0), ``first`` and ``plain`` (global parameters)."""
+        out: dict[str, np.ndarray | GlobalParams] = {
+            "max_step": np.asarray(self.max_step), "before": np.asarray(self._before),
+            "steps": np.asarray(self.steps, dtype=float)}
+        for name, value in (("start", self._start), ("first", self._first), ("plain", self._plain)):
+            if value is not None:
+                out[name] = value
+        return out
+
+    def restore(self, state: dict[str, np.ndarray | GlobalParams]) -> None:
+        """Go on with the cycle of :meth:`state`; ValueError when its parts do not fit together."""
+        try:
+            max_step, before = float(state["max_step"]), float(state["before"])
+            steps = np.asarray(state["steps"], dtype=float)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("the saved extrapolation state is incomplete") from None
+        start, first, plain = state.get("start"), state.get("first"), state.get("plain")
+        if not (max_step >= 1.0 and np.isfinite(max_step)) or np.isnan(before) or steps.ndim != 1:
+            raise ValueError("the saved extrapolation state is damaged")
+        if start is not None and (first is None or np.shape(start) != _means(first, list(first)).shape):
+            raise ValueError("the saved extrapolation state is damaged (its theta_0 does not fit theta_1)")
+        if plain is not None and (first is None or set(plain) != set(first)):
+            raise ValueError("the saved extrapolation state is damaged (its theta_2 does not fit theta_1)")
+        self.reset()
+        self.max_step, self._before, self.steps = max_step, before, [float(a) for a in steps]
+        self._start = None if start is None else np.asarray(start, dtype=float)
+        self._first, self._plain = first, plain
 
     def step(self, previous: GlobalParams, mapped: GlobalParams) -> GlobalParams:
         views = list(mapped)
