@@ -12,12 +12,15 @@ keeps the task (``flwr/supercore/corestate/in_memory_corestate.py``,
 ``flwr/supercore/superexec/run_superexec.py``: the loop claims any pending task;
 ``SubprocessExecutor``: "subprocess launches have no capacity gate").
 
-:func:`main` runs Flower's ``flower-superexec`` with an executor that launches a ClientApp only
-when the one it launched before has exited: at most one ClientApp process per SuperNode, which is
-also the number of messages a SuperNode handles at a time.  A refused start then costs one
-process, not a growing number.  :func:`superexec_folder` writes the ``flower-superexec`` a
-SuperNode finds first on its ``PATH`` (``fedhier flower site`` and
-:class:`fedhier.cli.flower.LoopbackFederation` put it there).
+:func:`main` runs Flower's ``flower-superexec`` with an executor that keeps at most one ClientApp
+process: a SuperNode of a fedhier fit handles one message at a time, so when it is given a task while
+the process it launched before still runs, that process is of no further use (Flower re-issued a start
+it refused, whose token has expired; or the coordinator moved on, to a round after a timeout or to a
+new run after an interrupted one).  The process before is stopped and the new one launched.  A refused
+start then costs one process, not a growing number, and a process left from a run that ended (a
+SuperLink killed mid-round) cannot keep the next run's ClientApp from starting.
+:func:`superexec_folder` writes the ``flower-superexec`` a SuperNode finds first on its ``PATH``
+(``fedhier flower site`` and :class:`fedhier.cli.flower.LoopbackFederation` put it there).
 
 With a Flower whose SuperExec is built otherwise (a later release), Flower's own runs unchanged.
 """
@@ -37,10 +40,12 @@ log = logging.getLogger(__name__)
 
 #: the name under which a SuperNode starts its SuperExec (looked up on its PATH)
 SUPEREXEC = "flower-superexec"
+#: seconds a ClientApp process is given to exit on SIGTERM before it is killed
+STOP_GRACE = 10.0
 
 
 def _one_at_a_time_executor():
-    """Flower's subprocess executor, with capacity for one task process at a time (None: Flower's is built otherwise)."""
+    """Flower's subprocess executor, keeping one task process at a time (None: Flower's is built otherwise)."""
     try:
         from flwr.supercore.constant import TASK_TYPE_TO_APPIO_API_ADDRESS_ARG, TASK_TYPE_TO_COMMAND
         from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
@@ -49,20 +54,24 @@ def _one_at_a_time_executor():
         return None
 
     class OneAtATime(SubprocessExecutor):
-        """Launches a task process only when the previous one has exited (Flower's launch, keeping its process)."""
+        """Flower's launch, keeping its process; a new launch first stops the process before (module docstring)."""
 
         def __init__(self) -> None:
             self.process: subprocess.Popen | None = None
 
-        def busy(self) -> bool:
-            return self.process is not None and self.process.poll() is None
-
-        def get_eligible_capacity(self, supported_task_types, **kwargs):
-            return (set(), set()) if self.busy() else super().get_eligible_capacity(supported_task_types, **kwargs)
+        def _stop_previous(self) -> None:
+            if self.process is None or self.process.poll() is not None:
+                return
+            log.info("a new task for this SuperNode: stopping the ClientApp process %d launched before", self.process.pid)
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
         def launch(self, spec) -> "LaunchResult":
-            if self.busy():
-                return LaunchResult.capacity_rejected("one task process at a time: the previous one is still running")
+            self._stop_previous()
             args = [TASK_TYPE_TO_COMMAND[spec.task_type], TASK_TYPE_TO_APPIO_API_ADDRESS_ARG[spec.task_type],
                     spec.runtime_api_address, "--token", spec.token]
             if spec.insecure:
@@ -81,7 +90,7 @@ def _one_at_a_time_executor():
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``flower-superexec`` (same arguments) with at most one ClientApp process at a time."""
+    """``flower-superexec`` (same arguments) keeping at most one ClientApp process at a time."""
     if argv is not None:
         sys.argv = [SUPEREXEC, *argv]
     from flwr.supercore.cli.flower_superexec import flower_superexec
