@@ -1398,9 +1398,6 @@ def test_fedlin_hm2_with_secure_summation_over_flower_equals_simulate(fleet, tmp
 
 
 @pytest.mark.integration
-# slow (not in CI) until its intermittent fault is fixed: in 1 of about 5 runs the resumed fit's first query was
-# not answered within round_timeout (the SuperLink logged ApiError 2007 on the interrupted run's objects)
-@pytest.mark.slow
 def test_a_fit_whose_superlink_is_killed_resumes_to_the_uninterrupted_result(tmp_path, demo):
     """The SuperLink (and its ServerApp) is SIGKILLed once round 1 is done; summary.json is closed as failed; a new
     SuperLink on the same port, the same SuperNodes reconnecting, and `fedhier flower run --resume` finish the fit
