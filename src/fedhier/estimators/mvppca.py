@@ -235,7 +235,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         ig_solver: str = "newton",
         sigma2_prior: str | None = "weak",
         prior_update: str = "em",
-        column_variances: bool = False,
+        column_variances: bool = True,
         privacy: Any = None,
         aggregation: str = "plain",
         n_jobs: int = 1,

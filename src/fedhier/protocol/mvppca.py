@@ -174,7 +174,7 @@ def stopping_rule(tol: float | None, privacy: Any = None) -> Callable[[Any, Any]
 
 
 def reply_spec(
-    schema: ViewSchema, n_components: int, prior_update: str, *, private: bool, column_variances: bool = False
+    schema: ViewSchema, n_components: int, prior_update: str, *, private: bool, column_variances: bool = True
 ) -> MessageSpec:
     """A site's declared reply: per view, the sufficient statistics of the master step (``count`` public, the rest
     DP releases in a private fit); without privacy also the raw diagnostics (expected log-likelihood, safeguards)
@@ -253,7 +253,7 @@ class MVPPCAProtocol(RoundProtocol):
         privacy: Any = None,
         initial_prior: GlobalParams | None = None,
         prior_update: str = "em",
-        column_variances: bool = False,
+        column_variances: bool = True,
     ):
         if prior_update not in master.PRIOR_UPDATES:
             raise ValueError(f"prior_update must be one of {master.PRIOR_UPDATES}, got {prior_update!r}")
@@ -387,14 +387,18 @@ class MVPPCAProtocol(RoundProtocol):
     def global_step(self, combined: Message, round: int, previous: Message) -> Message:
         prior = global_from_message(previous, self.schema)
         anchor = self._anchor(previous)
+        stats = self._statistics(combined)
+        n_sites = max((float(fields["count"]) for fields in stats.values()), default=0.0)
+        subjects = float(combined.get("latent_count", 0.0))
         new, safeguards = master.global_step(
-            self._statistics(combined),
+            stats,
             anchor=anchor,
             n_components=self.n_components,
             ig_solver=self.ig_solver,
             previous=prior,
             prior_update=self.prior_update,
             newton=self.privacy is None,  # with privacy the traces are noisy: the plain EM step
+            n_subjects=subjects / n_sites if self.column_variances and subjects > 0 and n_sites > 0 else None,
         )
         if self.latent_scale and float(combined.get("latent_count", 0.0)) > 0:
             second_moment = float(combined["latent_moment"]) / (self.n_components * float(combined["latent_count"]))
