@@ -225,8 +225,9 @@ class MVPPCAProtocol(RoundProtocol):
         posterior spread [R] (two more scalars per view in the reply) or eqs. 14, 18 [P]
         (:mod:`fedhier.models.mvppca.master`).
     column_variances : bool
-        With the EM update and no privacy, one between-site variance per column of the
-        loadings (two more vectors of q per view in the reply; off by default).
+        With the EM update and no privacy, the columns of the loadings that carry signal share
+        one between-site variance and each other column has its own (two more vectors of q per
+        view in the reply; on by default).
     """
 
     name = "fed-mv-ppca"
