@@ -28,7 +28,8 @@ columns, §4.4):
     v_new = [sum_c ||m_c - m~||^2 + (1 - 1/C_k) sum_c tr V_c + D v] / (C_k D).
 
 With the fields of :data:`COLUMN_FIELDS` (per column i, the sites' ||w_ci - a_i||^2 and
-tr Cov(w_ci)) each column of W gets this update from its own d_k coordinates, sigma2_Wi~, and
+tr Cov(w_ci)) the columns that carry signal share this update over their d_k |group| coordinates
+and each column without signal gets it from its own d_k (:func:`column_groups`), sigma2_Wi~;
 sigma2_W~ is their mean weighted by ||w~_i||^2 (:func:`.params.loading_variance`).
 
 In round 1 the sites fit without a prior; the update is then the spread of their
