@@ -144,13 +144,13 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         estimate the real differences between sites instead of collapsing (docs/mvppca.md,
         "Between-site variances"); each site then sends two more numbers per view.
         "paper": the paper's update from the point estimates alone (eqs. 14, 18).
-    column_variances : bool, default False
-        With ``prior_update="em"`` and no privacy: give each column of the loadings its own
-        between-site variance (w_ci ~ N(w~_i, sigma2_Wi I)), so that columns without signal,
-        when ``n_components`` is larger than the data need, do not pull ``sigma2_W`` down;
-        each site then sends two vectors of ``n_components`` more per view.  Off by default:
-        on sites holding different groups it tied the columns too loosely (docs/mvppca.md,
-        "One variance per column").
+    column_variances : bool, default True
+        With ``prior_update="em"`` and no privacy: the columns of the loadings that carry
+        signal share one between-site variance and each column without signal (when
+        ``n_components`` is larger than the data need) has its own (w_ci ~ N(w~_i, sigma2_Wi I)),
+        so that those columns do not pull ``sigma2_W`` down; each site then sends two vectors
+        of ``n_components`` more per view.  False: one variance shared by all columns
+        (docs/mvppca.md, "One variance per column").
     acceleration : {"squarem", None}, default "squarem"
         Without privacy, the coordinator extrapolates the global means and loadings from every
         two rounds (SQUAREM, :mod:`fedhier.models.mvppca.accelerate`) and keeps an extrapolation
@@ -242,7 +242,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         ig_solver: str = "newton",
         sigma2_prior: str | None = "weak",
         prior_update: str = "em",
-        column_variances: bool = False,
+        column_variances: bool = True,
         acceleration: str | None = "squarem",
         privacy: Any = None,
         aggregation: str = "plain",

@@ -175,7 +175,7 @@ def stopping_rule(tol: float | None, privacy: Any = None) -> Callable[[Any, Any]
 
 
 def reply_spec(
-    schema: ViewSchema, n_components: int, prior_update: str, *, private: bool, column_variances: bool = False
+    schema: ViewSchema, n_components: int, prior_update: str, *, private: bool, column_variances: bool = True
 ) -> MessageSpec:
     """A site's declared reply: per view, the sufficient statistics of the master step (``count`` public, the rest
     DP releases in a private fit); without privacy also the raw diagnostics (expected log-likelihood, safeguards)
@@ -226,8 +226,9 @@ class MVPPCAProtocol(RoundProtocol):
         posterior spread [R] (two more scalars per view in the reply) or eqs. 14, 18 [P]
         (:mod:`fedhier.models.mvppca.master`).
     column_variances : bool
-        With the EM update and no privacy, one between-site variance per column of the
-        loadings (two more vectors of q per view in the reply; off by default).
+        With the EM update and no privacy, the columns of the loadings that carry signal share
+        one between-site variance and each other column has its own (two more vectors of q per
+        view in the reply; on by default).
     acceleration : "squarem" or None
         Without privacy, the coordinator extrapolates the global means and loadings across
         rounds (:class:`fedhier.models.mvppca.accelerate.Squarem`, an extrapolation kept only when
@@ -260,7 +261,7 @@ class MVPPCAProtocol(RoundProtocol):
         privacy: Any = None,
         initial_prior: GlobalParams | None = None,
         prior_update: str = "em",
-        column_variances: bool = False,
+        column_variances: bool = True,
         acceleration: str | None = "squarem",
     ):
         if acceleration not in ACCELERATIONS:
@@ -400,14 +401,18 @@ class MVPPCAProtocol(RoundProtocol):
     def global_step(self, combined: Message, round: int, previous: Message) -> Message:
         prior = global_from_message(previous, self.schema)
         anchor = self._anchor(previous)
+        stats = self._statistics(combined)
+        n_sites = max((float(fields["count"]) for fields in stats.values()), default=0.0)
+        subjects = float(combined.get("latent_count", 0.0))
         new, safeguards = master.global_step(
-            self._statistics(combined),
+            stats,
             anchor=anchor,
             n_components=self.n_components,
             ig_solver=self.ig_solver,
             previous=prior,
             prior_update=self.prior_update,
             newton=self.privacy is None,  # with privacy the traces are noisy: the plain EM step
+            n_subjects=subjects / n_sites if self.column_variances and subjects > 0 and n_sites > 0 else None,
         )
         if self.latent_scale and float(combined.get("latent_count", 0.0)) > 0:
             second_moment = float(combined["latent_moment"]) / (self.n_components * float(combined["latent_count"]))

@@ -8,7 +8,7 @@ import pytest
 from fedhier import FedMVPPCA
 from fedhier.data.synthetic import make_federated_ppca
 from fedhier.models.mvppca import global_step, site_statistics
-from fedhier.models.mvppca.master import _em_variance, latent_scale, rotation_shares
+from fedhier.models.mvppca.master import _em_variance, column_groups, latent_scale, rotation_shares
 from fedhier.models.mvppca.mstep import loading_step
 from fedhier.models.mvppca.params import GlobalView, ViewParams
 from fedhier.models.mvppca.spread import latent_moment, loading_spread, mean_spread, posterior_spread
@@ -247,28 +247,50 @@ def test_column_spread_and_loading_step_solve_the_per_column_prior_by_brute_forc
     np.testing.assert_allclose(loading_step(cross, Sxx, s2 / column_vars, prior_W, q), direct, rtol=1e-10)
 
 
-def test_each_column_of_the_loadings_gets_the_em_update_of_its_own_spread():
-    """Column 0 differs between sites, column 1 is the same at every site: the per-column update gives
-    column 1 only the posterior term, column 0 the EM step of its own spread, each by the formula
-    [sum_c ||w_ci - w~_i||^2 + (1 - 1/C) sum_c tr Cov(w_ci) + d v_i] / (C d) (no rotation: W~ = 0 before)."""
+def test_signal_columns_share_the_em_update_and_a_column_without_signal_has_its_own():
+    """Columns 0 and 1 carry signal and differ between sites by different amounts, column 2 carries none:
+    columns 0 and 1 get the EM step of their summed spread over 2 d coordinates, column 2 that of its own
+    d, each by [sum_c ||w_ci - w~_i||^2 + (1 - 1/C) sum_c tr Cov(w_ci) + d v_i] / (C d) summed over the
+    group's columns (no rotation: W~ = 0 before)."""
     rng = np.random.default_rng(12)
-    C, d, q = 5, 6, 2
-    shared = rng.normal(scale=3.0, size=d)  # large loadings: the cap sigma2_W~ <= ||W~||_F / 5 stays far
-    sites = [{"v": ViewParams(mu=rng.normal(size=d), W=np.column_stack([rng.normal(size=d), shared]), sigma2=0.5)}
-             for _ in range(C)]
+    C, d, q, n = 5, 6, 3, 100.0
+    signal = rng.normal(scale=3.0, size=(d, 2))  # large loadings: the cap sigma2_W~ <= ||W~||_F / 5 stays far
+    sites = [{"v": ViewParams(mu=rng.normal(size=d), W=np.column_stack([
+        signal[:, 0] + rng.normal(size=d), signal[:, 1] + 0.1 * rng.normal(size=d), 0.01 * rng.normal(size=d)]),
+        sigma2=0.5)} for _ in range(C)]
     traces = [rng.uniform(0.01, 0.05, size=q) for _ in range(C)]
-    used = np.array([0.2, 0.01])
+    used = np.array([0.2, 0.1, 0.01])
     previous = {"v": GlobalView(mu=np.zeros(d), W=np.zeros((d, q)), sigma2_mu=1.0, sigma2_W=0.1, alpha=3.0, beta=1.0,
                                 noise_var=0.5, var_sigma=1.0, sigma2_W_columns=used)}
     stats = [site_statistics(p, None, {"v": (0.1, t)}) for p, t in zip(sites, traces)]
     summed = {"v": {k: sum(s["v"][k] for s in stats) for k in stats[0]["v"]}}
-    g = global_step(summed, anchor=None, n_components=q, previous=previous, prior_update="em", newton=False)[0]["v"]
+    g = global_step(summed, anchor=None, n_components=q, previous=previous, prior_update="em", newton=False,
+                    n_subjects=n)[0]["v"]
     Ws = np.stack([p["v"].W for p in sites])
     spread = np.sum((Ws - Ws.mean(axis=0)) ** 2, axis=(0, 1))
-    expected = (spread + (1 - 1 / C) * np.sum(traces, axis=0) + d * used) / (C * d)
-    np.testing.assert_allclose(g.sigma2_W_columns, expected, rtol=1e-10)
+    terms = spread + (1 - 1 / C) * np.sum(traces, axis=0) + d * used
+    shared = terms[:2].sum() / (C * 2 * d)
+    np.testing.assert_allclose(g.sigma2_W_columns, [shared, shared, terms[2] / (C * d)], rtol=1e-10)
     norms = np.sum(g.W**2, axis=0)
-    assert g.sigma2_W == pytest.approx(norms @ expected / norms.sum(), rel=1e-10)
+    assert g.sigma2_W == pytest.approx(norms @ g.sigma2_W_columns / norms.sum(), rel=1e-10)
+
+
+def test_column_groups_split_off_the_columns_of_a_pure_noise_fit():
+    """The maximum-likelihood PPCA of noise of variance 1 plus one planted direction (Tipping & Bishop's
+    closed form, W = U_q (Lambda_q - sigma2_ML I)^{1/2}): the planted column is signal, the q - 1 columns
+    the noise gives fall below the Marchenko-Pastur edge of noise variance 1, each a group of its own."""
+    rng = np.random.default_rng(14)
+    n, d, q = 60, 30, 4
+    direction = rng.normal(size=d)
+    X = rng.normal(size=(n, d)) + rng.normal(size=(n, 1)) * direction
+    eig, U = np.linalg.eigh(np.cov(X.T, bias=True))
+    eig, U = eig[::-1], U[:, ::-1]
+    sigma2 = eig[q:].mean()
+    W = U[:, :q] * np.sqrt(eig[:q] - sigma2)
+    np.testing.assert_array_equal(column_groups(W, 1.0, n), np.eye(q))
+    assert np.sum(W[:, 0] ** 2) > 10 * ((1 + np.sqrt(d / n)) ** 2 - 1)
+    np.testing.assert_array_equal(column_groups(W, 1.0, 10 * n)[0], [1, 1, 1, 1])  # more subjects: a lower edge
+    np.testing.assert_array_equal(column_groups(W, 1.0, None), np.ones((1, q)))  # no n: every column signal
 
 
 def test_accelerated_step_reaches_the_reml_estimate_where_the_spread_is_far_below_the_sampling_error():
@@ -288,17 +310,20 @@ def test_accelerated_step_reaches_the_reml_estimate_where_the_spread_is_far_belo
 
 
 def test_em_update_recovers_the_spread_of_the_loadings_with_two_components_too_many():
-    """The drawn design above fitted with q = 5 for a true q = 3: the two extra columns carry no signal and
-    their own variances fall below the signal columns'; the summary sd(W~), which weighs each column's
-    variance by its squared norm, stays at the truth."""
+    """The drawn design above fitted with q = 5 for a true q = 3 (the default fit): the two extra columns
+    carry no signal and their own variances fall below the signal columns'; the summary sd(W~), which
+    weighs each column's variance by its squared norm, stays at the truth.  With one variance shared by
+    all columns (``column_variances=False``) the two columns pull it below 0.9 of the truth."""
     rng = np.random.default_rng(0)
     n = [int(v) for v in rng.integers(20, 301, 6)]
     data = make_federated_ppca(
         6, n, (5, 40, 100), 3, sd_mu=0.5, sd_W=0.2, sigma2_alpha=3.0, sigma2_beta=2.0, global_sd=(2.0, 1.0),
         random_state=0,
     )
-    g = FedMVPPCA(n_components=5, n_rounds=100, random_state=0, column_variances=True).fit(data.sites).global_params_
+    g = FedMVPPCA(n_components=5, n_rounds=100, random_state=0).fit(data.sites).global_params_
     np.testing.assert_allclose([np.sqrt(g[v]["sigma2_W"]) for v in g], 0.2, rtol=0.15)
+    tied = FedMVPPCA(n_components=5, n_rounds=100, random_state=0, column_variances=False).fit(data.sites).global_params_
+    assert np.median([np.sqrt(tied[v]["sigma2_W"]) for v in tied]) < 0.9 * 0.2
     for v in ("view2", "view3"):  # 40 and 100 features: the signal columns are the three largest
         norms = np.sum(g[v]["W"] ** 2, axis=0)
         order = np.argsort(norms)

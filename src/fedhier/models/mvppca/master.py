@@ -28,7 +28,8 @@ columns, §4.4):
     v_new = [sum_c ||m_c - m~||^2 + (1 - 1/C_k) sum_c tr V_c + D v] / (C_k D).
 
 With the fields of :data:`COLUMN_FIELDS` (per column i, the sites' ||w_ci - a_i||^2 and
-tr Cov(w_ci)) each column of W gets this update from its own d_k coordinates, sigma2_Wi~, and
+tr Cov(w_ci)) the columns that carry signal share this update over their d_k |group| coordinates
+and each column without signal gets it from its own d_k (:func:`column_groups`), sigma2_Wi~;
 sigma2_W~ is their mean weighted by ||w~_i||^2 (:func:`.params.loading_variance`).
 
 In round 1 the sites fit without a prior; the update is then the spread of their
@@ -80,6 +81,7 @@ __all__ = [
     "LATENT_FIELDS",
     "COLUMN_FIELDS",
     "latent_scale",
+    "column_groups",
 ]
 
 #: [RC] rho: prior variances when a single site observes the view
@@ -258,6 +260,41 @@ def _em_variance(spread, posterior, used, count: int, n_coord: int, flat=0.0, ne
     return np.minimum(np.maximum(accelerated, step / _NEWTON_RANGE), step * _NEWTON_RANGE)
 
 
+def column_groups(W: np.ndarray, noise_var: float, n_subjects: float | None) -> np.ndarray:
+    """Which columns of the loadings share a between-site variance: those that carry signal.
+
+    A column carries signal when the variance it explains, ||w~_i||^2, exceeds the most that
+    sampling noise alone gives a site's fit, the Marchenko-Pastur edge of the eigenvalues of a
+    covariance of d_k features of noise variance sigma2 estimated from n subjects,
+
+        ||w~_i||^2 > sigma2 [(1 + sqrt(d_k / n))^2 - 1].
+
+    The signal columns form one group (they share sigma2_W, so a column cannot drift loose
+    from the others on sites that differ); each column without signal is a group of its own,
+    whose variance falls toward 0 without pulling the shared one down.
+
+    Parameters
+    ----------
+    W : ndarray of shape (d_k, q_k)
+        W~ (effective columns).
+    noise_var : float
+        sigma2, the sites' mean noise variance.
+    n_subjects : float or None
+        n, the mean number of subjects a site holds; None counts every column as signal.
+
+    Returns
+    -------
+    ndarray of shape (n_groups, q_k)
+        0/1 membership of the columns; every column in exactly one group.
+    """
+    d, q_k = W.shape
+    edge = 0.0 if n_subjects is None else noise_var * ((1.0 + np.sqrt(d / n_subjects)) ** 2 - 1.0)
+    signal = np.sum(np.asarray(W, dtype=float) ** 2, axis=0) > edge
+    groups = [signal] if signal.any() else []
+    groups += [np.arange(q_k) == i for i in np.flatnonzero(~signal)]
+    return np.array(groups, dtype=float)
+
+
 def rotation_shares(prior: GlobalParams) -> dict[str, np.ndarray]:
     """How many of the q (q - 1) / 2 rotation directions of the latent space fall on each column of each view.
 
@@ -302,6 +339,7 @@ def _finish_view(
     notes: list[str],
     posterior: tuple | None = None,
     newton: bool = True,
+    n_subjects: float | None = None,
 ) -> GlobalView:
     """Variances with the [RC] safeguards, from the means and summed squared deviations.
 
@@ -309,8 +347,9 @@ def _finish_view(
     None in round 1, the view's rotation shares per column) selects the EM update (module
     docstring); None the paper's eqs. 14, 18; ``newton`` as :func:`_em_variance`.  With
     ``spread_W`` and the W trace given per column (ndarrays of shape (q,)) each column i
-    gets its own variance sigma2_Wi from its d_k coordinates; otherwise one variance is
-    shared by all columns.
+    shares one variance among the columns that carry signal and gives each other column its
+    own (:func:`column_groups`, ``n_subjects`` the mean number of subjects a site holds);
+    otherwise one variance is shared by all columns.
     """
     d, q = W.shape
     q_k = max(effective_columns(d, q), 1)
@@ -323,9 +362,11 @@ def _finish_view(
             var_W = np.full(q_k, spread_W / (count * d * q))
         else:
             post_mu, post_W, used, flat = posterior
-            if np.ndim(spread_W) == 1:  # one variance per column, of d_k coordinates each
-                spread_W, post_W, flat, n_coord = spread_W[:q_k], post_W[:q_k], flat[:q_k], d
-                used_W = None if used is None else np.asarray(used.sigma2_W_columns, dtype=float)[:q_k]
+            if np.ndim(spread_W) == 1:  # the signal columns share a variance, each other column has its own
+                group = column_groups(W[:, :q_k], noise_var, n_subjects)
+                spread_W, post_W, flat = (group @ np.asarray(x, dtype=float)[:q_k] for x in (spread_W, post_W, flat))
+                n_coord = d * group.sum(axis=1)
+                used_W = None if used is None else group @ np.asarray(used.sigma2_W_columns, dtype=float)[:q_k] / group.sum(axis=1)
             else:
                 flat, n_coord = float(np.sum(flat)), d * q_k
                 used_W = None if used is None else used.sigma2_W
@@ -335,7 +376,7 @@ def _finish_view(
             else:
                 var_mu = _em_variance(spread_mu, post_mu, used.sigma2_mu, count, d, newton=newton)
                 var_W = _em_variance(spread_W, post_W, used_W, count, n_coord, flat, newton=newton)
-            var_W = np.broadcast_to(np.asarray(var_W, dtype=float), (q_k,)).copy()
+            var_W = (var_W @ group) if np.ndim(var_W) == 1 else np.full(q_k, float(var_W))
         if var_mu <= 0.0:
             var_mu = ZERO_SPREAD_VARIANCE
             notes.append(f"view {view!r}: zero spread of mu, sigma2_mu set to {ZERO_SPREAD_VARIANCE:g}")
@@ -366,6 +407,7 @@ def global_step(
     previous: GlobalParams | None = None,
     prior_update: str = "paper",
     newton: bool = True,
+    n_subjects: float | None = None,
 ) -> tuple[GlobalParams, tuple[str, ...]]:
     """ML estimate of theta~ from the per-view sums of :func:`site_statistics` (§5).
 
@@ -389,6 +431,10 @@ def global_step(
     newton : bool
         With "em": take the Newton step on the EM map of the variances (:func:`_em_variance`),
         which needs the sites' exact posterior traces; False takes the plain EM step.
+    n_subjects : float, optional
+        With the fields of :data:`COLUMN_FIELDS`: the mean number of subjects a site holds,
+        which sets the noise level below which a column carries no signal (:func:`column_groups`);
+        None counts every column as signal.
 
     Returns
     -------
@@ -447,7 +493,8 @@ def global_step(
             flat = shares.get(view, np.zeros(q))
             posterior = (float(fields["sum_post_var_mu"]), post_W, used, flat)
         result[view] = _finish_view(
-            view, count, mu, spread_mu, W, spread_W, ig, float(fields["sum_sigma2"]) / count, notes, posterior, newton
+            view, count, mu, spread_mu, W, spread_W, ig, float(fields["sum_sigma2"]) / count, notes, posterior, newton,
+            n_subjects,
         )
     return result, tuple(notes)
 
