@@ -203,6 +203,9 @@ def _reading(rows) -> list[str]:
     def mean(data, method, eps, metric):
         return float(np.mean(_select(rows, data, method, eps, metric)))
 
+    def at(epsilons):
+        return f"at epsilon {', '.join(f'{e:g}' for e in epsilons)}" if epsilons else "at no epsilon of the grid"
+
     def beats(data, eps, metric, other, other_eps):
         diff = _select(rows, data, "record-level DP", eps, metric) - _select(rows, data, other, other_eps, metric)
         half = sps.t.ppf(0.975, diff.size - 1) * diff.std(ddof=1) / math.sqrt(diff.size)
@@ -221,17 +224,16 @@ def _reading(rows) -> list[str]:
     return [
         "## Reading the tables",
         "",
-        f"* **FedLin (4 hospitals, 6 coefficients).** Record-level DP is better than site-level DP at epsilon "
-        f"{', '.join(f'{e:g}' for e in record_wins) or 'none'} (paired interval below 0), and better than predicting "
-        f"each hospital's training mean ({heart_mean:.2f} bpm) at epsilon "
-        f"{', '.join(f'{e:g}' for e in above_mean) or 'none'} ({mean('heart', 'record-level DP', 10.0, 'test_rmse'):.2f} "
+        f"* **FedLin (4 hospitals, 6 coefficients).** Record-level DP is better than site-level DP "
+        f"{at(record_wins)} (paired interval below 0), and better than predicting "
+        f"each hospital's training mean ({heart_mean:.2f} bpm) "
+        f"{at(above_mean)} ({mean('heart', 'record-level DP', 10.0, 'test_rmse'):.2f} "
         f"bpm at epsilon 10, {heart_plain:.2f} without DP). Site-level DP protects a whole hospital (up to "
         f"{HEART_MAX_RECORDS} records), so its noise is {2 * HEART_MAX_RECORDS} times larger" + ("; it is worse than the training mean at every epsilon here." if site_never else ".")
         + " Analyze Gauss on pooled data has every record in one release but no hospital effects (one site); on "
-        f"average it is better than the federated record-level release at epsilon "
-        f"{', '.join(f'{e:g}' for e in pooled_better) or 'none'}.",
-        f"* **Fed-mv-PPCA (3 sites, 131 columns).** Record-level DP is better than site-level DP at epsilon "
-        f"{', '.join(f'{e:g}' for e in alz_wins) or 'none'} (paired), "
+        f"average it is better than the federated record-level release {at(pooled_better)}.",
+        f"* **Fed-mv-PPCA (3 sites, 131 columns).** Record-level DP is better than site-level DP "
+        f"{at(alz_wins)} (paired), "
         + ("but neither beats the training mean" if best_alz >= alz_mean else "and the best DP figure beats the training mean")
         + f" ({alz_mean:.4f}; the best DP figure is {best_alz:.4f}). A 131 x 131 moment matrix released from fewer "
         "than a hundred subjects per site is dominated by its noise at these epsilons: Analyze Gauss needs many more "
