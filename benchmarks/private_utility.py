@@ -1,6 +1,6 @@
 """Private Fed-mv-PPCA against the training mean, paired over seeds, with the utility forecast beside each cell.
 
-    PYTHONPATH=src python benchmarks/private_utility.py [--seeds 10] [--data demo,synthetic3000,synthetic30000]
+    PYTHONPATH=src python benchmarks/private_utility.py [--seeds 10] [--data demo,sd,mfeat,synthetic3000,...]
                                                          [--epsilons 0.5,1,2,5,10,100] [--units site,record]
                                                          [--rounds 100] [--plain-rounds 100]
 
@@ -20,6 +20,9 @@ Data sets (a third of the subjects held out per seed; min-max scaling from the t
 the demo does):
 
 * ``demo``: the demo's split of the bundled Alzheimer data (3 sites, G/K, views 124 / 3 / 4, q = 5);
+* ``sd``, ``mfeat``: the experiments' SD data (400 subjects drawn from the multi-view model with ``seed``, views
+  15 / 8 / 10) and the bundled UCI digits (2,000 subjects, 6 views, 649 features), a third held out as one fold of
+  the experiments' cross-validation, the rest over 3 sites in scenario G/K;
 * ``syntheticN``: N subjects drawn from the hierarchical model (``make_federated_ppca``; 3 sites of N/3
   subjects, views of 20 / 20 / 20, q = 5, prior sds 1, noise variance IG(3, 2)), 2N/3 for training.
 
@@ -60,8 +63,20 @@ def _synthetic(n: int, seed: int):
     return [scaling.transform(s) for s in train], scaling.transform(test)
 
 
+def _experiment(name: str, seed: int):
+    from fedhier.experiments.mvppca import load_dataset, make_fold
+
+    fold = make_fold(load_dataset(name, seed), seed=seed, n_repeats=1, n_splits=3, repeat=0, fold=0, scenario="GK",
+                     n_sites=3)
+    return fold.sites, fold.test
+
+
 def _data(name: str, seed: int):
-    return _demo(seed) if name == "demo" else _synthetic(int(name.removeprefix("synthetic")), seed)
+    if name == "demo":
+        return _demo(seed)
+    if name in ("sd", "mfeat"):
+        return _experiment(name, seed)
+    return _synthetic(int(name.removeprefix("synthetic")), seed)
 
 
 def _interval(values) -> tuple[float, float, float]:
