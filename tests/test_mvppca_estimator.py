@@ -371,3 +371,20 @@ def test_default_n_components_follows_the_data_and_survives_save_and_load(tmp_pa
     np.testing.assert_allclose(loaded.transform(narrow), model.transform(narrow))
     with pytest.raises(ValueError, match="at least 2 features"):
         FedMVPPCA().fit(narrow[:, :1])
+
+
+def test_a_fit_runs_with_one_blas_thread_and_gives_the_callers_back(iid_problem):
+    """Many small products are slower with more BLAS threads (benchmarks/bench_blas_threads.py): the fit uses one,
+    whatever the caller set, and restores the caller's setting afterwards."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads():
+        return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+    sites, _ = iid_problem
+    seen = []
+    with threadpool_limits(limits=2, user_api="blas"):
+        FedMVPPCA(n_components=3, n_rounds=2, random_state=0).fit(sites, callbacks=[lambda r, b: seen.append(blas_threads())])
+        after = blas_threads()
+    assert seen and all(s == {1} for s in seen)
+    assert after == {2}

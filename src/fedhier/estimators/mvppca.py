@@ -373,7 +373,18 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         with ``(record, broadcast)``.
         ``checkpoint``: a file rewritten after every round; if it exists, the fit
         resumes from it and ends exactly as an uninterrupted fit would.
+
+        The fit runs with one BLAS thread: its many small products (q x q systems, per-view
+        blocks) are slower with more, several times so on a busy machine
+        (``python benchmarks/bench_blas_threads.py``); the caller's setting is restored after.
         """
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1, user_api="blas"):
+            return self._fit(X, groups, callbacks, checkpoint)
+
+    def _fit(self, X: Any, groups: Any, callbacks: Sequence[Callable[[RoundRecord, Any], None]],
+             checkpoint: str | Path | None) -> "FedMVPPCA":
         self._check_params()
         if self.n_init > 1:
             for name, value in (("privacy", self.privacy), ("participation", self.participation), ("checkpoint", checkpoint)):
