@@ -110,6 +110,16 @@ def test_the_extrapolation_moves_means_and_loadings_only_and_keeps_the_cap_on_th
     assert extrapolations > 0
 
 
+def test_a_view_without_loadings_keeps_its_variances_when_the_means_are_extrapolated():
+    """A view whose loadings are all zero has no cap to scale by: its variances stay as the master set them
+    (a zero variance made the report divide by zero, and the site's prior precision infinite)."""
+    from fedhier.models.mvppca.accelerate import _with_means
+
+    view = global_view([1.0, 2.0], np.zeros((2, 2)), sigma2_W=1e-4)
+    moved = _with_means(np.array([1.5, 2.5, 0.0, 0.0, 0.0, 0.0]), {"v": view}, ["v"])["v"]
+    assert np.allclose(moved.mu, [1.5, 2.5]) and moved.sigma2_W == 1e-4 and np.all(moved.sigma2_W_columns == 1e-4)
+
+
 def test_unknown_acceleration_is_refused():
     with pytest.raises(ValueError, match="acceleration"):
         FedMVPPCA(acceleration="aitken").fit([{"a": np.random.default_rng(0).normal(size=(20, 3))}])

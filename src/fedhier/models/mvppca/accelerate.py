@@ -59,6 +59,8 @@ def _with_means(vector: np.ndarray, params: GlobalParams, views: list[str]) -> G
         mu, W = vector[at:at + d].copy(), vector[at + d:at + d + d * q].reshape(d, q).copy()
         at += d + d * q
         cap = float(np.linalg.norm(W)) / 5.0
+        if not cap > 0.0:  # no loadings to scale the cap by (the master's rule): the variances as they are
+            cap = np.inf
         columns = np.minimum(np.asarray(g.sigma2_W_columns, dtype=float), cap)
         out[view] = replace(g, mu=mu, W=W, sigma2_W=min(float(g.sigma2_W), cap), sigma2_W_columns=columns)
     return out
