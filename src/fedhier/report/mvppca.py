@@ -255,8 +255,9 @@ def _sites_section(report: Report, model: Any, estimates: Sequence[Mapping[str, 
                              "RMS(W_c − W)": None, "sd(W)": sd_W, "ratio W": None})
                 continue
             dm, dW = _rms(est[view].mu - g["mu"]), _rms(est[view].W - g["W"])
-            rows.append({"view": view, "site": site_names[c], "RMS(mu_c − mu)": dm, "sd(mu)": sd_mu, "ratio mu": dm / sd_mu,
-                         "RMS(W_c − W)": dW, "sd(W)": sd_W, "ratio W": dW / sd_W})
+            rows.append({"view": view, "site": site_names[c], "RMS(mu_c − mu)": dm, "sd(mu)": sd_mu,
+                         "ratio mu": dm / sd_mu if sd_mu > 0 else None, "RMS(W_c − W)": dW, "sd(W)": sd_W,
+                         "ratio W": dW / sd_W if sd_W > 0 else None})
     caption = ("Root-mean-square difference between each site's and the global parameters, against the global standard "
                "deviations (empty: the site does not measure the view)")
     if any(r["sd(mu)"] <= 1.0001e-10 or r["sd(W)"] <= 1.0001e-10 for r in rows):
