@@ -82,11 +82,13 @@ def test_local_weights_differ_by_site_and_scores_follow_them():
 
 
 def test_privacy_spent_equals_direct_formula():
+    # clipped rows and a pattern minimum: an epsilon of thousands, where dp_accounting's PLD is accurate enough to
+    # cross-check; unclipped, this fit's epsilon is in the millions (it varies with the sites' own noise), and there
+    # the PLD came out 10 % above the closed form (6.07e6 against 5.53e6) in one run of the default suite
     sites = _sites()
-    model = CollabDict(K, max_iter=10, random_state=2, delta=1e-6).fit(sites)
+    model = CollabDict(K, max_iter=10, random_state=2, delta=1e-6, clip_norm=1.0, n_min=30).fit(sites)
     act = model.active_
-    Z = [(x - model.center_) / model.scale_ for x in sites]
-    R = 2 * max(np.linalg.norm(z, axis=1).max() for z in Z)
+    R = 2 * 1.0  # the enforced diameter
     B = precision_norm_bound(model.sigma_[act], model.n_bar_[act], rho=model.rho, n_min=model.n_min_, n_sites=7,
                              max_site_size=int(round(model.n_bar_[act].sum())))
     eps1 = B * R**2 / (2 * (model.lambda0 + model.n_min_))
