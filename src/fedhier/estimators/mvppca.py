@@ -26,6 +26,7 @@ from sklearn.utils.validation import check_is_fitted
 from ..data.schema import ViewSchema
 from ..data.validation import check_feature_names, check_sites, check_views, feature_names
 from ..models.mvppca import predictive
+from ..models.mvppca.accelerate import ACCELERATIONS
 from ..models.mvppca.waic import waic_site_terms
 from ..models.mvppca.params import GlobalParams, GlobalView, point_model
 from ..protocol.defaults import MVPPCA_TOL, default_n_components
@@ -307,7 +308,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             raise ValueError(f"sigma2_prior must be 'weak' or None, got {self.sigma2_prior!r}")
         if self.prior_update not in ("em", "paper"):
             raise ValueError(f"prior_update must be 'em' or 'paper', got {self.prior_update!r}")
-        if self.acceleration not in ("squarem", None):
+        if self.acceleration not in ACCELERATIONS:
             raise ValueError(f"acceleration must be 'squarem' or None, got {self.acceleration!r}")
         if isinstance(self.aggregation, str):
             if self.aggregation not in ("plain", "secure"):

@@ -414,8 +414,8 @@ class MVPPCAProtocol(RoundProtocol):
             newton=self.privacy is None,  # with privacy the traces are noisy: the plain EM step
             n_subjects=subjects / n_sites if self.column_variances and subjects > 0 and n_sites > 0 else None,
         )
-        if self.latent_scale and float(combined.get("latent_count", 0.0)) > 0:
-            second_moment = float(combined["latent_moment"]) / (self.n_components * float(combined["latent_count"]))
+        if self.latent_scale and subjects > 0:
+            second_moment = float(combined["latent_moment"]) / (self.n_components * subjects)
             new = master.latent_scale(new, second_moment)
         for note in safeguards:
             self._safeguard_log(note, "round %d, master: %s", round, note)
@@ -427,7 +427,7 @@ class MVPPCAProtocol(RoundProtocol):
         if self.privacy is not None and self.privacy.denoise and anchor is not None:
             from ..models.mvppca import dp
 
-            counts = {view: int(fields["count"]) for view, fields in self._statistics(combined).items()}
+            counts = {view: int(fields["count"]) for view, fields in stats.items()}
             new = dp.denoise_global(new, anchor, counts, self.privacy)
         return global_to_message(new)
 
@@ -454,8 +454,9 @@ class MVPPCAProtocol(RoundProtocol):
             if not fields:
                 continue
             views = {k.rsplit("/", 1)[0] for k in fields}
-            expected = {f"{view}/{f}": shape for view in views if view in self.schema.names
-                        for f, shape in _global_shapes(self.schema.dims[self.schema.names.index(view)], self.n_components).items()}
+            dims = dict(zip(self.schema.names, self.schema.dims))
+            expected = {f"{view}/{f}": shape for view in views if view in dims
+                        for f, shape in _global_shapes(dims[view], self.n_components).items()}
             if set(fields) != set(expected) or any(np.shape(fields[k]) != shape for k, shape in expected.items()):
                 raise ValueError("the checkpoint's extrapolation state does not fit this fit's views")
             parts[name] = global_from_message({"has_prior": np.asarray(1.0), **fields}, self.schema)

@@ -30,6 +30,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from .master import loading_variance_cap
 from .params import GlobalParams
 from .predictive import model_change
 
@@ -58,9 +59,7 @@ def _with_means(vector: np.ndarray, params: GlobalParams, views: list[str]) -> G
         d, q = np.shape(g.W)
         mu, W = vector[at:at + d].copy(), vector[at + d:at + d + d * q].reshape(d, q).copy()
         at += d + d * q
-        cap = float(np.linalg.norm(W)) / 5.0
-        if not cap > 0.0:  # no loadings to scale the cap by (the master's rule): the variances as they are
-            cap = np.inf
+        cap = loading_variance_cap(W)
         columns = np.minimum(np.asarray(g.sigma2_W_columns, dtype=float), cap)
         out[view] = replace(g, mu=mu, W=W, sigma2_W=min(float(g.sigma2_W), cap), sigma2_W_columns=columns)
     return out
@@ -132,10 +131,11 @@ class Squarem:
                 self._start, self._first = _means(first, views), plain  # go on from theta_2
                 return plain
             self._first = None
-        if self._first is None or not np.array_equal(_means(self._first, views), _means(previous, views)):
-            self._start, self._first = _means(previous, views), mapped  # the cycle's first round
+        theta1 = _means(previous, views)
+        if self._first is None or not np.array_equal(_means(self._first, views), theta1):
+            self._start, self._first = theta1, mapped  # the cycle's first round
             return mapped
-        theta0, theta1, theta2 = self._start, _means(previous, views), _means(mapped, views)
+        theta0, theta2 = self._start, _means(mapped, views)
         r, v = theta1 - theta0, theta2 - 2.0 * theta1 + theta0
         norm_v = float(np.linalg.norm(v))
         a = float(np.clip(np.linalg.norm(r) / norm_v, 1.0, self.max_step)) if norm_v > 0.0 else 1.0

@@ -82,6 +82,7 @@ __all__ = [
     "COLUMN_FIELDS",
     "latent_scale",
     "column_groups",
+    "loading_variance_cap",
 ]
 
 #: [RC] rho: prior variances when a single site observes the view
@@ -295,6 +296,12 @@ def column_groups(W: np.ndarray, noise_var: float, n_subjects: float | None) -> 
     return np.array(groups, dtype=float)
 
 
+def loading_variance_cap(W: np.ndarray) -> float:
+    """[RC] The largest between-site variance of the loadings, ||W~||_F / 5; inf when W~ = 0 (nothing to scale it by)."""
+    cap = float(np.linalg.norm(W)) / 5.0
+    return cap if cap > 0.0 else np.inf
+
+
 def rotation_shares(prior: GlobalParams) -> dict[str, np.ndarray]:
     """How many of the q (q - 1) / 2 rotation directions of the latent space fall on each column of each view.
 
@@ -383,8 +390,8 @@ def _finish_view(
         if np.any(var_W <= 0.0):
             var_W[var_W <= 0.0] = ZERO_SPREAD_VARIANCE
             notes.append(f"view {view!r}: zero spread of W, sigma2_W set to {ZERO_SPREAD_VARIANCE:g}")
-    cap = float(np.linalg.norm(W)) / 5.0
-    if 0.0 < cap < var_W.max():
+    cap = loading_variance_cap(W)
+    if cap < var_W.max():
         notes.append(f"view {view!r}: sigma2_W {var_W.max():.4g} capped at ||W~||_F / 5 = {cap:.4g}")
         var_W = np.minimum(var_W, cap)
     var_summary = loading_variance(W[:, :q_k], var_W)
