@@ -376,8 +376,9 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         resumes from it and ends exactly as an uninterrupted fit would.
 
         The fit runs with one BLAS thread: its many small products (q x q systems, per-view
-        blocks) are slower with more, several times so on a busy machine
-        (``python benchmarks/bench_blas_threads.py``); the caller's setting is restored after.
+        blocks) gain nothing from more, and threads waiting for each other at every product slow
+        it down on a busy machine (``python benchmarks/bench_blas_threads.py``); the caller's
+        setting is restored after.
         """
         from threadpoolctl import threadpool_limits
 
