@@ -381,8 +381,11 @@ class FedHM2Regressor(_SiteRegressor):
     damping : float
         EP damping :math:`\\delta` (spec §3.4; grid of §9 #12).
     tol : float or None
-        Early-stop threshold of spec §3.4 (None: always run ``n_rounds``). A fit that runs all
-        ``n_rounds`` without meeting it issues scikit-learn's ``ConvergenceWarning``.
+        Early-stop threshold (None: always run ``n_rounds``): EP stops once the last round's change of
+        :math:`q(\\phi)`, and the change the rounds to come would add at the last two rounds' rate of
+        contraction, are both below ``tol`` posterior standard deviations (means) and log variances
+        (:func:`~fedhier.models.fedlin.ep.converged`). A fit that runs all ``n_rounds`` without meeting
+        it issues scikit-learn's ``ConvergenceWarning``.
     tilted_method : {"auto", "exact", "quadrature", "importance", "mcmc"}
         See :mod:`fedhier.models.fedlin.tilted`.
     n_draws : int
@@ -741,7 +744,7 @@ class FedHM2Regressor(_SiteRegressor):
 
     def tracker(self, protocol: EPProtocol):
         """``(stop, history)``: the runtime's ``stop(record, broadcast)`` callable, which records the moments of
-        :math:`q(\\phi)` after each round into the list ``history`` and applies the stopping rule of spec §3.4."""
+        :math:`q(\\phi)` after each round into the list ``history`` and applies the stopping rule (:func:`~fedhier.models.fedlin.ep.converged`)."""
         m, S = to_moments(*(protocol.initial_broadcast()[k] for k in ("r", "Q")))
         means, variances, history = [m], [np.diag(S)], []
 

@@ -224,8 +224,33 @@ def test_stopping_rule():
     means = [np.zeros(2)] * 5
     variances = [np.ones(2)] * 5
     assert converged(means, variances)
-    assert not converged(means[:3], variances[:3])
+    assert not converged(means[:2], variances[:2])  # one round: no rate to judge by
     assert not converged(means[:-1] + [np.array([0.2, 0.0])], variances)
+
+
+def _geometric_history(first_change: float, rate: float, n_rounds: int):
+    """Means of a 1-D EP history that moves by first_change * rate^c (in posterior sds) in round c + 1."""
+    steps = first_change * rate ** np.arange(n_rounds)
+    return [np.array([x]) for x in np.concatenate([[0.0], np.cumsum(steps)])], [np.ones(1)] * (n_rounds + 1)
+
+
+def test_stopping_rule_stops_once_the_change_still_to_come_is_below_tol():
+    # rate 0.3: round changes 1, 0.3, 0.09, 0.027, ...; after round 4 the rounds to come add
+    # 0.027 * 0.3 / 0.7 = 0.012 in total: stop there (three quiet rounds would wait to round 6)
+    means, variances = _geometric_history(1.0, 0.3, 8)
+    stops = [c for c in range(2, 9) if converged(means[: c + 1], variances[: c + 1], tol=0.05)]
+    assert stops[0] == 4
+    remaining = abs(means[-1][0] - means[4][0])  # brute force: where eight rounds take it
+    assert remaining < 0.05
+
+
+def test_stopping_rule_waits_while_the_rounds_contract_slowly():
+    # rate 0.9: a change of 0.04 < tol still has 0.04 * 9 = 0.36 to come; stop only when that is below tol
+    means, variances = _geometric_history(0.1, 0.9, 40)
+    first = next(c for c in range(2, 41) if converged(means[: c + 1], variances[: c + 1], tol=0.05))
+    change = 0.1 * 0.9 ** (first - 1)
+    assert change * 0.9 / 0.1 < 0.05 <= 0.1 * 0.9 ** (first - 2) * 9
+    assert abs(means[-1][0] - means[first][0]) < 0.05  # brute force: the rest of the 40 rounds
 
 
 def _random_intercept_site(seed):

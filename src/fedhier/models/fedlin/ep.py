@@ -120,18 +120,28 @@ def damped_update(
             raise ValueError(f"EP update: no damping above {min_damping} keeps the global precision positive definite")
 
 
-def converged(means: list[np.ndarray], variances: list[np.ndarray], *, tol: float = 0.05, window: int = 3) -> bool:
-    """Spec §3.4 stopping rule on the history of global means and marginal variances.
+def converged(means: list[np.ndarray], variances: list[np.ndarray], *, tol: float = 0.05) -> bool:
+    """Stopping rule on the history of global means and marginal variances (the prior's first).
 
-    True when over the last ``window`` consecutive rounds
-    :math:`\\max_j|m_j^{(c)}-m_j^{(c-1)}|/\\sqrt{\\Sigma_{jj}^{(c)}}<` ``tol`` and
-    :math:`\\max_j|\\log\\Sigma_{jj}^{(c)}-\\log\\Sigma_{jj}^{(c-1)}|<` ``tol``.
+    A round's change is :math:`\\Delta_c=\\max_j\\max(|m_j^{(c)}-m_j^{(c-1)}|/\\sqrt{\\Sigma_{jj}^{(c)}},\\
+    |\\log\\Sigma_{jj}^{(c)}-\\log\\Sigma_{jj}^{(c-1)}|)`.  EP's damped rounds approach their fixed point
+    about geometrically, at the rate :math:`\\rho=\\Delta_c/\\Delta_{c-1}` of the last two rounds, so the
+    change still to come is about :math:`\\Delta_c\\rho/(1-\\rho)`.  True when the last change and that
+    estimate are both below ``tol`` (and :math:`\\rho<1`): the estimate is then within ``tol``
+    posterior standard deviations of where more rounds would take it.
     """
-    if len(means) < window + 1:
+    if len(means) < 3:
         return False
-    for c in range(len(means) - window, len(means)):
+
+    def change(c: int) -> float:
         dm = np.max(np.abs(means[c] - means[c - 1]) / np.sqrt(variances[c]))
         dv = np.max(np.abs(np.log(variances[c]) - np.log(variances[c - 1])))
-        if not (dm < tol and dv < tol):
-            return False
-    return True
+        return float(max(dm, dv))
+
+    now, before = change(len(means) - 1), change(len(means) - 2)
+    if not now < tol:
+        return False
+    if now == 0.0:
+        return True
+    rho = now / before if before > 0.0 else np.inf
+    return bool(rho < 1.0 and now * rho / (1.0 - rho) < tol)
