@@ -110,6 +110,27 @@ def test_radon_fixed_effects_match_mixedlm_within_standard_errors():
     assert np.all(np.abs(est.population_coef_ - fe) < se)  # the column of ones holds the intercept
 
 
+def test_hm2_stops_where_more_rounds_would_not_move_the_global_posterior():
+    # y = X beta + b_k + e with known parameters; the fit that stops by its rule is compared with the
+    # same fit run for 20 rounds (no stopping), in posterior sds of q(phi), and with MixedLM on the pooled data
+    rng = np.random.default_rng(3)
+    sites = []
+    for b_k in 0.5 * rng.standard_normal(30):
+        X = np.column_stack([np.ones(40), rng.standard_normal((40, 2))])
+        sites.append((X, X @ [1.0, 0.5, -0.3] + b_k + 0.7 * rng.standard_normal(40)))
+    options = dict(fit_intercept=False, random=[True, False, False], noise="shared", mu_scale=10.0, damping=0.7,
+                   n_rounds=20, n_posterior_draws=200, random_state=0)
+    stopped = FedHM2Regressor(**options).fit(sites)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tol=None: no stopping rule to meet
+        long = FedHM2Regressor(**{**options, "tol": None}).fit(sites)
+    assert stopped.n_rounds_ < long.n_rounds_ == 20
+    sd = np.sqrt(np.diag(long.phi_cov_))
+    assert np.all(np.abs(stopped.phi_mean_ - long.phi_mean_) / sd < 0.05)  # tol: 0.05 posterior sds
+    mixed = mixedlm_pooled(sites, random=[0])
+    assert np.all(np.abs(stopped.population_coef_ - mixed.fe) < 0.2 * mixed.se)
+
+
 def test_lasso_selects_the_true_support_and_ridge_runs():
     rng = np.random.default_rng(4)
     theta = np.array([2.0, 0.0, -1.5, 0.0])
