@@ -284,14 +284,14 @@ def floor_em(views: dict, q: int, n_iter: int, prior) -> dict:
     return W
 
 
-def demo_versus_floor(repeat: int) -> None:
-    """The demo's fit against :func:`floor_em` run for the same iterations on the same sites' blocks."""
-    from fedhier.demo import demo_data
+def recorded_floor(fit) -> tuple[list, object]:
+    """Run ``fit`` once, recording every site step (views, q, prior, iterations run); return them and the floor.
+
+    The floor runs :func:`floor_em` for each recorded step: the same iterations on the same blocks.
+    """
     from fedhier.models.mvppca import local
 
-    sites = demo_data().sites
-    fit = lambda: FedMVPPCA(5, n_rounds=100, random_state=0).fit(sites)  # noqa: E731  (the demo's fit)
-    calls = []  # (views, q, prior, iterations) of every site's step, recorded from one fit
+    calls = []
     recorded = local.fit_local
 
     def recording(data, n_components, prior=None, **kwargs):
@@ -304,12 +304,22 @@ def demo_versus_floor(repeat: int) -> None:
         fit()
     finally:
         local.fit_local = recorded
-    assert all(not np.isnan(v).any() for views, *_ in calls for v in views.values())
+    assert all(not np.isnan(v).any() for views, *_ in calls for v in views.values()), "the floor needs complete rows"
 
     def floor():
         for views, q, prior, n_iter in calls:
             floor_em(views, q, n_iter, prior)
 
+    return calls, floor
+
+
+def demo_versus_floor(repeat: int) -> None:
+    """The demo's fit against :func:`floor_em` run for the same iterations on the same sites' blocks."""
+    from fedhier.demo import demo_data
+
+    sites = demo_data().sites
+    fit = lambda: FedMVPPCA(5, n_rounds=100, random_state=0).fit(sites)  # noqa: E731  (the demo's fit)
+    calls, floor = recorded_floor(fit)
     times = interleaved({"fit": fit, "floor": floor}, repeat, clock=time.process_time)
     blocks = sorted({v.shape for views, *_ in calls for v in views.values()}, reverse=True)
     print(f"6. the demo's fit (3 sites, blocks up to {blocks[0][0]} x {blocks[0][1]}, q = 5): "
