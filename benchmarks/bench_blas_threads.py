@@ -1,6 +1,6 @@
 """BLAS threads on a busy machine: fits timed with one OpenBLAS thread and with one per core, idle and loaded.
 
-Run:  python benchmarks/bench_blas_threads.py [--repeats 3]
+Run:  python benchmarks/bench_blas_threads.py [--repeats 3] [--workload floor] [--as-found-only]
 
 Two fits, each in a fresh process per setting (OpenBLAS reads ``OPENBLAS_NUM_THREADS`` when it loads), which
 times ``--repeats`` fits after one warm-up and prints the min and median:
@@ -9,7 +9,9 @@ times ``--repeats`` fits after one warm-up and prints the min and median:
   scaled, q = 3 -- the coordinator's post-processing is 4 EM fits of 200 iterations on 131 x 131
   covariances, many small BLAS calls;
 * the floor workload: 4 sites x 4,000 subjects x views of (300, 500, 200) features drawn from a PPCA model,
-  q = 10, 3 rounds of the plain EM.
+  q = 10, 3 rounds of the plain EM; in the same process, alternating with the fits, the numpy floor of the same
+  iterations (``bench_mvppca.floor_em`` on every site step the fit ran), so that fit / floor is printed for each
+  thread setting.
 
 ``FedMVPPCA.fit`` runs with one BLAS thread whatever the process was given (threadpoolctl), so the two columns
 should agree; before it did, the threads made the floor workload 2.4x slower on the idle machine.  "as found":
