@@ -193,7 +193,7 @@ def fit_local(
         _check_prior(prior, site, q)
 
     sample_mean, scatter, n_cols = {}, {}, {}
-    mu, W, sigma2 = {}, {}, {}  # mu is first set by step (1)
+    mu, W, sigma2 = {}, {}, {}  # mu: t-bar without a prior, else first set by step (1)
     for name, block in site.views.items():
         sample_mean[name] = block.values.mean(axis=0)
         scatter[name] = _scatter_about(block.values, sample_mean[name])
