@@ -42,15 +42,15 @@ from fedhier.models.mvppca.local import fit_local
 from scipy.special import digamma, polygamma
 
 
-def interleaved(fns: dict, repeat: int) -> dict[str, list[float]]:
-    """Seconds of every function over ``repeat`` rounds, in alternating order."""
+def interleaved(fns: dict, repeat: int, clock=time.perf_counter) -> dict[str, list[float]]:
+    """Seconds (wall, or ``clock``'s) of every function over ``repeat`` rounds, in alternating order."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     names = list(fns)
     for r in range(repeat):
         for name in names if r % 2 == 0 else names[::-1]:
-            t0 = time.perf_counter()
+            t0 = clock()
             fns[name]()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(clock() - t0)
     return times
 
 
@@ -246,11 +246,96 @@ def master_step(n: int, dims: tuple[int, ...], q: int, repeat: int) -> None:
     print(ratio_line("with the sites' statistics / authors'", both, times["authors"]))
 
 
+def floor_em(views: dict, q: int, n_iter: int, prior) -> dict:
+    """The numpy floor of ``n_iter`` iterations of a site's (MAP-)EM on complete rows: the necessary products only.
+
+    Per iteration: the mean step under the prior (a q x q solve), the E-step (one q x q inverse, one
+    (N, d_k) x (d_k, q) product per view), and per view T_k^T <X> with the W and sigma2 updates (another
+    q x q inverse).  Plain EM with mu = t-bar when ``prior`` is None.
+    """
+    rng = np.random.default_rng(0)
+    n = next(iter(views.values())).shape[0]
+    eye = np.eye(q)
+    t_bar = {k: v.mean(axis=0) for k, v in views.items()}
+    scatter = {k: float(np.vdot(v - t_bar[k], v - t_bar[k])) for k, v in views.items()}
+    W = {k: rng.uniform(-2.0, 2.0, (v.shape[1], q)) for k, v in views.items()}
+    sigma2 = dict.fromkeys(views, 0.3)
+    mu = dict(t_bar)
+    for _ in range(n_iter):
+        if prior is not None:
+            for k in views:
+                g = prior[k]
+                a = n * g.sigma2_mu + sigma2[k]
+                u = t_bar[k] - g.mu
+                inner = np.linalg.solve(W[k].T @ W[k] + a * eye, W[k].T @ u)
+                mu[k] = g.mu + (n * g.sigma2_mu / a) * (u - W[k] @ inner)
+        M = np.linalg.inv(eye + sum(W[k].T @ W[k] / sigma2[k] for k in views))
+        X = sum(views[k] @ (W[k] / sigma2[k]) - mu[k] @ (W[k] / sigma2[k]) for k in views) @ M
+        xx = n * M + X.T @ X
+        for k, T in views.items():
+            cross = T.T @ X - np.outer(mu[k], X.sum(axis=0))
+            ridge = 0.0 if prior is None else sigma2[k] / prior[k].sigma2_W_columns
+            rhs = cross if prior is None else cross + prior[k].W * ridge
+            W[k] = rhs @ np.linalg.inv(xx + ridge * eye)
+            shift = t_bar[k] - mu[k]
+            S = scatter[k] + n * (shift @ shift) - 2.0 * np.vdot(W[k], cross) + np.vdot(W[k].T @ W[k], xx)
+            alpha, beta = (2.25, 0.625) if prior is None else (prior[k].alpha, prior[k].beta)
+            sigma2[k] = (S + 2.0 * beta) / (T.size + 2.0 * (alpha + 1.0))
+    return W
+
+
+def recorded_floor(fit) -> tuple[list, object]:
+    """Run ``fit`` once, recording every site step (views, q, prior, iterations run); return them and the floor.
+
+    The floor runs :func:`floor_em` for each recorded step: the same iterations on the same blocks.
+    """
+    from fedhier.models.mvppca import local
+
+    calls = []
+    recorded = local.fit_local
+
+    def recording(data, n_components, prior=None, **kwargs):
+        result = recorded(data, n_components, prior, **kwargs)
+        calls.append((dict(data), n_components, prior, len(result.expected_ll)))
+        return result
+
+    local.fit_local = recording
+    try:
+        fit()
+    finally:
+        local.fit_local = recorded
+    assert all(not np.isnan(v).any() for views, *_ in calls for v in views.values()), "the floor needs complete rows"
+
+    def floor():
+        for views, q, prior, n_iter in calls:
+            floor_em(views, q, n_iter, prior)
+
+    return calls, floor
+
+
+def demo_versus_floor(repeat: int) -> None:
+    """The demo's fit against :func:`floor_em` run for the same iterations on the same sites' blocks."""
+    from fedhier.demo import demo_data
+
+    sites = demo_data().sites
+    fit = lambda: FedMVPPCA(5, n_rounds=100, random_state=0).fit(sites)  # noqa: E731  (the demo's fit)
+    calls, floor = recorded_floor(fit)
+    times = interleaved({"fit": fit, "floor": floor}, repeat, clock=time.process_time)
+    blocks = sorted({v.shape for views, *_ in calls for v in views.values()}, reverse=True)
+    print(f"6. the demo's fit (3 sites, blocks up to {blocks[0][0]} x {blocks[0][1]}, q = 5): "
+          f"{len(calls)} site steps, {sum(c[-1] for c in calls):,} EM iterations")
+    print(ratio_line("demo fit / numpy floor, CPU time (<= 2)", times["fit"], times["floor"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--repeat", type=int, default=5, help="interleaved repetitions (default 5)")
+    parser.add_argument("--demo", action="store_true", help="only item 6, the demo's fit against the numpy floor")
     args = parser.parse_args()
+    if args.demo:
+        demo_versus_floor(repeat=args.repeat)
+        return
     if args.small:
         versus_pca(2_000, 100, 10, repeat=2)
         iteration_cost(2_000, (100, 60, 40), 10, repeat=2)
@@ -262,6 +347,7 @@ def main() -> None:
         iteration_cost(20_000, (1_000, 600, 400), 10, repeat=args.repeat)
         peak_memory(500, [10_000, 20_000], 10)
         master_step(1_000, (300, 500, 200), 10, repeat=max(args.repeat, 5))
+    demo_versus_floor(repeat=max(args.repeat, 5))
 
 
 if __name__ == "__main__":

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
-from scipy.linalg import cho_solve, cholesky
-
 from ._data import MultiViewData, squared_distances
+from ._linalg import spd_inverse
 from .params import ViewParams
 
 __all__ = ["LatentPosterior", "posterior", "marginal_loglik_rows", "check_model"]
@@ -86,28 +85,28 @@ def posterior(data: MultiViewData, model: Mapping[str, ViewParams]) -> LatentPos
     Every view of ``data`` must be in ``model`` (checked by the caller).
     """
     q = next(iter(model.values())).W.shape[1]
-    scaled = {name: (np.asarray(model[name].W, dtype=float) / model[name].sigma2) for name in data.views}
     b = np.zeros((data.n, q))
+    gram = {}
     for name, block in data.views.items():
         p = model[name]
-        proj = block.values @ scaled[name]
-        proj -= np.asarray(p.mu, dtype=float) @ scaled[name]
+        W = np.asarray(p.W, dtype=float)
+        scaled = W / p.sigma2
+        proj = block.values @ scaled
+        proj -= np.asarray(p.mu, dtype=float) @ scaled
         if block.rows is None:
             b += proj
         else:
             b[block.rows] += proj
-    gram = {name: np.asarray(model[name].W, dtype=float).T @ scaled[name] for name in data.views}
+        gram[name] = W.T @ scaled
     n_patterns = data.patterns.shape[0]
     covariances = np.empty((n_patterns, q, q))
     logdets = np.empty(n_patterns)
     means = np.empty((data.n, q))
-    eye = np.eye(q)
     for p in range(n_patterns):
-        precision = eye + sum((gram[name] for name in data.pattern_views(p)), np.zeros((q, q)))
-        chol = cholesky(precision, lower=True, check_finite=False)
-        cov = cho_solve((chol, True), eye, check_finite=False)
-        covariances[p] = 0.5 * (cov + cov.T)
-        logdets[p] = 2.0 * np.log(np.diag(chol)).sum()
+        precision = np.eye(q)
+        for name in data.pattern_views(p):
+            precision += gram[name]
+        covariances[p], logdets[p] = spd_inverse(precision)
         rows = data.pattern_rows[p]
         if rows is None:
             means[:] = b @ covariances[p]

@@ -95,16 +95,20 @@ def _scatter_about(values: np.ndarray, centre: np.ndarray) -> float:
 
 
 def _relative_change(before: dict, mu: dict, W: dict, sigma2: dict) -> float:
-    """Largest relative change of (mu_k, W_k, sigma2_k) over the views since ``before``."""
+    """Largest relative change of (mu_k, W_k, sigma2_k) over the views since ``before``.
+
+    Per view: max(||dW||_F / ||W||_F, |d sigma2| / sigma2, ||d mu|| / (||mu|| + ||W||_F)),
+    the norms from dot products of the flattened arrays.
+    """
     change = 0.0
     for name, (mu0, W0, s0) in before.items():
-        scale_W = np.linalg.norm(W[name])
-        change = max(
-            change,
-            np.linalg.norm(W[name] - W0) / scale_W if scale_W > 0 else 0.0,
-            abs(sigma2[name] - s0) / sigma2[name],
-            np.linalg.norm(mu[name] - mu0) / (np.linalg.norm(mu[name]) + scale_W) if scale_W > 0 else 0.0,
-        )
+        change = max(change, abs(sigma2[name] - s0) / sigma2[name])
+        w = W[name].ravel()
+        scale_W = np.sqrt(w @ w)
+        if scale_W > 0:
+            dW = w - W0.ravel()
+            dmu = mu[name] - mu0
+            change = max(change, np.sqrt(dW @ dW) / scale_W, np.sqrt(dmu @ dmu) / (np.sqrt(mu[name] @ mu[name]) + scale_W))
     return float(change)
 
 
@@ -189,7 +193,7 @@ def fit_local(
         _check_prior(prior, site, q)
 
     sample_mean, scatter, n_cols = {}, {}, {}
-    mu, W, sigma2 = {}, {}, {}  # mu is first set by step (1)
+    mu, W, sigma2 = {}, {}, {}  # mu: t-bar without a prior, else first set by step (1)
     for name, block in site.views.items():
         sample_mean[name] = block.values.mean(axis=0)
         scatter[name] = _scatter_about(block.values, sample_mean[name])
@@ -207,44 +211,55 @@ def fit_local(
         W[name][:, n_cols[name]:] = 0.0
 
     names = list(site.views)
+    # per view, fixed over the iterations: the patterns that have it, N_c^(k) d_k and the prior's arrays
+    view_patterns = {name: np.flatnonzero(site.patterns[:, j]) for j, name in enumerate(names)}
+    n_dof = {name: block.n_obs * block.dim for name, block in site.views.items()}
+    if prior is None:
+        mu = dict(sample_mean)  # step (1) without a prior: mu = t-bar at every iteration
+    else:
+        prior_mu = {name: np.asarray(prior[name].mu, dtype=float) for name in names}
+        prior_W = {name: np.asarray(prior[name].W, dtype=float) for name in names}
+        prior_columns = {name: np.asarray(prior[name].sigma2_W_columns, dtype=float) for name in names}
     expected_ll = np.empty(int(n_iter))
     notes: list[str] = []
     for it in range(int(n_iter)):
-        before = {k: (mu.get(k), W[k], sigma2[k]) for k in names}
+        if tol is not None:
+            before = {k: (mu.get(k), W[k], sigma2[k]) for k in names}
         # (1) mu, with W[s], sigma2[s]
-        for name, block in site.views.items():
-            g = None if prior is None else prior[name]
-            mu[name] = mean_step(
-                sample_mean[name], block.n_obs, W[name], sigma2[name],
-                None if g is None else np.asarray(g.mu, dtype=float), None if g is None else g.sigma2_mu,
-            )
+        if prior is not None:
+            for name, block in site.views.items():
+                mu[name] = mean_step(sample_mean[name], block.n_obs, W[name], sigma2[name], prior_mu[name],
+                                     prior[name].sigma2_mu)
         # (2) E-step with mu[s+1], W[s], sigma2[s]
         post = posterior(site, {k: ViewParams(mu[k], W[k], sigma2[k]) for k in names})
         xx_pattern, cov_pattern = _second_moments(site, post)
         q_value = -0.5 * (site.n * q * _LOG_2PI + np.trace(xx_pattern.sum(axis=0)))
-        for j, (name, block) in enumerate(site.views.items()):
-            has_view = site.patterns[:, j]
-            xx = xx_pattern[has_view].sum(axis=0)
+        for name, block in site.views.items():
+            patterns = view_patterns[name]
+            xx = xx_pattern[patterns[0]] if patterns.size == 1 else xx_pattern[patterns].sum(axis=0)
             X = post.means if block.rows is None else post.means[block.rows]
-            cross = block.values.T @ X - np.outer(mu[name], X.sum(axis=0))
+            cross = block.values.T @ X
+            cross -= mu[name][:, None] * X.sum(axis=0)
             # (3) W with the current sigma2[s]
             g = None if prior is None else prior[name]
-            ridge = 0.0 if g is None else sigma2[name] / np.asarray(g.sigma2_W_columns, dtype=float)
-            W[name] = loading_step(cross, xx, ridge, None if g is None else np.asarray(g.W, dtype=float), n_cols[name])
+            if g is None:
+                W[name] = loading_step(cross, xx, 0.0, None, n_cols[name])
+            else:
+                W[name] = loading_step(cross, xx, sigma2[name] / prior_columns[name], prior_W[name], n_cols[name])
             # (4) sigma2 with W[s+1], mu[s+1]
             S = scatter_first_form(scatter[name], block.n_obs, sample_mean[name], mu[name], W[name], cross, xx)
             shift = sample_mean[name] - mu[name]
             if S <= _CANCELLATION_RATIO * (scatter[name] + block.n_obs * (shift @ shift)):
-                S = scatter_second_form(block.values, mu[name], W[name], X, cov_pattern[has_view].sum(axis=0))
-            n_dof = block.n_obs * block.dim
+                S = scatter_second_form(block.values, mu[name], W[name], X, cov_pattern[patterns].sum(axis=0))
             new, view_notes = sigma2_step(
-                S, n_dof, old=sigma2[name], view=name,
+                S, n_dof[name], old=sigma2[name], view=name,
                 alpha=None if g is None else g.alpha, beta=None if g is None else g.beta,
                 weak=(g is None and sigma2_prior == "weak"),
             )
-            notes.extend(f"iteration {it + 1}: {note}" for note in view_notes)
+            if view_notes:
+                notes.extend(f"iteration {it + 1}: {note}" for note in view_notes)
             sigma2[name] = new
-            q_value -= 0.5 * (n_dof * (_LOG_2PI + np.log(new)) + S / new)
+            q_value -= 0.5 * (n_dof[name] * (_LOG_2PI + np.log(new)) + S / new)
         expected_ll[it] = q_value
         if tol is not None and it > 0 and _relative_change(before, mu, W, sigma2) < tol:
             expected_ll = expected_ll[: it + 1]

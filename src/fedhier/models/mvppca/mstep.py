@@ -15,7 +15,8 @@ d x d matrix:
 from __future__ import annotations
 
 import numpy as np
-from scipy.linalg import cho_solve, cholesky
+
+from ._linalg import spd_solve
 
 __all__ = [
     "effective_columns",
@@ -74,7 +75,7 @@ def mean_step(
     u = sample_mean - prior_mean
     small = W.T @ W
     small.flat[:: W.shape[1] + 1] += a
-    inner = np.linalg.solve(small, W.T @ u)
+    inner = spd_solve(small, W.T @ u)
     return prior_mean + (shrink / a) * (u - W @ inner)
 
 
@@ -108,12 +109,11 @@ def loading_step(
     ndarray of shape (d, q)
     """
     q = second_moment.shape[0]
-    ridge = np.broadcast_to(np.asarray(ridge, dtype=float), (q,))
-    rhs = cross if not ridge.any() else cross + prior_W * ridge
+    ridge = np.asarray(ridge, dtype=float)
+    rhs = cross + prior_W * ridge if ridge.any() else cross
     system = second_moment.copy()
     system.flat[:: q + 1] += ridge
-    chol = cholesky(system, lower=True, check_finite=False)
-    W = cho_solve((chol, True), rhs.T, check_finite=False).T
+    W = spd_solve(system, rhs.T).T
     W[:, n_effective:] = 0.0
     return W
 

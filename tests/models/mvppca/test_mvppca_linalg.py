@@ -1,0 +1,42 @@
+"""The q x q LAPACK helpers of a site's EM against numpy's dense inverse, determinant and solve."""
+
+import numpy as np
+import pytest
+
+from fedhier.models.mvppca._linalg import spd_inverse, spd_solve
+
+
+def _spd(q: int, rng: np.random.Generator) -> np.ndarray:
+    A = rng.normal(size=(q, q))
+    return A @ A.T + q * np.eye(q)
+
+
+@pytest.mark.parametrize("q", [1, 5, 10])
+def test_spd_inverse_matches_numpy_inverse_and_log_determinant(q):
+    A = _spd(q, np.random.default_rng(q))
+    inverse, logdet = spd_inverse(A)
+    np.testing.assert_allclose(inverse, np.linalg.inv(A), rtol=1e-12, atol=1e-14)
+    assert np.array_equal(inverse, inverse.T)
+    sign, expected = np.linalg.slogdet(A)
+    assert sign == 1.0 and logdet == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("q", [1, 5, 10])
+def test_spd_solve_matches_numpy_solve_for_vectors_and_transposed_blocks(q):
+    rng = np.random.default_rng(q)
+    A = _spd(q, rng)
+    b = rng.normal(size=q)
+    np.testing.assert_allclose(spd_solve(A, b), np.linalg.solve(A, b), rtol=1e-12, atol=1e-14)
+    block = rng.normal(size=(7, q))  # C-ordered (m, q): its transpose is the Fortran-ordered right-hand side
+    A_before, block_before = A.copy(), block.copy()
+    np.testing.assert_allclose(spd_solve(A, block.T), np.linalg.solve(A, block.T), rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(A, A_before)  # the inputs are left as they were
+    np.testing.assert_array_equal(block, block_before)
+
+
+def test_not_positive_definite_raises():
+    indefinite = np.diag([1.0, -1.0, 2.0])
+    with pytest.raises(np.linalg.LinAlgError, match="not positive definite"):
+        spd_inverse(indefinite)
+    with pytest.raises(np.linalg.LinAlgError, match="not positive definite"):
+        spd_solve(indefinite, np.ones(3))
