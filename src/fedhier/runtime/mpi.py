@@ -100,8 +100,10 @@ def _start_up_deadline(timeout: float | None) -> Iterator[None]:
 #: seconds a peer waits for a message before it reports the sender lost
 DEFAULT_TIMEOUT = 300.0
 _DATA, _CONTROL = 7101, 7102   # message tags: payloads, and the agreement on lost peers
-#: longest pause (seconds) between two polls of a receive: a consensus step waits at most this long after arrival
-_MAX_PAUSE = 0.01
+#: first and longest pause (seconds) between two polls of a receive: the pause grows by half while nothing
+#: arrives and starts again from the first after every arrival, so a message is taken within about a third of
+#: the time it was waited for, and at most ``_MAX_PAUSE`` after it came
+_FIRST_PAUSE, _MAX_PAUSE = 2e-5, 1e-3
 _HEADER = struct.Struct("<qq")  # (epoch, sequence number) in front of every payload
 _STAND = struct.Struct("<qb")   # barriers passed, and the last one's outcome (-1: none, 0: false, 1: true)
 
@@ -164,7 +166,7 @@ class MPITransport(Transport):
         expected = (self._epoch, self._seq)
         deadline = None if self.timeout is None else time.monotonic() + deadline_factor * self.timeout
         got: dict[int, bytes] = {}
-        pause = 1e-4
+        pause = _FIRST_PAUSE
         while len(got) < len(sources):
             progressed = False
             for src in sources:
@@ -184,9 +186,11 @@ class MPITransport(Transport):
                 raise PeerLost(set(), "another peer reported a lost peer")
             if deadline is not None and time.monotonic() > deadline:
                 raise PeerLost(set(sources) - set(got), f"no message within {self.timeout:g} s")
-            if not progressed:
+            if progressed:
+                pause = _FIRST_PAUSE
+            else:
                 time.sleep(pause)
-                pause = min(2 * pause, _MAX_PAUSE)
+                pause = min(1.5 * pause, _MAX_PAUSE)
         self._reap()
         return got
 
@@ -301,7 +305,7 @@ class MPITransport(Transport):
 
         start = time.monotonic()
         heard: dict[int, bytes] = {}
-        pause = 1e-4
+        pause = _FIRST_PAUSE
         while True:
             while self._take(MPI.ANY_SOURCE, _CONTROL) is not None:
                 pass
@@ -322,7 +326,7 @@ class MPITransport(Transport):
                 if waited > (2 + it) * self.timeout or (waited > self.timeout and set(missing) <= suspects):
                     return heard
             time.sleep(pause)
-            pause = min(2 * pause, 0.01)
+            pause = min(1.5 * pause, _MAX_PAUSE)
 
     def common_seed(self, random_state: int | None) -> int:
         """The run's seed: ``random_state``, or when not given rank 0's draw (so every rank agrees)."""
