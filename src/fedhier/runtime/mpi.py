@@ -11,7 +11,9 @@ The algorithm is :func:`fedhier.runtime.peer.run_peer_rounds`, unchanged; this m
 supplies the transport:
 
 * every message goes point to point (non-blocking ``Isend``, receives polled against a
-  deadline): neighbour exchange on the peer graph, Shamir shares to every peer, holder
+  deadline, with a pause that starts at microseconds after every arrival): neighbour exchange
+  on the peer graph (one message per neighbour per consensus step, holding the parts of every
+  session of the step in which it is a neighbour), Shamir shares to every peer, holder
   sums to every peer; only the run's seed (when not given) is broadcast at the start;
 * every payload is the byte string of :func:`fedhier.protocol.messages.encode` sent as a
   ``uint8`` buffer behind an (epoch, sequence) stamp (upper-case mpi4py methods): nothing is
@@ -223,6 +225,21 @@ class MPITransport(Transport):
         got = self._round_trip({j: payload for j in nbrs}, nbrs)
         self._count(self.rank, len(payload) * len(nbrs))
         return {self.rank: [decode(spec, got[j]) for j in nbrs]}
+
+    def exchange_sessions(self, topologies, spec: MessageSpec, messages):
+        """One message per neighbour per step: the parts of the sessions in which it is a neighbour, in session
+        order (the graphs are undirected, so each side knows how many parts the other sends)."""
+        payloads = [encode(spec, m) for m in messages[self.rank]]
+        sessions: dict[int, list[int]] = {}
+        for k, nbrs in enumerate(topologies):
+            for j in nbrs:
+                sessions.setdefault(j, []).append(k)
+        sends = {j: b"".join(payloads[k] for k in ks) for j, ks in sessions.items()}
+        got = self._round_trip(sends, sorted(sessions))
+        self._count(self.rank, sum(len(payload) for payload in sends.values()))
+        size = len(payloads[0])
+        parts = {j: {k: got[j][i * size:(i + 1) * size] for i, k in enumerate(ks)} for j, ks in sessions.items()}
+        return {self.rank: [[decode(spec, parts[j][k]) for j in nbrs] for k, nbrs in enumerate(topologies)]}
 
     def all_to_all(self, spec: MessageSpec, messages, receivers=None):
         receivers = self.alive if receivers is None else [int(j) for j in receivers]

@@ -243,6 +243,16 @@ class Transport(ABC):
         Received messages are listed in increasing neighbour order.
         """
 
+    def exchange_sessions(self, topologies: Sequence[Any], spec: MessageSpec,
+                          messages: Mapping[int, Sequence[Message]]) -> dict[int, list[list[Message]]]:
+        """One step of several sessions at once: every local site sends ``messages[s][k]`` to
+        each of its neighbours in ``topologies[k]``; returns, for each local site, what it
+        received in each session (as :meth:`exchange`).  A transport whose messages cost a
+        round trip sends each neighbour one message holding its sessions' parts."""
+        inboxes = [self.exchange(topo, spec, {s: messages[s][k] for s in messages})
+                   for k, topo in enumerate(topologies)]
+        return {s: [inbox[s] for inbox in inboxes] for s in messages}
+
     @abstractmethod
     def all_to_all(self, spec: MessageSpec, messages: Mapping[int, Sequence[Message]],
                    receivers: Sequence[int] | None = None) -> dict[int, list[Message]]:
@@ -334,18 +344,24 @@ def _vector_spec(size: int, dtype: str = "float64") -> MessageSpec:
     return MessageSpec("collab-aggregate", {"x": Field((size,), dtype)})
 
 
-def _consensus_session(transport: Transport, adjacency: np.ndarray, values: dict[int, np.ndarray], eps: float,
-                       n_steps: int, spec: MessageSpec) -> dict[int, np.ndarray]:
-    topo = transport.open_topology(adjacency)
+def _consensus_sessions(transport: Transport, adjacencies: Sequence[np.ndarray], values: dict[int, np.ndarray],
+                        eps: float, n_steps: int, spec: MessageSpec) -> dict[int, np.ndarray]:
+    """``n_steps`` consensus steps of K sessions in lock step, session k on ``adjacencies[k]``:
+    ``values[s]`` (K, m) -> each row averaged over the sites of its session's graph.  The
+    sessions are independent; running them together only puts a step's K messages to a
+    neighbour in one round trip."""
+    topos = [transport.open_topology(a) for a in adjacencies]
     try:
-        mult = {s: _neighbours(adjacency, s)[1] for s in transport.local_sites}
-        x = dict(values)
+        mult = {s: [_neighbours(a, s)[1] for a in adjacencies] for s in transport.local_sites}
+        x = {s: list(v) for s, v in values.items()}
         for _ in range(n_steps):
-            inbox = transport.exchange(topo, spec, {s: {"x": x[s]} for s in x})
-            x = {s: consensus_update(x[s], [m["x"] for m in inbox[s]], mult[s], eps) for s in x}
+            inbox = transport.exchange_sessions(topos, spec, {s: [{"x": xk} for xk in x[s]] for s in x})
+            x = {s: [consensus_update(xk, [m["x"] for m in inbox[s][k]], mult[s][k], eps) for k, xk in enumerate(x[s])]
+                 for s in x}
     finally:
-        transport.close_topology(topo)
-    return x
+        for topo in topos:
+            transport.close_topology(topo)
+    return {s: np.array(v) for s, v in x.items()}
 
 
 def _agree(transport: Transport, adjacency: np.ndarray, values: dict[int, np.ndarray], n_steps: int,
@@ -492,18 +508,19 @@ def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, roun
         chunks = {s: v[None, :] for s, v in vectors.items()}
         n_steps = plan.n_steps
     n_sessions = next(iter(chunks.values())).shape[0]
-    totals = {s: np.zeros(size) for s in vectors}
+    adjacencies = []
     for session in range(n_sessions):  # plan.adjacency is the graph on the alive sites, in their own numbering
         adjacency = plan.adjacency
         if aggregation.relabel:
             adjacency = relabel(plan.adjacency, session_placement(seed, round, session, len(alive)))
-        adjacency = _embed(adjacency, alive, n_sites)
-        avg = _consensus_session(transport, adjacency, {s: c[session] for s, c in chunks.items()}, plan.eps,
-                                 n_steps, spec)
-        totals = {s: totals[s] + avg[s] for s in totals}
+        adjacencies.append(_embed(adjacency, alive, n_sites))
+    avg = _consensus_sessions(transport, adjacencies, chunks, plan.eps, n_steps, spec)
+    totals = {s: np.zeros(size) for s in vectors}
+    for session in range(n_sessions):
+        totals = {s: totals[s] + avg[s][session] for s in totals}
     exchanges = n_sessions * n_steps
     if aggregation.agree:
-        totals = _agree(transport, adjacency, totals, plan.diameter, spec)
+        totals = _agree(transport, adjacencies[-1], totals, plan.diameter, spec)
         exchanges += plan.diameter
     return {s: len(alive) * t for s, t in totals.items()}, exchanges
 
