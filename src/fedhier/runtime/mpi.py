@@ -252,14 +252,17 @@ class MPITransport(Transport):
         got[self.rank] = rows[self.rank]
         return {self.rank: [decode(spec, got[j]) for j in self.alive]}
 
-    def all_gather(self, spec: MessageSpec, messages, senders):
+    def all_gather(self, spec: MessageSpec, messages, senders, receivers=None):
+        receivers = self.alive if receivers is None else [int(j) for j in receivers]
         mine = encode(spec, messages[self.rank]) if self.rank in senders else None
-        others = self._others()
+        others = [j for j in receivers if j != self.rank]
         got = self._round_trip({j: mine for j in others} if mine is not None else {},
-                               [s for s in senders if s != self.rank])
+                               [s for s in senders if s != self.rank] if self.rank in receivers else [])
         if mine is not None:
             got[self.rank] = mine
             self._count(self.rank, len(mine) * len(others))
+        if self.rank not in receivers:
+            return []
         return [decode(spec, got[s]) for s in senders]
 
     def all_true(self, flags) -> bool:
