@@ -13,8 +13,8 @@ supplies the transport:
 * every message goes point to point (non-blocking ``Isend``, receives polled against a
   deadline, with a pause that starts at microseconds after every arrival): neighbour exchange
   on the peer graph (one message per neighbour per consensus step, holding the parts of every
-  session of the step in which it is a neighbour), Shamir shares to every peer, holder
-  sums to every peer; only the run's seed (when not given) is broadcast at the start;
+  session of the step in which it is a neighbour), Shamir shares to the committee, the
+  publishers' sums to each other and the sum down the publishing tree; only the run's seed (when not given) is broadcast at the start;
 * every payload is the byte string of :func:`fedhier.protocol.messages.encode` sent as a
   ``uint8`` buffer behind an (epoch, sequence) stamp (upper-case mpi4py methods): nothing is
   pickled;
@@ -103,8 +103,8 @@ def _start_up_deadline(timeout: float | None) -> Iterator[None]:
 DEFAULT_TIMEOUT = 300.0
 _DATA, _CONTROL = 7101, 7102   # message tags: payloads, and the agreement on lost peers
 #: first and longest pause (seconds) between two polls of a receive: the pause grows by half while nothing
-#: arrives and starts again from the first after every arrival, so a message is taken within about a third of
-#: the time it was waited for, and at most ``_MAX_PAUSE`` after it came
+#: arrives and starts again from the first after every arrival, so a message is taken within about half the
+#: time it was waited for, and at most ``_MAX_PAUSE`` after it came
 _FIRST_PAUSE, _MAX_PAUSE = 2e-5, 1e-3
 _HEADER = struct.Struct("<qq")  # (epoch, sequence number) in front of every payload
 _STAND = struct.Struct("<qb")   # barriers passed, and the last one's outcome (-1: none, 0: false, 1: true)
