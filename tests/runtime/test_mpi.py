@@ -119,7 +119,10 @@ def test_mpi_shamir_committee_sums_with_peers_outside_the_committee(tmp_path):
     sent = {int(r[0]): int(r[2]) for r in rows if r[1] == "2"}
     outsiders = [s for s in range(n_sites) if s not in committee]
     publishers = committee[:k // 2 + 1]
-    # over two rounds an outsider sends only its k shares; a publisher sends k - 1 shares and its sum to the
-    # other n_sites - 1 peers
-    assert outsiders and all(sent[s] == 2 * k * msg for s in outsiders)
-    assert all(sent[s] == 2 * (k - 1 + n_sites - 1) * msg for s in publishers)
+    # per round: an outsider sends its k shares and, as a leaf of the tree below the first publisher, one vector to
+    # it; the t = 2 publishers send k - 1 shares and their sums to each other, and the first publisher the sum to
+    # the n_sites - t sites below it (4 children fit in one step)
+    assert outsiders and all(sent[s] == 2 * (k + 1) * msg for s in outsiders)
+    t = k // 2 + 1
+    assert sent[publishers[0]] == 2 * (k - 1 + t - 1 + n_sites - t) * msg
+    assert sent[publishers[1]] == 2 * (k - 1 + t - 1) * msg

@@ -209,13 +209,36 @@ def test_shamir_committee_sum_is_exact_and_only_the_public_committee_receives_sh
         for s, share_row in enumerate(received[j]):
             assert share_row.min() >= 0 and share_row.max() < PRIME
             assert not np.array_equal(share_row, np.round(vectors[s] * codec_scale).astype(np.int64) % PRIME)
-    # bytes: a site outside the committee sends k shares and nothing else; a publisher also sends its sum to all
+    # bytes: the t = 4 publishers send their sums to each other, then the sum goes down a tree in one step: each
+    # publisher to its 4 children (the next 16 sites of the public order, which are all the others), each child back
+    # to its parent; so an outsider sends k shares and one vector, the first publisher k - 1 + t - 1 + 4
     msg = len(encode(MessageSpec("collab-aggregate", {"x": Field((5,), "int64")}), {"x": np.zeros(5, np.int64)}))
     outsider = next(s for s in range(n_sites) if s not in committee)
-    assert transport.bytes_sent[outsider] == k * msg
+    assert transport.bytes_sent[outsider] == (k + 1) * msg
     t = k // 2 + 1
-    assert transport.bytes_sent[committee[0]] == (k - 1) * msg + (n_sites - 1) * msg
-    assert transport.bytes_sent[committee[t]] == (k - 1) * msg  # not among the first t members: does not publish
+    assert transport.bytes_sent[committee[0]] == (k - 1 + t - 1 + 4) * msg
+    assert transport.bytes_sent[committee[t]] == (k - 1 + 1) * msg  # not among the first t members: does not publish
+
+
+def test_shamir_bytes_of_every_peer_stay_bounded_as_the_peers_grow():
+    # k = 31, t = 16: at 50 peers the sum reaches everyone in one tree step (16 + 64 >= 50), at 800 in three
+    # (16 + 64 + 256 + 1024 >= 800); no peer sends more than its k shares, t - 1 vectors to the other publishers
+    # and, per step, one to its parent and one to each of its 4 children: the largest is the same sum at any S
+    from fedhier.runtime.peer import aggregate_sums
+
+    aggregation = PeerAggregation(method="shamir")
+    msg = len(encode(MessageSpec("collab-aggregate", {"x": Field((3,), "int64")}), {"x": np.zeros(3, np.int64)}))
+    largest = {}
+    for n_sites, depth in ((50, 1), (800, 3)):
+        vectors = {s: v for s, v in enumerate(_data(n_sites, size=3, seed=4))}
+        transport = InProcessTransport(n_sites)
+        sums, exchanges = aggregate_sums(transport, vectors, round=1, seed=2, plan=None, aggregation=aggregation)
+        exact = np.sum(list(vectors.values()), axis=0)
+        assert exchanges == depth
+        assert all(np.max(np.abs(sums[s] - exact)) <= n_sites * 2.0 ** -25 for s in range(n_sites))
+        largest[n_sites] = max(transport.bytes_sent.values())
+        assert largest[n_sites] <= (31 + 15 + depth * 5) * msg
+    assert largest[800] <= 2 * largest[50]  # was 800 / 50 times as many for a publisher sending to every peer
 
 
 def test_default_committee_is_every_peer_when_few_and_logarithmic_when_many():

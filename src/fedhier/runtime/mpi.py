@@ -11,8 +11,10 @@ The algorithm is :func:`fedhier.runtime.peer.run_peer_rounds`, unchanged; this m
 supplies the transport:
 
 * every message goes point to point (non-blocking ``Isend``, receives polled against a
-  deadline): neighbour exchange on the peer graph, Shamir shares to every peer, holder
-  sums to every peer; only the run's seed (when not given) is broadcast at the start;
+  deadline, with a pause that starts at microseconds after every arrival): neighbour exchange
+  on the peer graph (one message per neighbour per consensus step, holding the parts of every
+  session of the step in which it is a neighbour), Shamir shares to the committee, the
+  publishers' sums to each other and the sum down the publishing tree; only the run's seed (when not given) is broadcast at the start;
 * every payload is the byte string of :func:`fedhier.protocol.messages.encode` sent as a
   ``uint8`` buffer behind an (epoch, sequence) stamp (upper-case mpi4py methods): nothing is
   pickled;
@@ -100,8 +102,10 @@ def _start_up_deadline(timeout: float | None) -> Iterator[None]:
 #: seconds a peer waits for a message before it reports the sender lost
 DEFAULT_TIMEOUT = 300.0
 _DATA, _CONTROL = 7101, 7102   # message tags: payloads, and the agreement on lost peers
-#: longest pause (seconds) between two polls of a receive: a consensus step waits at most this long after arrival
-_MAX_PAUSE = 0.01
+#: first and longest pause (seconds) between two polls of a receive: the pause grows by half while nothing
+#: arrives and starts again from the first after every arrival, so a message is taken within about half the
+#: time it was waited for, and at most ``_MAX_PAUSE`` after it came
+_FIRST_PAUSE, _MAX_PAUSE = 2e-5, 1e-3
 _HEADER = struct.Struct("<qq")  # (epoch, sequence number) in front of every payload
 _STAND = struct.Struct("<qb")   # barriers passed, and the last one's outcome (-1: none, 0: false, 1: true)
 
@@ -164,7 +168,7 @@ class MPITransport(Transport):
         expected = (self._epoch, self._seq)
         deadline = None if self.timeout is None else time.monotonic() + deadline_factor * self.timeout
         got: dict[int, bytes] = {}
-        pause = 1e-4
+        pause = _FIRST_PAUSE
         while len(got) < len(sources):
             progressed = False
             for src in sources:
@@ -184,9 +188,11 @@ class MPITransport(Transport):
                 raise PeerLost(set(), "another peer reported a lost peer")
             if deadline is not None and time.monotonic() > deadline:
                 raise PeerLost(set(sources) - set(got), f"no message within {self.timeout:g} s")
-            if not progressed:
+            if progressed:
+                pause = _FIRST_PAUSE
+            else:
                 time.sleep(pause)
-                pause = min(2 * pause, _MAX_PAUSE)
+                pause = min(1.5 * pause, _MAX_PAUSE)
         self._reap()
         return got
 
@@ -220,6 +226,21 @@ class MPITransport(Transport):
         self._count(self.rank, len(payload) * len(nbrs))
         return {self.rank: [decode(spec, got[j]) for j in nbrs]}
 
+    def exchange_sessions(self, topologies, spec: MessageSpec, messages):
+        """One message per neighbour per step: the parts of the sessions in which it is a neighbour, in session
+        order (the graphs are undirected, so each side knows how many parts the other sends)."""
+        payloads = [encode(spec, m) for m in messages[self.rank]]
+        sessions: dict[int, list[int]] = {}
+        for k, nbrs in enumerate(topologies):
+            for j in nbrs:
+                sessions.setdefault(j, []).append(k)
+        sends = {j: b"".join(payloads[k] for k in ks) for j, ks in sessions.items()}
+        got = self._round_trip(sends, sorted(sessions))
+        self._count(self.rank, sum(len(payload) for payload in sends.values()))
+        size = len(payloads[0])
+        parts = {j: {k: got[j][i * size:(i + 1) * size] for i, k in enumerate(ks)} for j, ks in sessions.items()}
+        return {self.rank: [[decode(spec, parts[j][k]) for j in nbrs] for k, nbrs in enumerate(topologies)]}
+
     def all_to_all(self, spec: MessageSpec, messages, receivers=None):
         receivers = self.alive if receivers is None else [int(j) for j in receivers]
         rows = {j: encode(spec, m) for j, m in zip(receivers, messages[self.rank])}
@@ -231,14 +252,17 @@ class MPITransport(Transport):
         got[self.rank] = rows[self.rank]
         return {self.rank: [decode(spec, got[j]) for j in self.alive]}
 
-    def all_gather(self, spec: MessageSpec, messages, senders):
+    def all_gather(self, spec: MessageSpec, messages, senders, receivers=None):
+        receivers = self.alive if receivers is None else [int(j) for j in receivers]
         mine = encode(spec, messages[self.rank]) if self.rank in senders else None
-        others = self._others()
+        others = [j for j in receivers if j != self.rank]
         got = self._round_trip({j: mine for j in others} if mine is not None else {},
-                               [s for s in senders if s != self.rank])
+                               [s for s in senders if s != self.rank] if self.rank in receivers else [])
         if mine is not None:
             got[self.rank] = mine
             self._count(self.rank, len(mine) * len(others))
+        if self.rank not in receivers:
+            return []
         return [decode(spec, got[s]) for s in senders]
 
     def all_true(self, flags) -> bool:
@@ -301,7 +325,7 @@ class MPITransport(Transport):
 
         start = time.monotonic()
         heard: dict[int, bytes] = {}
-        pause = 1e-4
+        pause = _FIRST_PAUSE
         while True:
             while self._take(MPI.ANY_SOURCE, _CONTROL) is not None:
                 pass
@@ -322,7 +346,7 @@ class MPITransport(Transport):
                 if waited > (2 + it) * self.timeout or (waited > self.timeout and set(missing) <= suspects):
                     return heard
             time.sleep(pause)
-            pause = min(2 * pause, 0.01)
+            pause = min(1.5 * pause, _MAX_PAUSE)
 
     def common_seed(self, random_state: int | None) -> int:
         """The run's seed: ``random_state``, or when not given rank 0's draw (so every rank agrees)."""

@@ -243,6 +243,16 @@ class Transport(ABC):
         Received messages are listed in increasing neighbour order.
         """
 
+    def exchange_sessions(self, topologies: Sequence[Any], spec: MessageSpec,
+                          messages: Mapping[int, Sequence[Message]]) -> dict[int, list[list[Message]]]:
+        """One step of several sessions at once: every local site sends ``messages[s][k]`` to
+        each of its neighbours in ``topologies[k]``; returns, for each local site, what it
+        received in each session (as :meth:`exchange`).  A transport whose messages cost a
+        round trip sends each neighbour one message holding its sessions' parts."""
+        inboxes = [self.exchange(topo, spec, {s: messages[s][k] for s in messages})
+                   for k, topo in enumerate(topologies)]
+        return {s: [inbox[s] for inbox in inboxes] for s in messages}
+
     @abstractmethod
     def all_to_all(self, spec: MessageSpec, messages: Mapping[int, Sequence[Message]],
                    receivers: Sequence[int] | None = None) -> dict[int, list[Message]]:
@@ -251,8 +261,10 @@ class Transport(ABC):
         from the sites of ``alive``, in that order."""
 
     @abstractmethod
-    def all_gather(self, spec: MessageSpec, messages: Mapping[int, Message], senders: Sequence[int]) -> list[Message]:
-        """The sites in ``senders`` publish a message; everyone receives all of them (in order)."""
+    def all_gather(self, spec: MessageSpec, messages: Mapping[int, Message], senders: Sequence[int],
+                   receivers: Sequence[int] | None = None) -> list[Message]:
+        """The sites in ``senders`` send a message to every site of ``receivers`` (default ``alive``),
+        which receive all of them (in order); a site outside ``receivers`` gets []."""
 
     @abstractmethod
     def all_true(self, flags: Mapping[int, bool]) -> bool:
@@ -316,14 +328,15 @@ class InProcessTransport(Transport):
                     out[j].append(decode(spec, payload))
         return out
 
-    def all_gather(self, spec, messages, senders):
+    def all_gather(self, spec, messages, senders, receivers=None):
+        receivers = self.alive if receivers is None else [int(j) for j in receivers]
         self._check_heard(senders)
         out = []
         for s in senders:
             payload = encode(spec, messages[s])
-            self._count(s, len(payload) * (len(self.alive) - 1))
+            self._count(s, len(payload) * len([j for j in receivers if j != s]))
             out.append(decode(spec, payload))
-        return out
+        return out if any(s in receivers for s in self.local_sites) else []
 
     def all_true(self, flags):
         self._check_heard(self.alive)
@@ -334,18 +347,24 @@ def _vector_spec(size: int, dtype: str = "float64") -> MessageSpec:
     return MessageSpec("collab-aggregate", {"x": Field((size,), dtype)})
 
 
-def _consensus_session(transport: Transport, adjacency: np.ndarray, values: dict[int, np.ndarray], eps: float,
-                       n_steps: int, spec: MessageSpec) -> dict[int, np.ndarray]:
-    topo = transport.open_topology(adjacency)
+def _consensus_sessions(transport: Transport, adjacencies: Sequence[np.ndarray], values: dict[int, np.ndarray],
+                        eps: float, n_steps: int, spec: MessageSpec) -> dict[int, np.ndarray]:
+    """``n_steps`` consensus steps of K sessions in lock step, session k on ``adjacencies[k]``:
+    ``values[s]`` (K, m) -> each row averaged over the sites of its session's graph.  The
+    sessions are independent; running them together only puts a step's K messages to a
+    neighbour in one round trip."""
+    topos = [transport.open_topology(a) for a in adjacencies]
     try:
-        mult = {s: _neighbours(adjacency, s)[1] for s in transport.local_sites}
-        x = dict(values)
+        mult = {s: [_neighbours(a, s)[1] for a in adjacencies] for s in transport.local_sites}
+        x = {s: list(v) for s, v in values.items()}
         for _ in range(n_steps):
-            inbox = transport.exchange(topo, spec, {s: {"x": x[s]} for s in x})
-            x = {s: consensus_update(x[s], [m["x"] for m in inbox[s]], mult[s], eps) for s in x}
+            inbox = transport.exchange_sessions(topos, spec, {s: [{"x": xk} for xk in x[s]] for s in x})
+            x = {s: [consensus_update(xk, [m["x"] for m in inbox[s][k]], mult[s][k], eps) for k, xk in enumerate(x[s])]
+                 for s in x}
     finally:
-        transport.close_topology(topo)
-    return x
+        for topo in topos:
+            transport.close_topology(topo)
+    return {s: np.array(v) for s, v in x.items()}
 
 
 def _agree(transport: Transport, adjacency: np.ndarray, values: dict[int, np.ndarray], n_steps: int,
@@ -362,13 +381,18 @@ def _agree(transport: Transport, adjacency: np.ndarray, values: dict[int, np.nda
 
 
 def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray], aggregation: PeerAggregation,
-                 seed: int) -> dict[int, np.ndarray]:
+                 seed: int) -> tuple[dict[int, np.ndarray], int]:
     """Sum of the replies by Shamir sharing to a committee (spec §4.2).
 
     Every alive site ``s`` encodes its reply ``v_s`` (m,) in fixed point and sends share ``i``
     (the evaluation at ``z = i + 1``) of it to committee member ``i`` only; member ``i`` adds
     the shares it receives, ``sigma_i = sum_s f_s(i + 1)``, a share of ``sum_s v_s``; the
-    first ``t`` members publish theirs and every site interpolates the sum at 0.
+    first ``t`` members send theirs to each other and each interpolates the sum at 0.  The sum
+    then passes down a public tree rooted at those ``t`` (:func:`publishing_tree`): in each of
+    its ``depth`` steps every site sends its tree neighbours the encoded sum if it has it, else
+    -1 (no field element), and keeps the elementwise maximum.  So every site has the sum, and
+    none sends more than ``t - 1 + depth (b + 1)`` vectors besides its ``k`` shares, where the
+    depth grows as ``log_b(S / t)``.  Returns the sums and the tree's depth (exchanges).
     """
     from ..secure.fixedpoint import PRIME, FixedPoint
     from ..secure.shamir import reconstruct, share
@@ -400,10 +424,18 @@ def _shamir_sums(transport: Transport, vectors: dict[int, np.ndarray], aggregati
         for m in msgs:
             acc = (acc + m["x"]) % PRIME
         member_sums[j] = {"x": acc}
-    published = transport.all_gather(spec, member_sums, committee[:threshold])
-    total = reconstruct(np.stack([m["x"] for m in published]), np.arange(1, threshold + 1))
-    value = codec.decode(np.asarray(total, dtype=np.int64), n_summands=len(alive))
-    return {s: value.copy() for s in transport.local_sites}
+    publishers = committee[:threshold]
+    published = transport.all_gather(spec, {j: member_sums[j] for j in publishers if j in member_sums}, publishers,
+                                     receivers=publishers)
+    unknown = np.full(size, -1, dtype=np.int64)
+    totals = {s: unknown for s in transport.local_sites}
+    if published:
+        total = np.asarray(reconstruct(np.stack([m["x"] for m in published]), np.arange(1, threshold + 1)),
+                           dtype=np.int64)
+        totals.update({s: total for s in transport.local_sites if s in publishers})
+    tree, depth = publishing_tree(shamir_committee(seed, n_sites, alive, len(alive)), threshold, n_sites)
+    totals = _agree(transport, tree, totals, depth, spec)
+    return {s: codec.decode(totals[s], n_summands=len(alive)) for s in transport.local_sites}, depth
 
 
 #: Up to this many peers every peer receives a share; above it the shares go to a committee this large or larger.
@@ -429,6 +461,30 @@ def shamir_committee(seed: int, n_sites: int, alive: Sequence[int], size: int) -
     alive_set = {int(s) for s in alive}
     order = np.random.default_rng([int(seed), _COMMITTEE_STREAM]).permutation(n_sites)
     return [int(s) for s in order if int(s) in alive_set][:size]
+
+
+#: children of a site in the tree that passes the Shamir sum on from the publishing committee members
+TREE_BRANCHING = 4
+
+
+def publishing_tree(order: Sequence[int], n_roots: int, n_sites: int) -> tuple[np.ndarray, int]:
+    """The public tree that passes a sum from the first ``n_roots`` sites of ``order`` to the others.
+
+    Site ``order[i]``, ``i >= n_roots``, hangs below ``order[(i - n_roots) // b]`` (``b =``
+    :data:`TREE_BRANCHING`), so every site has at most ``b`` children and one parent, and the
+    sum reaches every site within ``depth`` steps, the smallest ``D`` with
+    ``n_roots (1 + b + ... + b^D) >= len(order)``.  Returns the adjacency (n_sites, n_sites) and ``depth``.
+    """
+    tree = np.zeros((n_sites, n_sites), dtype=int)
+    for i in range(n_roots, len(order)):
+        parent = order[(i - n_roots) // TREE_BRANCHING]
+        tree[order[i], parent] = tree[parent, order[i]] = 1
+    depth, covered, level = 0, n_roots, n_roots
+    while covered < len(order):
+        level *= TREE_BRANCHING
+        covered += level
+        depth += 1
+    return tree, depth
 
 
 def shamir_threshold(aggregation: PeerAggregation, n_sites: int) -> int:
@@ -480,7 +536,7 @@ def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, roun
     """
     n_sites, alive = transport.n_sites, transport.alive
     if aggregation.method == "shamir":
-        return _shamir_sums(transport, vectors, aggregation, seed), 0
+        return _shamir_sums(transport, vectors, aggregation, seed)
     size = next(iter(vectors.values())).size
     spec = _vector_spec(size)
     if aggregation.method == "chunked":
@@ -492,18 +548,19 @@ def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, roun
         chunks = {s: v[None, :] for s, v in vectors.items()}
         n_steps = plan.n_steps
     n_sessions = next(iter(chunks.values())).shape[0]
-    totals = {s: np.zeros(size) for s in vectors}
+    adjacencies = []
     for session in range(n_sessions):  # plan.adjacency is the graph on the alive sites, in their own numbering
         adjacency = plan.adjacency
         if aggregation.relabel:
             adjacency = relabel(plan.adjacency, session_placement(seed, round, session, len(alive)))
-        adjacency = _embed(adjacency, alive, n_sites)
-        avg = _consensus_session(transport, adjacency, {s: c[session] for s, c in chunks.items()}, plan.eps,
-                                 n_steps, spec)
-        totals = {s: totals[s] + avg[s] for s in totals}
+        adjacencies.append(_embed(adjacency, alive, n_sites))
+    avg = _consensus_sessions(transport, adjacencies, chunks, plan.eps, n_steps, spec)
+    totals = {s: np.zeros(size) for s in vectors}
+    for session in range(n_sessions):
+        totals = {s: totals[s] + avg[s][session] for s in totals}
     exchanges = n_sessions * n_steps
     if aggregation.agree:
-        totals = _agree(transport, adjacency, totals, plan.diameter, spec)
+        totals = _agree(transport, adjacencies[-1], totals, plan.diameter, spec)
         exchanges += plan.diameter
     return {s: len(alive) * t for s, t in totals.items()}, exchanges
 
