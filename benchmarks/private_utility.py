@@ -2,7 +2,9 @@
 
     PYTHONPATH=src python benchmarks/private_utility.py [--seeds 10] [--data demo,sd,mfeat,synthetic3000,...]
                                                          [--epsilons 0.5,1,2,5,10,100] [--units site,record]
-                                                         [--rounds 100] [--plain-rounds 100]
+                                                         [--rounds 100] [--plain-rounds 100] [--out FILE]
+    PYTHONPATH=src python benchmarks/private_utility.py --full [--seeds 10] [--out FILE]
+    PYTHONPATH=src python benchmarks/private_utility.py --from FILE[,FILE...]
 
 For every data set, unit of protection (site-level: ``DPConfig.total(eps, 1e-5, n_rounds=100, n_views=3,
 spread=True)``, the demo's ``--dp``; record-level: ``RecordDP(eps, 1e-5)``) and total epsilon: the test MAE
@@ -10,7 +12,14 @@ of the private fit, of the training mean (:class:`fedhier.baselines.mean.Trainin
 non-private fit, averaged over the seeds; the paired difference private - mean with its 95 % t interval;
 the forecast's kept fraction (:func:`fedhier.models.mvppca.forecast.mvppca_forecast`, public quantities
 only) and whether its verdict falls on the same side of the mean as the measured mean difference.  The
-last line counts the cells where it does (the forecast's calibration check).
+summary counts the cells where it does (the forecast's calibration check), also without the record-level
+cells of the data sets its signal eigenvalue was fitted on (:data:`CALIBRATION`), and names the smallest
+synthetic set at which record-level epsilon = 1 is within 15 % of the non-private fit.
+
+``--full`` runs the whole grid (:data:`FULL`, :data:`FULL_EPSILONS`, site-level over :data:`FULL_ROUNDS`
+rounds, record-level epsilon = 1 on :data:`SCAN`).  ``--out`` writes every seed's test MAEs and the public
+shapes (JSON) after each seed; ``--from`` prints the table from such files without fitting, the forecast
+recomputed.
 
 ``--rounds R1,R2,...`` compares schedules of a site-level fit under the same total budget: the budget is split
 over R rounds (the noise calibrated for R rounds, every round run), and each R after the first gets the paired
