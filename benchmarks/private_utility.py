@@ -2,7 +2,9 @@
 
     PYTHONPATH=src python benchmarks/private_utility.py [--seeds 10] [--data demo,sd,mfeat,synthetic3000,...]
                                                          [--epsilons 0.5,1,2,5,10,100] [--units site,record]
-                                                         [--rounds 100] [--plain-rounds 100]
+                                                         [--rounds 100] [--plain-rounds 100] [--out FILE]
+    PYTHONPATH=src python benchmarks/private_utility.py --full [--seeds 10] [--out FILE]
+    PYTHONPATH=src python benchmarks/private_utility.py --from FILE[,FILE...]
 
 For every data set, unit of protection (site-level: ``DPConfig.total(eps, 1e-5, n_rounds=100, n_views=3,
 spread=True)``, the demo's ``--dp``; record-level: ``RecordDP(eps, 1e-5)``) and total epsilon: the test MAE
@@ -10,7 +12,14 @@ of the private fit, of the training mean (:class:`fedhier.baselines.mean.Trainin
 non-private fit, averaged over the seeds; the paired difference private - mean with its 95 % t interval;
 the forecast's kept fraction (:func:`fedhier.models.mvppca.forecast.mvppca_forecast`, public quantities
 only) and whether its verdict falls on the same side of the mean as the measured mean difference.  The
-last line counts the cells where it does (the forecast's calibration check).
+summary counts the cells where it does (the forecast's calibration check), also without the record-level
+cells of the data sets its signal eigenvalue was fitted on (:data:`CALIBRATION`), and names the smallest
+synthetic set at which record-level epsilon = 1 is within 15 % of the non-private fit.
+
+``--full`` runs the whole grid (:data:`FULL`, :data:`FULL_EPSILONS`, site-level over :data:`FULL_ROUNDS`
+rounds, record-level epsilon = 1 on :data:`SCAN`).  ``--out`` writes every seed's test MAEs and the public
+shapes (JSON) after each seed; ``--from`` prints the table from such files without fitting, the forecast
+recomputed.
 
 ``--rounds R1,R2,...`` compares schedules of a site-level fit under the same total budget: the budget is split
 over R rounds (the noise calibrated for R rounds, every round run), and each R after the first gets the paired
@@ -32,7 +41,9 @@ Private fits draw their noise as the library does; the intervals are over the se
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import sys
 import time
 import warnings
 
@@ -41,6 +52,14 @@ from scipy import stats as sps
 
 DELTA = 1e-5
 COMMAND = "PYTHONPATH=src python benchmarks/private_utility.py"
+#: the --full grid: every data set with both units at these epsilons, site-level fits over FULL_ROUNDS rounds
+FULL = ("demo", "sd", "synthetic3000", "synthetic30000", "mfeat", "synthetic300000")
+FULL_EPSILONS = "0.5,1,2,5,10,100"
+FULL_ROUNDS = 5
+#: data sets whose record-level fits the forecast's signal eigenvalue was fitted on (models/mvppca/forecast.py)
+CALIBRATION = ("demo", "mfeat")
+#: synthetic sizes between the grid's, record-level epsilon = 1 only: where it comes within 15 % of the non-private fit
+SCAN = ("synthetic10000", "synthetic20000")
 
 
 def _demo(seed: int):
@@ -102,12 +121,104 @@ def _privacy(unit: str, epsilon: float, rounds: int, n_views: int):
     return RecordDP(epsilon, DELTA)
 
 
-def main() -> None:
+def _key(unit: str, rounds: int, epsilon: float) -> str:
+    return f"{unit}/{rounds}/{epsilon:g}"
+
+
+def _plain_rounds(name: str, plain_rounds: int) -> int:
+    """Rounds of the non-private fit: at most 10 on the 300,000-subject set, whose fit has converged by then."""
+    n = int(name.removeprefix("synthetic")) if name.startswith("synthetic") else 0
+    return min(plain_rounds, 10) if n >= 300_000 else plain_rounds
+
+
+def run(plan: list[dict], seeds: int, plain_rounds: int, results: dict, path: str | None) -> None:
+    """Fit every cell of ``plan`` (one entry per data set: units, epsilons, schedules) on every seed.
+
+    ``results[name]`` gets the public shapes (view widths, training subjects, sites) and, for each
+    cell, the test MAE of every seed; with ``path`` the results are written after every seed, so an
+    interrupted run keeps the seeds it finished.
+    """
     from fedhier.baselines.mean import TrainingMean
     from fedhier.estimators.mvppca import FedMVPPCA
     from fedhier.metrics import reconstruction_mae
+
+    for entry in plan:
+        name = entry["data"]
+        out = results.setdefault(name, {"mae": {}})
+        out.update(plain_rounds=_plain_rounds(name, plain_rounds), epsilons=entry["epsilons"], units=entry["units"],
+                   schedules=entry["schedules"])
+        for seed in range(seeds):
+            sites, test = _data(name, seed)
+            out["shapes"] = {"dims": {v: int(X.shape[1]) for v, X in test.items()},
+                             "n_subjects": int(sum(len(next(iter(s.values()))) for s in sites)), "n_sites": len(sites)}
+
+            def fit(privacy, rounds):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # a view left at its prior etc.: counted in the MAE
+                    model = FedMVPPCA(n_components=5, n_rounds=rounds, random_state=seed, privacy=privacy).fit(sites)
+                return reconstruction_mae(test, model.reconstruct(test))
+
+            mae = {"mean": reconstruction_mae(test, TrainingMean().fit(sites).reconstruct(test)),
+                   "non-private": fit(None, out["plain_rounds"])}
+            for unit, rounds in _cells(entry["units"], entry["schedules"]):
+                for eps in entry["epsilons"]:
+                    mae[_key(unit, rounds, eps)] = fit(_privacy(unit, eps, rounds, len(test)), rounds)
+            for key, value in mae.items():
+                out["mae"].setdefault(key, []).append(float(value))
+            out["seeds"] = seed + 1
+            if path:
+                with open(path, "w") as f:
+                    json.dump(results, f, indent=1)
+            print(f"[{name} seed {seed} done]", file=sys.stderr, flush=True)
+
+
+def table(results: dict) -> None:
+    """The table of every cell in ``results``, the forecast computed afresh from the public shapes."""
     from fedhier.models.mvppca.forecast import mvppca_forecast
 
+    print("| data | unit | rounds | ε | seeds | test MAE, private | training mean | non-private "
+          "| private − mean (95 % interval) | private − non-private (95 % interval) | against the first schedule "
+          "| forecast: signal kept | forecast | right side |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    right = cells = right_checked = checked = 0
+    within: dict[int, float] = {}
+    for name, out in results.items():
+        mae, shapes = out["mae"], out["shapes"]
+        seeds = out["seeds"]
+        base, plain = (np.asarray(mae[k][:seeds]) for k in ("mean", "non-private"))
+        for unit, rounds in _cells(out["units"], out["schedules"]):
+            for eps in out["epsilons"]:
+                private = np.asarray(mae[_key(unit, rounds, eps)][:seeds])
+                outlook = mvppca_forecast(shapes["dims"], 5, shapes["n_sites"],
+                                          _privacy(unit, eps, rounds, len(shapes["dims"])),
+                                          n_rounds=rounds, n_subjects=shapes["n_subjects"])
+                diff, low, high = _interval(private - base)
+                gap, glow, ghigh = _interval(private - plain)
+                against = "—"
+                if unit == "site" and rounds != out["schedules"][0]:
+                    d, lo, hi = _interval(private - np.asarray(mae[_key(unit, out["schedules"][0], eps)][:seeds]))
+                    against = f"{d:+.4f} ({lo:+.4f}, {hi:+.4f})"
+                ok = (diff < 0) == outlook.beats_mean
+                right, cells = right + ok, cells + 1
+                if not (unit == "record" and name in CALIBRATION):
+                    right_checked, checked = right_checked + ok, checked + 1
+                if unit == "record" and eps == 1 and name.startswith("synthetic"):
+                    within[int(name.removeprefix("synthetic"))] = float(private.mean() / plain.mean())
+                print(f"| {name} | {unit} | {rounds} | {eps:g} | {seeds} | {private.mean():.4f} | {base.mean():.4f} | "
+                      f"{plain.mean():.4f} | {diff:+.4f} ({low:+.4f}, {high:+.4f}) | {gap:+.4f} ({glow:+.4f}, {ghigh:+.4f}) "
+                      f"| {against} | {outlook.kept:.3f} | {'beats' if outlook.beats_mean else 'no better than'} the mean "
+                      f"| {'yes' if ok else 'no'} |")
+    print(f"\nforecast on the right side of the training mean in {right} of {cells} cells ({right / max(cells, 1):.0%}); "
+          f"{right_checked} of {checked} ({right_checked / max(checked, 1):.0%}) without the record-level cells of "
+          f"{' and '.join(CALIBRATION)}, on which its signal eigenvalue was fitted")
+    if within:
+        ratios = ", ".join(f"{n:,}: {r:.2f}" for n, r in sorted(within.items()))
+        close = [n for n, r in sorted(within.items()) if r <= 1.15]
+        print(f"record-level ε = 1, test MAE over the non-private fit's, by synthetic subjects: {ratios}; "
+              + (f"smallest measured n within 15 %: {close[0]:,}" if close else "none within 15 %"))
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--data", default="demo,synthetic3000,synthetic30000")
@@ -115,54 +226,35 @@ def main() -> None:
     parser.add_argument("--units", default="site,record")
     parser.add_argument("--rounds", default="100", help="rounds of a site-level fit; several compare schedules")
     parser.add_argument("--plain-rounds", type=int, default=100, help="rounds of the non-private fit")
+    parser.add_argument("--full", action="store_true", help=f"the whole grid: {', '.join(FULL)}, both units, "
+                        f"ε {FULL_EPSILONS}, site-level fits over {FULL_ROUNDS} rounds, and record-level ε = 1 on "
+                        f"{', '.join(SCAN)}")
+    parser.add_argument("--out", help="write the per-seed test MAEs here (JSON), after every seed")
+    parser.add_argument("--from", dest="source", help="print the table of results files written by --out "
+                        "(comma-separated, merged by data set), fitting nothing")
     args = parser.parse_args()
-    schedules = [int(r) for r in args.rounds.split(",")]
-    epsilons = [float(e) for e in args.epsilons.split(",")]
-    units = args.units.split(",")
+    if args.source:
+        results: dict = {}
+        for path in args.source.split(","):
+            with open(path) as f:
+                results.update(json.load(f))
+        table(results)
+        return
+    if args.full:
+        epsilons = [float(e) for e in FULL_EPSILONS.split(",")]
+        plan = [dict(data=name, units=["site", "record"], epsilons=epsilons, schedules=[FULL_ROUNDS]) for name in FULL]
+        plan += [dict(data=name, units=["record"], epsilons=[1.0], schedules=[1]) for name in SCAN]
+        print(f"`{COMMAND} --full --seeds {args.seeds}" + (f" --out {args.out}`\n" if args.out else "`\n"))
+    else:
+        plan = [dict(data=name, units=args.units.split(","), epsilons=[float(e) for e in args.epsilons.split(",")],
+                     schedules=[int(r) for r in args.rounds.split(",")]) for name in args.data.split(",")]
+        print(f"`{COMMAND} --seeds {args.seeds} --data {args.data} --epsilons {args.epsilons} --units {args.units} "
+              f"--rounds {args.rounds} --plain-rounds {args.plain_rounds}`\n")
     t0 = time.perf_counter()
-    print(f"`{COMMAND} --seeds {args.seeds} --data {args.data} --epsilons {args.epsilons} --units {args.units} "
-          f"--rounds {args.rounds} --plain-rounds {args.plain_rounds}`\n")
-    print("| data | unit | rounds | ε | test MAE, private | training mean | non-private | private − mean (95 % interval) "
-          f"| against {schedules[0]} rounds (95 % interval) | forecast: signal kept | forecast | right side |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    right = cells = 0
-    for name in args.data.split(","):
-        mae: dict = {}
-        shapes = None
-        for seed in range(args.seeds):
-            sites, test = _data(name, seed)
-            dims = {v: X.shape[1] for v, X in test.items()}
-            shapes = (dims, sum(len(next(iter(s.values()))) for s in sites), len(sites))
-
-            def fit(privacy, rounds=100):
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # a view left at its prior etc.: counted in the MAE
-                    model = FedMVPPCA(n_components=5, n_rounds=rounds, random_state=seed, privacy=privacy).fit(sites)
-                return reconstruction_mae(test, model.reconstruct(test))
-
-            mae.setdefault("mean", []).append(reconstruction_mae(test, TrainingMean().fit(sites).reconstruct(test)))
-            mae.setdefault("non-private", []).append(fit(None, args.plain_rounds))
-            for unit, rounds in _cells(units, schedules):
-                for eps in epsilons:
-                    mae.setdefault((unit, rounds, eps), []).append(fit(_privacy(unit, eps, rounds, len(dims)), rounds))
-        dims, n_subjects, n_sites = shapes
-        mean, plain = float(np.mean(mae["mean"])), float(np.mean(mae["non-private"]))
-        for unit, rounds in _cells(units, schedules):
-            for eps in epsilons:
-                outlook = mvppca_forecast(dims, 5, n_sites, _privacy(unit, eps, rounds, len(dims)), n_subjects=n_subjects)
-                private = mae[(unit, rounds, eps)]
-                diff, low, high = _interval(np.subtract(private, mae["mean"]))
-                against = "—"
-                if unit == "site" and rounds != schedules[0]:
-                    d, lo, hi = _interval(np.subtract(private, mae[(unit, schedules[0], eps)]))
-                    against = f"{d:+.4f} ({lo:+.4f}, {hi:+.4f})"
-                ok = (diff < 0) == outlook.beats_mean
-                right, cells = right + ok, cells + 1
-                print(f"| {name} | {unit} | {rounds if unit == 'site' else 1} | {eps:g} | {np.mean(private):.4f} | {mean:.4f} | "
-                      f"{plain:.4f} | {diff:+.4f} ({low:+.4f}, {high:+.4f}) | {against} | {outlook.kept:.3f} | "
-                      f"{'beats' if outlook.beats_mean else 'no better than'} the mean | {'yes' if ok else 'no'} |")
-    print(f"\nforecast on the right side of the training mean in {right} of {cells} cells "
-          f"({args.seeds} seeds each; {time.perf_counter() - t0:.0f} s)")
+    results: dict = {}
+    run(plan, args.seeds, args.plain_rounds, results, args.out)
+    table(results)
+    print(f"({args.seeds} seeds each; {time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -74,8 +74,9 @@ class Forecast:
         worst = min(self.blocks, key=lambda b: b.kept)
         verdict = ("expected to beat the training mean" if self.beats_mean else
                    "not expected to beat the training mean (a model that predicts each feature's mean)")
-        return (f"utility forecast: the noise leaves {_percent(self.kept)} of the signal the fit learns from "
-                f"(least in {worst.name}: {_percent(worst.kept)}); the private model is {verdict}")
+        least = f" (least in {worst.name}: {_percent(worst.kept)})" if len(self.blocks) > 1 else ""
+        return (f"utility forecast: the noise leaves {_percent(self.kept)} of the signal the fit learns from{least}; "
+                f"the private model is {verdict}")
 
 
 def _percent(fraction: float) -> str:
