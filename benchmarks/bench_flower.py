@@ -1,6 +1,6 @@
 """Seconds per round of fedhier over Flower against Flower's own floor and against simulate().
 
-Run:  python benchmarks/bench_flower.py [--rounds 5] [--repeats 5] [--busy 3] [--tls] [--secure]   (about 2 minutes per repeat)
+Run:  python benchmarks/bench_flower.py [--rounds 5] [--repeats 5] [--busy 3] [--tls] [--secure] [--start-only]   (about 2 minutes per repeat)
 
 The bundled Alzheimer data (333 subjects, views of 124 + 3 + 4 features) is split into three
 hospitals (iid, ``fedhier flower demo-data``); on one federation of a real ``flower-superlink``
@@ -19,7 +19,8 @@ in this run:
   (``benchmarks/cpu_burner.py``), as a loaded host;
 * the same fit in-process with :func:`fedhier.runtime.simulate`.
 
-Printed: seconds per round of each (push of the round to its last reply / global step done),
+Printed: the ClientApp's start (a new process per message, in Flower) of fedhier against Flower's
+bare one, in CPU seconds and wall seconds (``--start-only``: only that); seconds per round of each (push of the round to its last reply / global step done),
 the median over the rounds after round 1 of every repeat and the ratio fedhier / floor, with the
 ratio of each repeat and their median (the target of issue "runtimes" is at
 most 1.1 for plain rounds); with ``--secure``, what each of a secure round's four extra
@@ -35,6 +36,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -72,6 +74,41 @@ def floor_rounds(federation: LoopbackFederation, tmp: Path, *, rounds: int, down
     return json.loads(out.read_text())
 
 
+#: what a ClientApp process does before it handles its first message: the floor's imports only Flower; fedhier's
+#: its app module and, on its first round message, the fit's site step (resolving the run config builds the protocol)
+CLIENT_START = {
+    "Flower's bare ClientApp": f"import sys; sys.path.insert(0, {str(FLOOR_APP)!r}); import floor_app",
+    "fedhier's ClientApp": "import fedhier.runtime.flower_app.client_app; from fedhier.deploy import fit_from_json; "
+                           "fit_from_json(sys.argv[1]).protocol()",
+}
+
+
+def client_start(fit_json: str, repeats: int) -> dict[str, list[tuple[float, float]]]:
+    """(CPU seconds, wall seconds) of ``repeats`` fresh ClientApp starts of each kind, alternating the kinds.
+
+    CPU seconds (user + system, of the process) do not depend on how busy the host is; on a host
+    whose cores are shared by ``k`` busy processes each, wall seconds are about ``k + 1`` times as many.
+    """
+    probe = ("import resource, sys, time; t0 = time.perf_counter(); {start}; r = resource.getrusage(resource.RUSAGE_SELF); "
+             "print(r.ru_utime + r.ru_stime, time.perf_counter() - t0)")
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in CLIENT_START}
+    for repeat in range(repeats):
+        for name in (list(CLIENT_START) if repeat % 2 == 0 else list(CLIENT_START)[::-1]):
+            out = subprocess.run([sys.executable, "-c", probe.format(start=CLIENT_START[name]), fit_json],
+                                 capture_output=True, text=True, check=True).stdout.split()
+            times[name].append((float(out[0]), float(out[1])))
+    return times
+
+
+def print_client_start(times: dict[str, list[tuple[float, float]]]) -> None:
+    (floor_name, floor), (ours_name, ours) = times.items()
+    cpu = {name: statistics.median(c for c, _ in t) for name, t in times.items()}
+    wall = {name: statistics.median(w for _, w in t) for name, t in times.items()}
+    print(f"ClientApp start, median of {len(ours)} fresh processes: {ours_name} {cpu[ours_name]:.2f} CPU s "
+          f"({wall[ours_name]:.2f} s wall), {floor_name} {cpu[floor_name]:.2f} CPU s ({wall[floor_name]:.2f} s wall): "
+          f"{cpu[ours_name] - cpu[floor_name]:.2f} CPU s more per site per round")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -79,10 +116,16 @@ def main() -> None:
     parser.add_argument("--secure", action="store_true", help="also a 2-round fit with secure summation")
     parser.add_argument("--repeats", type=int, default=5, help="fedhier fits and floor runs, alternating which is first")
     parser.add_argument("--busy", type=int, default=0, help="busy processes per core while it runs (0: none)")
+    parser.add_argument("--start-only", action="store_true", help="only the ClientApp start of fedhier against Flower's")
     args = parser.parse_args()
     burner = CpuBurner(per_core=args.busy) if args.busy else contextlib.nullcontext()
     with burner:
-        run(args)
+        if args.start_only:
+            with tempfile.TemporaryDirectory(prefix="bench-flower-") as tmp:
+                fit_toml = write_demo_sites(Path(tmp) / "sites", n_sites=3, seed=0, n_components=5, n_rounds=args.rounds)
+                print_client_start(client_start(FlowerFitConfig.read(fit_toml).to_json(), args.repeats))
+        else:
+            run(args)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -91,6 +134,7 @@ def run(args: argparse.Namespace) -> None:
         tmp = Path(tmp)
         fit_toml = write_demo_sites(tmp / "sites", n_sites=3, seed=0, n_components=5, n_rounds=args.rounds)
         config = FlowerFitConfig.read(fit_toml)
+        starts = client_start(config.to_json(), args.repeats)
         data = load_alzheimer()
         sites = partition(data.views, data.labels, 3, "iid", random_state=0).sites
 
@@ -150,6 +194,7 @@ def run(args: argparse.Namespace) -> None:
         per_exchange = (statistics.median(secure) - ours_med) / 4
         print(f"secure round (median of {len(secure)}): {statistics.median(secure):.2f} s; each of its 4 extra exchanges "
               f"costs {per_exchange:.2f} s = {per_exchange / floor_med:.2f} floor rounds (target <= 1)")
+    print_client_start(starts)
     print(f"whole fit (wall, median): simulate {simulate_wall:.2f} s, Flower {statistics.median(walls):.1f} s "
           "(with submission and app start)")
     print(f"largest |difference| of the global parameters, Flower against simulate(): {diff:.3g}")

@@ -188,6 +188,36 @@ def test_a_peer_frozen_before_mpi_start_up_ends_the_job_with_one_line(tmp_path):
     assert not list(tmp_path.glob("model_*"))
 
 
+def test_a_peer_frozen_while_reading_its_data_is_left_out_and_the_others_finish(tmp_path):
+    """Rank 2 stops itself when it starts reading its data, before any round: the others, past MPI's start-up, leave it
+    out at the peer deadline and finish without it, as with a peer lost in the round loop."""
+    _frame().to_csv(tmp_path / "data.csv", index=False)
+    frozen = 2
+    freeze_reading = ("import os, runpy, signal, sys; import fedhier.cli.sitedata as sd; read = sd.site_data\n"
+                      "def site_data(*args, **kwargs):\n"
+                      f"    os.environ.get('PMI_RANK') == '{frozen}' and os.kill(os.getpid(), signal.SIGSTOP)\n"
+                      "    return read(*args, **kwargs)\n"
+                      "sd.site_data = site_data; sys.argv[0] = 'fedhier.cli.collab'; "
+                      "runpy.run_module('fedhier.cli.collab', run_name='__main__')")
+    proc = subprocess.Popen([_mpiexec(), "-n", str(N_SITES), "-disable-auto-cleanup", sys.executable, "-c", freeze_reading,
+                             "fit", "--runtime", "mpi", "--csv", "data.csv", "--site-column", "site", "--components", "3",
+                             "--max-iter", "4", "--seed", "5", "--site-seed", "5", "--peer-timeout", "20",
+                             "--out", "model_{site}.npz"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    survivors = [s for s in range(N_SITES) if s != frozen]
+    try:
+        done = _wait(lambda: all((tmp_path / f"model_{s}.npz").exists() for s in survivors), proc)
+    finally:
+        out, err = _stop(proc)
+    assert done, f"the other sites did not finish\nstdout:\n{out}\nstderr:\n{err}"
+    assert not (tmp_path / f"model_{frozen}.npz").exists()
+    models = [CollabDict.load(tmp_path / f"model_{s}.npz") for s in survivors]
+    for m in models[1:]:  # every survivor holds the same global model
+        np.testing.assert_allclose(m.mu_, models[0].mu_, rtol=0, atol=1e-10)
+    saved = read_checkpoint(tmp_path / f"model_{survivors[0]}.state.npz")
+    assert [h["sites"] for h in saved.history] == [survivors] * len(saved.history), saved.history  # from the start
+
+
 @pytest.mark.parametrize("behind", [[], [0, 1, 2]])
 def test_a_killed_job_resumes_to_the_uninterrupted_result(tmp_path, behind):
     """Rank 3 stops itself after saving round 2, the others save it and wait for rank 3 in round 3, and the job is

@@ -129,6 +129,11 @@ def _fit(args: argparse.Namespace, command: str) -> int:
         raise ValueError("--resume is for --runtime mpi: it goes on from the states a killed MPI job saved")
     if args.runtime == "mpi":
         check_output_folder(folder, merge=True)
+        from ..runtime.mpi import DEFAULT_TIMEOUT, world
+
+        # MPI's start-up first, before this site reads its data: a site that freezes while reading is then left out by
+        # the others at their peer deadline, as in the round loop, instead of holding them all inside MPI's start-up
+        world(DEFAULT_TIMEOUT if args.peer_timeout is None else args.peer_timeout)
         return _fit_and_write(args, command, folder, model_path, report_dir, None, None)
     with contextlib.ExitStack() as stack:
         staging = stack.enter_context(result_folder(folder, merge=model_file))
@@ -177,10 +182,10 @@ def _fit_and_write(args: argparse.Namespace, command: str, folder: Path, model_p
         if args.site_timeout is not None:
             raise ValueError("--site-timeout is for --runtime peer or star; under MPI a site that stops answering is "
                              "left out after --peer-timeout")
-        from ..runtime.mpi import DEFAULT_TIMEOUT, world
+        from ..runtime.mpi import world
         from ..runtime.peer import PeerGraphSplit
 
-        comm = world(DEFAULT_TIMEOUT if args.peer_timeout is None else args.peer_timeout)  # start-up too
+        comm = world()  # started by _fit
         if comm.Get_size() != len(sites):
             raise ValueError(f"{len(sites)} sites in {source} but {comm.Get_size()} MPI processes")
         rank = comm.Get_rank()
