@@ -269,3 +269,40 @@ def test_fewer_than_t_committee_shares_have_the_same_distribution_whatever_the_s
         supports.append(set(map(tuple, rows[:t].T)))
     assert chi2_contingency(np.array(tables) + 1)[1] > 1e-4
     assert not supports[0] & supports[1]
+
+
+def test_an_mpi_neighbour_whose_step_message_does_not_hold_its_parts_exactly_is_refused():
+    """Over MPI one message per neighbour carries its parts of every consensus session of the step.  An honest
+    message is split into the sessions it belongs to; a lying neighbour's message with a part cut short or with
+    bytes after its last part is refused, not read up to what fits."""
+    from fedhier.protocol.messages import MessageError
+    from fedhier.runtime.mpi import MPITransport
+
+    spec = MessageSpec("collab-aggregate", {"x": Field((2,), "float64")})
+
+    class Comm:  # rank 0 of 3; nothing is sent: the neighbours' replies are given below
+        def Get_rank(self):
+            return 0
+
+        def Get_size(self):
+            return 3
+
+    class Transport(MPITransport):
+        def __init__(self, replies):
+            super().__init__(Comm())
+            self.replies = replies
+
+        def _round_trip(self, payloads, sources):
+            assert sorted(payloads) == sorted(sources) == [1, 2]
+            return {j: self.replies[j] for j in sources}
+
+    part = {s: {k: encode(spec, {"x": np.array([10.0 * s + k, -1.0])}) for k in range(2)} for s in (1, 2)}
+    topologies = [[1, 2], [1]]  # session 0: neighbours 1 and 2; session 1: neighbour 1 only
+    honest = {1: part[1][0] + part[1][1], 2: part[2][0]}
+    mine = {0: [{"x": np.zeros(2)}, {"x": np.ones(2)}]}
+    got = Transport(honest).exchange_sessions(topologies, spec, mine)
+    assert [[m["x"][0] for m in session] for session in got[0]] == [[10.0, 20.0], [11.0]]
+    for lie in (honest[1][:-8], honest[1] + bytes(8), honest[1] + part[1][0]):
+        with pytest.raises(MessageError, match="does not hold 2 parts"):
+            Transport({1: lie, 2: honest[2]}).exchange_sessions(topologies, spec, mine)
+

@@ -45,7 +45,7 @@ import numpy as np
 
 from .graphs import check_adjacency, default_graph
 from ..protocol.base import RoundProtocol
-from ..protocol.messages import Message, MessageSpec, decode, encode
+from ..protocol.messages import Message, MessageError, MessageSpec, decode, encode
 from .peer import Agreement, PeerAggregation, PeerLost, PeerResult, Transport, run_peer_rounds
 
 __all__ = ["MPITransport", "run_mpi", "world", "DEFAULT_TIMEOUT"]
@@ -237,8 +237,13 @@ class MPITransport(Transport):
         sends = {j: b"".join(payloads[k] for k in ks) for j, ks in sessions.items()}
         got = self._round_trip(sends, sorted(sessions))
         self._count(self.rank, sum(len(payload) for payload in sends.values()))
-        size = len(payloads[0])
-        parts = {j: {k: got[j][i * size:(i + 1) * size] for i, k in enumerate(ks)} for j, ks in sessions.items()}
+        size = len(payloads[0])  # every part is a message of one spec and shape, so of one length
+        parts = {}
+        for j, ks in sessions.items():
+            if len(got[j]) != size * len(ks):  # a part cut short, or bytes beyond the last one
+                raise MessageError(f"{spec.name}: a neighbour's message of {len(got[j])} bytes does not hold "
+                                   f"{len(ks)} parts of {size} bytes")
+            parts[j] = {k: got[j][i * size:(i + 1) * size] for i, k in enumerate(ks)}
         return {self.rank: [[decode(spec, parts[j][k]) for j in nbrs] for k, nbrs in enumerate(topologies)]}
 
     def all_to_all(self, spec: MessageSpec, messages, receivers=None):
