@@ -306,3 +306,38 @@ def test_an_mpi_neighbour_whose_step_message_does_not_hold_its_parts_exactly_is_
         with pytest.raises(MessageError, match="does not hold 2 parts"):
             Transport({1: lie, 2: honest[2]}).exchange_sessions(topologies, spec, mine)
 
+
+def test_a_peer_outside_the_publishers_never_receives_a_committee_members_sum():
+    """A curious peer outside the first t committee members: the members' sums (shares of the total) go to the
+    publishers only, and what passes down the publishing tree is the total itself or the 'not known yet' marker."""
+    from fedhier.runtime.peer import aggregate_sums, shamir_committee, shamir_threshold
+    from fedhier.secure.fixedpoint import PRIME
+
+    class Recording(InProcessTransport):
+        def __init__(self, n_sites):
+            super().__init__(n_sites)
+            self.gathers, self.inboxes = [], []
+
+        def all_gather(self, spec, messages, senders, receivers=None):
+            self.gathers.append((list(senders), None if receivers is None else list(receivers)))
+            return super().all_gather(spec, messages, senders, receivers)
+
+        def exchange(self, topology, spec, messages):
+            out = super().exchange(topology, spec, messages)
+            self.inboxes.append({s: [m["x"].copy() for m in msgs] for s, msgs in out.items()})
+            return out
+
+    n_sites, k, seed = 40, 9, 5
+    aggregation = PeerAggregation(method="shamir", committee_size=k)
+    vectors = {s: v for s, v in enumerate(_data(n_sites, size=4, seed=6))}
+    transport = Recording(n_sites)
+    aggregate_sums(transport, vectors, round=1, seed=seed, plan=None, aggregation=aggregation)
+    publishers = shamir_committee(seed, n_sites, range(n_sites), k)[:shamir_threshold(aggregation, n_sites)]
+    assert transport.gathers == [(publishers, publishers)]  # members' sums: publishers to publishers only
+    totals = {tuple(x) for inbox in transport.inboxes for s, msgs in inbox.items() for x in msgs}
+    unknown = (-1,) * 4
+    assert len(totals - {unknown}) == 1  # down the tree: only the total, which every peer learns anyway
+    total = np.array(next(iter(totals - {unknown})))
+    assert total.min() >= 0 and total.max() < PRIME
+    assert any(s not in publishers and any(tuple(x) != unknown for x in msgs)
+               for inbox in transport.inboxes for s, msgs in inbox.items())  # outsiders did receive it
