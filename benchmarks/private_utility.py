@@ -3,7 +3,7 @@
     PYTHONPATH=src python benchmarks/private_utility.py [--seeds 10] [--data demo,sd,mfeat,synthetic3000,...]
                                                          [--epsilons 0.5,1,2,5,10,100] [--units site,record]
                                                          [--rounds 100] [--plain-rounds 100] [--out FILE]
-    PYTHONPATH=src python benchmarks/private_utility.py --full [--seeds 10] [--out FILE]
+    PYTHONPATH=src python benchmarks/private_utility.py --full [--seeds 10] [--out FILE [--resume]]
     PYTHONPATH=src python benchmarks/private_utility.py --from FILE[,FILE...]
 
 For every data set, unit of protection (site-level: ``DPConfig.total(eps, 1e-5, n_rounds=100, n_views=3,
@@ -18,7 +18,8 @@ synthetic set at which record-level epsilon = 1 is within 15 % of the non-privat
 
 ``--full`` runs the whole grid (:data:`FULL`, :data:`FULL_EPSILONS`, site-level over :data:`FULL_ROUNDS`
 rounds, record-level epsilon = 1 on :data:`SCAN`).  ``--out`` writes every seed's test MAEs and the public
-shapes (JSON) after each seed; ``--from`` prints the table from such files without fitting, the forecast
+shapes (JSON) after each seed, and with ``--resume`` keeps the seeds already in that file and fits only the
+missing ones; ``--from`` prints the table from such files without fitting, the forecast
 recomputed.
 
 ``--rounds R1,R2,...`` compares schedules of a site-level fit under the same total budget: the budget is split
@@ -121,6 +122,12 @@ def _privacy(unit: str, epsilon: float, rounds: int, n_views: int):
     return RecordDP(epsilon, DELTA)
 
 
+def _fits(cells: dict) -> tuple:
+    """What a seed fits: the non-private fit's rounds and every private fit's (unit, rounds, epsilon)."""
+    return cells["plain_rounds"], sorted((u, r, float(e)) for u, r in _cells(cells["units"], cells["schedules"])
+                                         for e in cells["epsilons"])
+
+
 def _key(unit: str, rounds: int, epsilon: float) -> str:
     return f"{unit}/{rounds}/{epsilon:g}"
 
@@ -145,9 +152,13 @@ def run(plan: list[dict], seeds: int, plain_rounds: int, results: dict, path: st
     for entry in plan:
         name = entry["data"]
         out = results.setdefault(name, {"mae": {}})
-        out.update(plain_rounds=_plain_rounds(name, plain_rounds), epsilons=entry["epsilons"], units=entry["units"],
-                   schedules=entry["schedules"])
-        for seed in range(seeds):
+        cells = dict(plain_rounds=_plain_rounds(name, plain_rounds), epsilons=entry["epsilons"], units=entry["units"],
+                     schedules=entry["schedules"])
+        if out.get("seeds") and _fits(out) != _fits(cells):
+            raise SystemExit(f"{path}: the seeds already there for {name} were fitted with other cells "
+                             f"({', '.join(f'{k}={out.get(k)}' for k in cells)}); write to another file")
+        out.update(cells)
+        for seed in range(out.get("seeds", 0), seeds):
             sites, test = _data(name, seed)
             out["shapes"] = {"dims": {v: int(X.shape[1]) for v, X in test.items()},
                              "n_subjects": int(sum(len(next(iter(s.values()))) for s in sites)), "n_sites": len(sites)}
@@ -164,7 +175,7 @@ def run(plan: list[dict], seeds: int, plain_rounds: int, results: dict, path: st
                 for eps in entry["epsilons"]:
                     mae[_key(unit, rounds, eps)] = fit(_privacy(unit, eps, rounds, len(test)), rounds)
             for key, value in mae.items():
-                out["mae"].setdefault(key, []).append(float(value))
+                out["mae"].setdefault(key, [])[seed:] = [float(value)]
             out["seeds"] = seed + 1
             if path:
                 with open(path, "w") as f:
@@ -230,6 +241,8 @@ def main() -> None:
                         f"ε {FULL_EPSILONS}, site-level fits over {FULL_ROUNDS} rounds, and record-level ε = 1 on "
                         f"{', '.join(SCAN)}")
     parser.add_argument("--out", help="write the per-seed test MAEs here (JSON), after every seed")
+    parser.add_argument("--resume", action="store_true", help="keep the seeds already in --out and fit only the "
+                        "missing ones (the cells must be the same)")
     parser.add_argument("--from", dest="source", help="print the table of results files written by --out "
                         "(comma-separated, merged by data set), fitting nothing")
     args = parser.parse_args()
@@ -244,7 +257,8 @@ def main() -> None:
         epsilons = [float(e) for e in FULL_EPSILONS.split(",")]
         plan = [dict(data=name, units=["site", "record"], epsilons=epsilons, schedules=[FULL_ROUNDS]) for name in FULL]
         plan += [dict(data=name, units=["record"], epsilons=[1.0], schedules=[1]) for name in SCAN]
-        print(f"`{COMMAND} --full --seeds {args.seeds}" + (f" --out {args.out}`\n" if args.out else "`\n"))
+        print(f"`{COMMAND} --full --seeds {args.seeds}" + (f" --out {args.out}" if args.out else "")
+              + (" --resume`\n" if args.resume else "`\n"))
     else:
         plan = [dict(data=name, units=args.units.split(","), epsilons=[float(e) for e in args.epsilons.split(",")],
                      schedules=[int(r) for r in args.rounds.split(",")]) for name in args.data.split(",")]
@@ -252,6 +266,14 @@ def main() -> None:
               f"--rounds {args.rounds} --plain-rounds {args.plain_rounds}`\n")
     t0 = time.perf_counter()
     results: dict = {}
+    if args.resume:
+        if not args.out:
+            parser.error("--resume needs --out, the file whose seeds it keeps")
+        try:
+            with open(args.out) as f:
+                results = json.load(f)
+        except FileNotFoundError:
+            pass
     run(plan, args.seeds, args.plain_rounds, results, args.out)
     table(results)
     print(f"({args.seeds} seeds each; {time.perf_counter() - t0:.0f} s)")

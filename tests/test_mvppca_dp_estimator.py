@@ -200,16 +200,20 @@ def _ppca_sites(rng, n_sites, n, W, noise_sd):
 def test_a_total_budget_fit_at_a_large_epsilon_predicts_better_than_the_training_mean():
     """Data from a known PPCA model (two views sharing one latent factor, 10 sites): at epsilon = 1000 in
     total per site, the DP model imputes a hidden view clearly better than its training mean (the trivial
-    model).  Before the spreads kept their noise, the clipping bound collapsed after round 1 and the fit
-    stopped after 3 rounds at 0.58 of the mean's error."""
+    model): the median of five fits (each with fresh noise) is below half the mean's error.  Before the
+    spreads kept their noise, the clipping bound collapsed after round 1 and the fit stopped after 3 rounds at
+    0.58 of the mean's error."""
     rng = np.random.default_rng(3)
     W = {"a": np.array([[0.3], [-0.24], [0.2]]), "b": np.array([[0.24], [0.3]])}
     train = _ppca_sites(rng, 10, 200, W, 0.02)
     test = _ppca_sites(rng, 1, 2000, W, 0.02)[0]
     rounds = 5
     config = DPConfig.total(1000.0, 1e-5, n_rounds=rounds, n_views=2)
-    m = FedMVPPCA(n_components=1, n_rounds=rounds, random_state=0, prior_update="paper", privacy=config).fit(train)
-    assert m.n_rounds_ == rounds and m.privacy_spent_[0]["epsilon"] <= 1000.0
-    mae_model = np.mean(np.abs(m.impute({"a": test["a"]})["b"] - test["b"]))
     mae_mean = np.mean(np.abs(np.vstack([s["b"] for s in train]).mean(0) - test["b"]))
-    assert mae_model < 0.5 * mae_mean
+    ratios = []
+    for _ in range(5):  # the noise is fresh from the OS at every fit: one fit in 30 lands above 0.5
+        m = FedMVPPCA(n_components=1, n_rounds=rounds, random_state=0, prior_update="paper", privacy=config)
+        m.fit(train)
+        assert m.n_rounds_ == rounds and m.privacy_spent_[0]["epsilon"] <= 1000.0
+        ratios.append(np.mean(np.abs(m.impute({"a": test["a"]})["b"] - test["b"])) / mae_mean)
+    assert np.median(ratios) < 0.5, ratios
