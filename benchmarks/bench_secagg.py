@@ -2,6 +2,7 @@
 
     python benchmarks/bench_secagg.py [--sites 5] [--threshold 3] [--sizes 2000 200000] [--repeats 3] [--csv out.csv]
                                       [--scale-sites 100 300 1000] [--scale-length 1000] [--drop 0.1]
+    python benchmarks/bench_secagg.py --crossover [S ...] [--repeats 3]
 
 For each vector length ``m`` (2,000 and 200,000 floats bracket a Fed-mv-PPCA reply) it
 times one aggregation round, all sites and the server run sequentially in this process:
@@ -24,6 +25,10 @@ one after the other; each step is timed on its own, so "site s" is the mean time
 in the round and "server s" the server's.  It prints bytes and seconds per site and their
 ratios to log2 S (constant ratios = O(log S) growth), and checks each total against the plain
 sum of the included sites.
+
+``--crossover`` only times the complete graph against SecAgg+ at each S (default 16, 20, 30, 40, 60, 100),
+alternating which runs first, and prints the ratios sparse / complete of the round, a site's time, the
+server's time and a site's bytes.
 """
 
 from __future__ import annotations
@@ -124,6 +129,31 @@ def scaling(sizes: list[int], length: int, drop: float) -> list[dict]:
     return rows
 
 
+def crossover(sizes: list[int], length: int, repeats: int) -> list[dict]:
+    """Complete graph against SecAgg+ (``default_neighbours``' k) at each S, alternating, medians of ``repeats``."""
+    fp = FixedPoint(frac_bits=24)
+    rng = np.random.default_rng(2)
+    rows = []
+    for n in sizes:
+        k = 2 * math.ceil(1.5 * math.log2(n))
+        if k >= n - 1:
+            continue  # no sparse graph: every site would neighbour every other
+        runs = {None: [], k: []}
+        for rep in range(repeats):
+            for graph in ((None, k) if rep % 2 == 0 else (k, None)):
+                vectors = {u: rng.normal(size=length) for u in range(n)}
+                runs[graph].append(timed_secagg_round(vectors, graph, (n if graph is None else graph + 1) // 2 + 1,
+                                                      fp, set()))
+        med = {g: {key: statistics.median(r[key] for r in rs) for key in ("wall", "site", "server", "bytes")}
+               for g, rs in runs.items()}
+        rows.append({"S": n, "k": k, "t complete / sparse": f"{n // 2 + 1} / {(k + 1) // 2 + 1}",
+                     "round s, complete": med[None]["wall"], "round s, sparse": med[k]["wall"],
+                     "sparse / complete: round": med[k]["wall"] / med[None]["wall"],
+                     "site": med[k]["site"] / med[None]["site"], "server": med[k]["server"] / med[None]["server"],
+                     "bytes": med[k]["bytes"] / med[None]["bytes"]})
+    return rows
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sites", type=int, default=5)
@@ -134,7 +164,15 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--scale-sites", type=int, nargs="*", default=[100, 300, 1000])
     parser.add_argument("--scale-length", type=int, default=1000)
     parser.add_argument("--drop", type=float, default=0.1, help="fraction of sites dropping after masking")
+    parser.add_argument("--crossover", type=int, nargs="*", default=None, metavar="S",
+                        help="only compare the complete graph with SecAgg+ at these numbers of sites")
     args = parser.parse_args(argv)
+    if args.crossover is not None:
+        rows = crossover(args.crossover or [16, 20, 30, 40, 60, 100], args.scale_length, args.repeats)
+        print(f"Complete graph against SecAgg+ (k = 2 ceil(1.5 log2 S)), vectors of {args.scale_length} floats, "
+              f"median of {args.repeats} alternating rounds each; ratios below 1: SecAgg+ is cheaper")
+        print(markdown_table(rows, digits=3))
+        return rows
 
     fp = FixedPoint(frac_bits=24)
     rng = np.random.default_rng(0)
