@@ -22,7 +22,7 @@ from typing import Mapping
 
 import numpy as np
 from ._data import MultiViewData, squared_distances
-from ._linalg import spd_inverse
+from ._linalg import spd_inverse, threads_for
 from .params import ViewParams
 
 __all__ = ["LatentPosterior", "posterior", "marginal_loglik_rows", "check_model"]
@@ -91,7 +91,8 @@ def posterior(data: MultiViewData, model: Mapping[str, ViewParams]) -> LatentPos
         p = model[name]
         W = np.asarray(p.W, dtype=float)
         scaled = W / p.sigma2
-        proj = block.values @ scaled
+        with threads_for(block.values.size * q):
+            proj = block.values @ scaled
         proj -= np.asarray(p.mu, dtype=float) @ scaled
         if block.rows is None:
             b += proj

@@ -36,13 +36,17 @@ from .mstep import (
     sigma2_step,
 )
 from .params import GlobalParams, GlobalView, LocalParams, ViewParams
-from .start import pca_start
+from ._linalg import spd_inverse, threads_for
+from .start import joint_covariance, pca_start
 
 __all__ = ["LocalFit", "fit_local", "e_step", "local_objective", "log_prior"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 #: below this fraction of sum ||t - mu||^2, S_k is recomputed with the second form (cancellation)
 _CANCELLATION_RATIO = 1e-6
+#: the largest N ||t-bar||^2 / sum ||t - t-bar||^2 of a view at which its covariance, formed as
+#: (T^T T - N t-bar t-bar^T) / N, gives its scatter and round 1's EM: rounding then costs at most ~1e-12 relative
+_MEAN_TO_SPREAD = 1e4
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,22 @@ def _scatter_about(values: np.ndarray, centre: np.ndarray) -> float:
     return total
 
 
+def _covariance_is_accurate(n: int, mean: np.ndarray, scatter: float) -> bool:
+    """True while N ||t-bar||^2 <= 1e4 sum_n ||t_n - t-bar||^2: the covariance (T^T T - N t-bar t-bar^T) / N then
+    loses at most about 1e-12 of its scale to the digits the mean takes from T^T T."""
+    return n * float(mean @ mean) <= _MEAN_TO_SPREAD * scatter
+
+
+def _view_scatter(values: np.ndarray, centre: np.ndarray, covariance: np.ndarray | None) -> float:
+    """sum_n ||t_n - t-bar||^2 of a view's (N, d) rows: N tr C from its covariance block C (d, d) when given and
+    accurate (:func:`_covariance_is_accurate`), else a pass over the data (:func:`_scatter_about`)."""
+    if covariance is not None:
+        scatter = values.shape[0] * float(np.trace(covariance))
+        if _covariance_is_accurate(values.shape[0], centre, scatter):
+            return scatter
+    return _scatter_about(values, centre)
+
+
 def _relative_change(before: dict, mu: dict, W: dict, sigma2: dict) -> float:
     """Largest relative change of (mu_k, W_k, sigma2_k) over the views since ``before``.
 
@@ -123,6 +143,47 @@ def _second_moments(data: MultiViewData, post: LatentPosterior) -> tuple[np.ndar
         X = post.means if rows is None else post.means[rows]
         outer[p] = X.T @ X
     return outer + sum_cov, sum_cov
+
+
+def _moments_from_covariance(
+    covariance: np.ndarray, params: Mapping[str, ViewParams], n: int
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The E-step's sums for complete views with mu_k = t-bar_k, from their joint covariance: no pass over the data.
+
+    With B = [W_k / sigma2_k]_k stacked (d, q) and M = (I_q + sum_k W_k^T W_k / sigma2_k)^{-1}, the
+    posterior means are <x_n> = M B^T (t_n - t-bar), so with C = sum_n (t_n - t-bar)(t_n - t-bar)^T / N
+
+        sum_n <x_n x_n^T> = N (M + M B^T C B M),    sum_n (t_nk - t-bar_k) <x_n>^T = N [C B M]_k,
+
+    at O(d^2 q) operations instead of the data's O(N d q).
+
+    Parameters
+    ----------
+    covariance : ndarray of shape (d, d)
+        C of the views side by side, in the order of ``params`` (:func:`.start.joint_covariance`).
+    params : mapping view -> ViewParams
+    n : int
+        N, the number of subjects (all have every view).
+
+    Returns
+    -------
+    second_moment : ndarray of shape (q, q)
+        sum_n <x_n x_n^T>.
+    cross : dict view -> ndarray of shape (d_k, q)
+        sum_n (t_nk - t-bar_k) <x_n>^T.
+    """
+    B = np.vstack([np.asarray(p.W, dtype=float) / p.sigma2 for p in params.values()])
+    W = np.vstack([np.asarray(p.W, dtype=float) for p in params.values()])
+    q = B.shape[1]
+    precision = W.T @ B
+    precision.flat[:: q + 1] += 1.0
+    M, _ = spd_inverse(precision)
+    CBM = covariance @ B @ M
+    second_moment = n * (M + M @ (B.T @ CBM))
+    second_moment = 0.5 * (second_moment + second_moment.T)
+    edges = np.cumsum([0] + [np.shape(p.W)[0] for p in params.values()])
+    cross = {name: n * CBM[edges[j]:edges[j + 1]] for j, name in enumerate(params)}
+    return second_moment, cross
 
 
 def fit_local(
@@ -196,7 +257,14 @@ def fit_local(
     mu, W, sigma2 = {}, {}, {}  # mu: t-bar without a prior, else first set by step (1)
     for name, block in site.views.items():
         sample_mean[name] = block.values.mean(axis=0)
-        scatter[name] = _scatter_about(block.values, sample_mean[name])
+    covariance = None  # the views' joint covariance, when the start forms it
+    if prior is None and init == "pca":
+        covariance = joint_covariance(site, sample_mean, q)
+    offset = 0
+    for name, block in site.views.items():
+        diagonal = None if covariance is None else covariance[offset:offset + block.dim, offset:offset + block.dim]
+        offset += block.dim
+        scatter[name] = _view_scatter(block.values, sample_mean[name], diagonal)
         n_cols[name] = effective_columns(block.dim, q)
         if prior is not None:
             g = prior[name]
@@ -206,7 +274,11 @@ def fit_local(
             W[name] = rng.uniform(-2.0, 2.0, size=(block.dim, q))
             sigma2[name] = float(rng.uniform(0.1, 0.5))
     if prior is None and init == "pca":
-        W, sigma2 = pca_start(site, sample_mean, scatter, q, rng)
+        W, sigma2 = pca_start(site, sample_mean, scatter, q, rng, covariance=covariance)
+    # round 1's EM runs on the covariance, when formed and accurate, instead of passing over the data
+    em_covariance = covariance if covariance is not None and all(
+        _covariance_is_accurate(block.n_obs, sample_mean[name], scatter[name]) for name, block in site.views.items()
+    ) else None
     for name in site.views:
         W[name][:, n_cols[name]:] = 0.0
 
@@ -230,16 +302,26 @@ def fit_local(
             for name, block in site.views.items():
                 mu[name] = mean_step(sample_mean[name], block.n_obs, W[name], sigma2[name], prior_mu[name],
                                      prior[name].sigma2_mu)
-        # (2) E-step with mu[s+1], W[s], sigma2[s]
-        post = posterior(site, {k: ViewParams(mu[k], W[k], sigma2[k]) for k in names})
-        xx_pattern, cov_pattern = _second_moments(site, post)
-        q_value = -0.5 * (site.n * q * _LOG_2PI + np.trace(xx_pattern.sum(axis=0)))
+        # (2) E-step with mu[s+1], W[s], sigma2[s]: from the data, or from their covariance
+        current = {k: ViewParams(mu[k], W[k], sigma2[k]) for k in names}
+        if em_covariance is None:
+            post = posterior(site, current)
+            xx_pattern, cov_pattern = _second_moments(site, post)
+            total_second_moment = xx_pattern.sum(axis=0)
+        else:
+            post = None
+            total_second_moment, cross_of = _moments_from_covariance(em_covariance, current, site.n)
+        q_value = -0.5 * (site.n * q * _LOG_2PI + np.trace(total_second_moment))
         for name, block in site.views.items():
             patterns = view_patterns[name]
-            xx = xx_pattern[patterns[0]] if patterns.size == 1 else xx_pattern[patterns].sum(axis=0)
-            X = post.means if block.rows is None else post.means[block.rows]
-            cross = block.values.T @ X
-            cross -= mu[name][:, None] * X.sum(axis=0)
+            if em_covariance is None:
+                xx = xx_pattern[patterns[0]] if patterns.size == 1 else xx_pattern[patterns].sum(axis=0)
+                X = post.means if block.rows is None else post.means[block.rows]
+                with threads_for(block.values.size * q):
+                    cross = block.values.T @ X
+                cross -= mu[name][:, None] * X.sum(axis=0)
+            else:
+                xx, cross = total_second_moment, cross_of[name]
             # (3) W with the current sigma2[s]
             g = None if prior is None else prior[name]
             if g is None:
@@ -250,6 +332,10 @@ def fit_local(
             S = scatter_first_form(scatter[name], block.n_obs, sample_mean[name], mu[name], W[name], cross, xx)
             shift = sample_mean[name] - mu[name]
             if S <= _CANCELLATION_RATIO * (scatter[name] + block.n_obs * (shift @ shift)):
+                if post is None:  # the second form needs the posterior means from the data
+                    post = posterior(site, current)
+                    cov_pattern = _second_moments(site, post)[1]
+                X = post.means if block.rows is None else post.means[block.rows]
                 S = scatter_second_form(block.values, mu[name], W[name], X, cov_pattern[patterns].sum(axis=0))
             new, view_notes = sigma2_step(
                 S, n_dof[name], old=sigma2[name], view=name,

@@ -39,12 +39,12 @@ from typing import Mapping
 
 import numpy as np
 
-from ._data import check_views
-from ._latent import posterior
+from ._data import MultiViewData, check_views
+from ._latent import LatentPosterior, posterior
 from .mstep import effective_columns
 from .params import GlobalParams, ViewParams
 
-__all__ = ["posterior_spread", "mean_spread", "loading_spread", "latent_moment"]
+__all__ = ["posterior_spread", "mean_spread", "loading_spread", "latent_moment", "site_posterior"]
 
 
 def loading_spread(second_moment: np.ndarray, sigma2: float, dim: int, ridge: float | np.ndarray) -> np.ndarray:
@@ -80,12 +80,20 @@ def mean_spread(W: np.ndarray, sigma2: float, n_obs: int, prior_var: float | Non
     return float(np.sum(1.0 / precision))
 
 
+def site_posterior(data: Mapping[str, np.ndarray], params: Mapping[str, ViewParams]) -> tuple[MultiViewData, LatentPosterior]:
+    """The site's checked views and the latent posterior of its subjects under ``params``: one pass over the data,
+    which :func:`posterior_spread` and :func:`latent_moment` of the same parameters can share (``given``)."""
+    site = check_views(data, what="site data", dims={k: p.dim for k, p in params.items()})
+    return site, posterior(site, params)
+
+
 def posterior_spread(
     data: Mapping[str, np.ndarray],
     params: Mapping[str, ViewParams],
     prior: GlobalParams | None,
     *,
     columns: bool = False,
+    given: tuple[MultiViewData, LatentPosterior] | None = None,
 ) -> dict[str, tuple[float, float | np.ndarray]]:
     """Per view, (tr Cov(mu_k), tr Cov(W_k)) at one site (module docstring).
 
@@ -100,13 +108,14 @@ def posterior_spread(
     columns : bool
         Give tr Cov(W_k) per column, an ndarray of shape (q,) (0 beyond the effective
         columns), instead of its sum.
+    given : (MultiViewData, LatentPosterior), optional
+        :func:`site_posterior` of ``data`` and ``params``, if already computed.
 
     Returns
     -------
     dict view -> (float, float or ndarray of shape (q,))
     """
-    site = check_views(data, what="site data", dims={k: p.dim for k, p in params.items()})
-    post = posterior(site, params)
+    site, post = site_posterior(data, params) if given is None else given
     out = {}
     for j, (name, block) in enumerate(site.views.items()):
         p = params[name]
@@ -128,7 +137,12 @@ def posterior_spread(
     return out
 
 
-def latent_moment(data: Mapping[str, np.ndarray], params: Mapping[str, ViewParams]) -> tuple[float, int]:
+def latent_moment(
+    data: Mapping[str, np.ndarray],
+    params: Mapping[str, ViewParams],
+    *,
+    given: tuple[MultiViewData, LatentPosterior] | None = None,
+) -> tuple[float, int]:
     """The site's summed posterior second moment of the latents and its number of subjects.
 
     sum_n tr <x_n x_n^T> = sum_n (tr M_{O_n} + ||<x_n>||^2), each subject given its observed
@@ -139,14 +153,15 @@ def latent_moment(data: Mapping[str, np.ndarray], params: Mapping[str, ViewParam
     data : mapping view -> ndarray of shape (n, d_k)
     params : mapping view -> ViewParams
         The site's fitted theta_c.
+    given : (MultiViewData, LatentPosterior), optional
+        :func:`site_posterior` of ``data`` and ``params``, if already computed.
 
     Returns
     -------
     moment : float
     n_subjects : int
     """
-    site = check_views(data, what="site data", dims={k: p.dim for k, p in params.items()})
-    post = posterior(site, params)
+    site, post = site_posterior(data, params) if given is None else given
     sizes = np.bincount(site.pattern_of, minlength=post.covariances.shape[0])
     moment = float(np.einsum("ij,ij->", post.means, post.means) + sizes @ np.trace(post.covariances, axis1=1, axis2=2))
     return moment, int(site.n)
