@@ -9,11 +9,13 @@ without the checks and array conversions of ``scipy.linalg.cholesky`` / ``cho_so
 Threads: a fit runs on one BLAS thread (:func:`one_blas_thread`), since threads on its many small
 systems and products cost more than they gain; only the products with the data, of at least
 :data:`LARGE_PRODUCT` multiply-adds (an (N, d) x (d, q) block, the covariance), run on the caller's
-threads (:func:`threads_for`).
+threads (:func:`threads_for`), and only as many as the machine has cores idle when the fit starts:
+on a busy machine threads wait for each other at every product and a fit on them is slower than on one.
 """
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager, nullcontext
 from typing import ContextManager, Iterator
 
@@ -39,16 +41,27 @@ def _blas():
     return _controller
 
 
+def _free_cores() -> int:
+    """Cores this process can use without waiting: the cores less the 1-minute load average, which counts this
+    process itself (so one more), rounded; all cores where the system reports no load average."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return cores
+    return max(1, min(cores, int(cores - load + 1.5)))
+
+
 @contextmanager
 def one_blas_thread() -> Iterator[None]:
     """Run the block on one BLAS thread, the caller's setting restored after; :func:`threads_for` lifts the
-    limit for the large products inside it."""
+    limit for the large products inside it, to the caller's threads or the machine's free cores if fewer."""
     global _caller_threads
     controller = _blas()
     given = max((lib["num_threads"] for lib in controller.info() if lib["user_api"] == "blas"), default=1)
     outer = _caller_threads
     with controller.limit(limits=1, user_api="blas"):
-        _caller_threads = max(given, outer)
+        _caller_threads = min(given, _free_cores()) if outer == 1 else outer
         try:
             yield
         finally:
