@@ -365,8 +365,8 @@ class MVPPCAProtocol(RoundProtocol):
             self._safeguard_log(note, "site %d, round %d: %s", ctx.site, ctx.round, note)
         params = fit.params
         anchor = self._anchor(broadcast)
-        # one latent posterior at the fitted parameters serves the spread and the latent moment
-        fitted = spread.site_posterior(ctx.data, params) if self.prior_update == "em" else None
+        # the latents' second moments at the fitted parameters serve the spread and the latent moment
+        fitted = spread.latent_second_moments(ctx.data, params, fit.covariance) if self.prior_update == "em" else None
         site_spread = (
             spread.posterior_spread(ctx.data, params, prior, columns=self.column_variances, given=fitted)
             if self.prior_update == "em" else None

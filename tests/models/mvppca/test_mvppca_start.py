@@ -147,6 +147,15 @@ def test_round_one_em_on_the_covariance_is_em_on_the_data(monkeypatch, offset):
         np.testing.assert_array_equal(a.mu, b.mu)
     np.testing.assert_allclose(on_covariance.expected_ll, on_data.expected_ll, rtol=1e-11)
 
+    # the site's latent second moments at the fitted parameters (for its spread), from C as from the data
+    from fedhier.models.mvppca.spread import latent_second_moments
+
+    assert on_data.covariance is None and (on_covariance.covariance is None) == bool(offset)
+    if not offset:
+        _, from_covariance = latent_second_moments(views, on_covariance.params, on_covariance.covariance)
+        _, from_data = latent_second_moments(views, on_covariance.params)
+        np.testing.assert_allclose(from_covariance, from_data, rtol=1e-10, atol=1e-12 * np.abs(from_data).max())
+
 
 def test_pooled_fit_with_the_weak_prior_is_the_closed_form_map():
     # one site, one view, the defaults (weak IG(2.25, 0.625) prior on sigma2): with W = U_q (Lambda_q - s I)^{1/2}

@@ -26,7 +26,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from ._data import MultiViewData, check_views, row_blocks
-from ._latent import LatentPosterior, check_model, marginal_loglik_rows, posterior
+from ._latent import LatentPosterior, check_model, marginal_loglik_rows, moments_from_covariance, posterior
 from .mstep import (
     effective_columns,
     loading_step,
@@ -36,7 +36,7 @@ from .mstep import (
     sigma2_step,
 )
 from .params import GlobalParams, GlobalView, LocalParams, ViewParams
-from ._linalg import spd_inverse, threads_for
+from ._linalg import threads_for
 from .start import joint_covariance, pca_start
 
 __all__ = ["LocalFit", "fit_local", "e_step", "local_objective", "log_prior"]
@@ -63,11 +63,15 @@ class LocalFit:
         run (``n_iter``, or fewer when ``tol`` stopped the fit).
     safeguards : tuple of str
         Notes on safeguards that triggered (rejected sigma2, halved weak prior, ...).
+    covariance : ndarray of shape (d, d) or None
+        The joint covariance of the site's views (in the order of ``params``) when round 1's EM
+        ran on it (:func:`.start.joint_covariance`), for later moments at mu = t-bar; else None.
     """
 
     params: LocalParams
     expected_ll: np.ndarray
     safeguards: tuple[str, ...]
+    covariance: np.ndarray | None = None
 
 
 def _check_prior(prior: GlobalParams, data: MultiViewData, q: int) -> None:
@@ -143,47 +147,6 @@ def _second_moments(data: MultiViewData, post: LatentPosterior) -> tuple[np.ndar
         X = post.means if rows is None else post.means[rows]
         outer[p] = X.T @ X
     return outer + sum_cov, sum_cov
-
-
-def _moments_from_covariance(
-    covariance: np.ndarray, params: Mapping[str, ViewParams], n: int
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The E-step's sums for complete views with mu_k = t-bar_k, from their joint covariance: no pass over the data.
-
-    With B = [W_k / sigma2_k]_k stacked (d, q) and M = (I_q + sum_k W_k^T W_k / sigma2_k)^{-1}, the
-    posterior means are <x_n> = M B^T (t_n - t-bar), so with C = sum_n (t_n - t-bar)(t_n - t-bar)^T / N
-
-        sum_n <x_n x_n^T> = N (M + M B^T C B M),    sum_n (t_nk - t-bar_k) <x_n>^T = N [C B M]_k,
-
-    at O(d^2 q) operations instead of the data's O(N d q).
-
-    Parameters
-    ----------
-    covariance : ndarray of shape (d, d)
-        C of the views side by side, in the order of ``params`` (:func:`.start.joint_covariance`).
-    params : mapping view -> ViewParams
-    n : int
-        N, the number of subjects (all have every view).
-
-    Returns
-    -------
-    second_moment : ndarray of shape (q, q)
-        sum_n <x_n x_n^T>.
-    cross : dict view -> ndarray of shape (d_k, q)
-        sum_n (t_nk - t-bar_k) <x_n>^T.
-    """
-    B = np.vstack([np.asarray(p.W, dtype=float) / p.sigma2 for p in params.values()])
-    W = np.vstack([np.asarray(p.W, dtype=float) for p in params.values()])
-    q = B.shape[1]
-    precision = W.T @ B
-    precision.flat[:: q + 1] += 1.0
-    M, _ = spd_inverse(precision)
-    CBM = covariance @ B @ M
-    second_moment = n * (M + M @ (B.T @ CBM))
-    second_moment = 0.5 * (second_moment + second_moment.T)
-    edges = np.cumsum([0] + [np.shape(p.W)[0] for p in params.values()])
-    cross = {name: n * CBM[edges[j]:edges[j + 1]] for j, name in enumerate(params)}
-    return second_moment, cross
 
 
 def fit_local(
@@ -310,7 +273,7 @@ def fit_local(
             total_second_moment = xx_pattern.sum(axis=0)
         else:
             post = None
-            total_second_moment, cross_of = _moments_from_covariance(em_covariance, current, site.n)
+            total_second_moment, cross_of = moments_from_covariance(em_covariance, current, site.n)
         q_value = -0.5 * (site.n * q * _LOG_2PI + np.trace(total_second_moment))
         for name, block in site.views.items():
             patterns = view_patterns[name]
@@ -352,7 +315,7 @@ def fit_local(
             break
 
     params = {k: ViewParams(mu=mu[k], W=W[k], sigma2=sigma2[k]) for k in names}
-    return LocalFit(params=params, expected_ll=expected_ll, safeguards=tuple(notes))
+    return LocalFit(params=params, expected_ll=expected_ll, safeguards=tuple(notes), covariance=em_covariance)
 
 
 def e_step(data: Mapping[str, np.ndarray], params: Mapping[str, ViewParams]) -> tuple[np.ndarray, np.ndarray]:
