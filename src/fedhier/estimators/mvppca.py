@@ -378,9 +378,10 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
 
         The fit runs with one BLAS thread: its many small products and q x q systems gain nothing
         from more, and threads waiting for each other at every product slow it down on a busy
-        machine.  Only the products of the data with an (d, q) or (N, q) block of at least a
-        million multiply-adds, and the covariance of a narrow site, use the caller's threads
-        (``python benchmarks/bench_blas_threads.py``); the caller's setting is restored after.
+        machine.  Only the products of the data with a (d, q) or (N, q) block of at least a
+        million multiply-adds, and the covariance of a narrow site, use the caller's threads, as
+        many as the machine has cores free when the fit starts (``python
+        benchmarks/bench_blas_threads.py``); the caller's setting is restored after.
         """
         with one_blas_thread():
             return self._fit(X, groups, callbacks, checkpoint)
