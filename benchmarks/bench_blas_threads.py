@@ -13,8 +13,10 @@ times ``--repeats`` fits after one warm-up and prints the min and median:
   iterations (``bench_mvppca.floor_em`` on every site step the fit ran), so that fit / floor is printed for each
   thread setting.
 
-``FedMVPPCA.fit`` runs with one BLAS thread whatever the process was given (threadpoolctl), so the two columns
-should agree; before it did, the threads made the floor workload 2.4x slower on the idle machine.  "as found":
+``FedMVPPCA.fit`` runs with one BLAS thread whatever the process was given (threadpoolctl), except its products
+with the data of a million multiply-adds or more, which use the process's threads as far as the machine has cores
+free when the fit starts (``fedhier.models.mvppca._linalg``); before the fit limited its threads, they made the
+floor workload 2.4x slower on the idle machine.  "as found":
 the machine as it is; "loaded": as many pure-Python busy loops as the machine has cores run beside it (other
 work on the machine, e.g. an experiment), stopped by PID afterwards.  The ratio compares the two thread
 settings in the same condition, measured in this run.

@@ -316,6 +316,16 @@ def test_data_far_above_unit_scale_warn_where_the_cap_on_the_loadings_variance_b
         FedMVPPCA(n_components=2, n_rounds=2, random_state=0).fit(data_scale.make_sites(10.0))
 
 
+def test_the_scale_check_variance_in_one_pass_is_numpys_over_the_observed_rows():
+    from fedhier.protocol.mvppca import _variance_per_entry
+
+    rng = np.random.default_rng(3)
+    X = 1e3 + rng.normal(size=(9_000, 250)) * rng.uniform(0.5, 2.0, size=250)  # three blocks of rows, a large mean
+    rows = np.flatnonzero(rng.random(9_000) < 0.6)
+    assert _variance_per_entry(X, None) == pytest.approx(X.var(axis=0).mean(), rel=1e-12)
+    assert _variance_per_entry(X, rows) == pytest.approx(X[rows].var(axis=0).mean(), rel=1e-12)
+
+
 def test_global_loadings_come_in_the_canonical_rotation_that_pca_uses():
     """Data drawn from a two-view PPCA with known loadings (factor variances 9, 4, 1) at three sites: the
     fitted global loadings are orthogonal, ordered by variance explained, each column's largest entry

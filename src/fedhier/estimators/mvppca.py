@@ -26,6 +26,7 @@ from sklearn.utils.validation import check_is_fitted
 from ..data.schema import ViewSchema
 from ..data.validation import check_feature_names, check_sites, check_views, feature_names
 from ..models.mvppca import predictive
+from ..models.mvppca._linalg import one_blas_thread
 from ..models.mvppca.accelerate import ACCELERATIONS
 from ..models.mvppca.waic import waic_site_terms
 from ..models.mvppca.params import GlobalParams, GlobalView, point_model
@@ -375,14 +376,14 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         ``checkpoint``: a file rewritten after every round; if it exists, the fit
         resumes from it and ends exactly as an uninterrupted fit would.
 
-        The fit runs with one BLAS thread: its many small products (q x q systems, per-view
-        blocks) gain nothing from more, and threads waiting for each other at every product slow
-        it down on a busy machine (``python benchmarks/bench_blas_threads.py``); the caller's
-        setting is restored after.
+        The fit runs with one BLAS thread: its many small products and q x q systems gain nothing
+        from more, and threads waiting for each other at every product slow it down on a busy
+        machine.  Only the products of the data with a (d, q) or (N, q) block of at least a
+        million multiply-adds, and the covariance of a narrow site, use the caller's threads, as
+        many as the machine has cores free when the fit starts (``python
+        benchmarks/bench_blas_threads.py``); the caller's setting is restored after.
         """
-        from threadpoolctl import threadpool_limits
-
-        with threadpool_limits(limits=1, user_api="blas"):
+        with one_blas_thread():
             return self._fit(X, groups, callbacks, checkpoint)
 
     def _fit(self, X: Any, groups: Any, callbacks: Sequence[Callable[[RoundRecord, Any], None]],

@@ -55,10 +55,18 @@ log = logging.getLogger(__name__)
 
 
 def _variance_per_entry(values: np.ndarray, rows: np.ndarray | None) -> float:
-    """mean_{n, i} (t_ni - t-bar_i)^2 over the given rows (all if None), by blocks of rows (no copy of the view)."""
-    count = values.shape[0] if rows is None else rows.size
-    mean = sum(block.sum(axis=0) for block in row_blocks(values, rows)) / count
-    scatter = sum(float(np.einsum("ij,ij->", block - mean, block - mean)) for block in row_blocks(values, rows))
+    """mean_{n, i} (t_ni - t-bar_i)^2 over the given rows (all if None), in one pass by blocks of rows (no copy of
+    the view): each block's own mean m_b and scatter S_b, merged exactly as
+    S <- S + S_b + ||m_b - m||^2 n n_b / (n + n_b),  m <- m + (m_b - m) n_b / (n + n_b)."""
+    count, mean, scatter = 0, 0.0, 0.0
+    for block in row_blocks(values, rows):
+        size = block.shape[0]
+        block_mean = block.mean(axis=0)
+        centred = block - block_mean
+        shift = block_mean - mean
+        scatter += float(np.einsum("ij,ij->", centred, centred)) + float(shift @ shift) * count * size / (count + size)
+        mean = mean + shift * (size / (count + size))
+        count += size
     return scatter / (count * values.shape[1])
 
 
@@ -357,8 +365,11 @@ class MVPPCAProtocol(RoundProtocol):
             self._safeguard_log(note, "site %d, round %d: %s", ctx.site, ctx.round, note)
         params = fit.params
         anchor = self._anchor(broadcast)
+        # the latents' second moments at the fitted parameters serve the spread and the latent moment
+        fitted = spread.latent_second_moments(ctx.data, params, fit.covariance) if self.prior_update == "em" else None
         site_spread = (
-            spread.posterior_spread(ctx.data, params, prior, columns=self.column_variances) if self.prior_update == "em" else None
+            spread.posterior_spread(ctx.data, params, prior, columns=self.column_variances, given=fitted)
+            if self.prior_update == "em" else None
         )
         if self.privacy is not None:
             from ..models.mvppca import dp
@@ -379,7 +390,7 @@ class MVPPCAProtocol(RoundProtocol):
         stats = master.site_statistics(params, anchor, site_spread)
         reply: Message = {}
         if self.latent_scale:
-            moment, n_subjects = spread.latent_moment(ctx.data, params)
+            moment, n_subjects = spread.latent_moment(ctx.data, params, given=fitted)
             reply["latent_moment"] = np.asarray(moment)
             reply["latent_count"] = np.asarray(float(n_subjects))
         if self.privacy is None:
@@ -494,13 +505,16 @@ class MVPPCAProtocol(RoundProtocol):
         a norm, so it holds the sites' loadings the tighter the larger the data's scale.
         """
         X = np.asarray(values, dtype=float)
-        if X.ndim != 2 or X.shape[1] == 0:
+        if X.ndim != 2 or X.shape[1] == 0 or X.shape[0] == 0:
             return  # the shape is refused, with its own message, when the site's views are read
-        finite = np.isfinite(X.sum(axis=1))
-        if not finite.any() or not np.isnan(X[~finite]).all():
-            return  # no observed row, or inf / partially missing rows: refused when the views are read
-        rows = None if finite.all() else np.flatnonzero(finite)
-        variance = _variance_per_entry(X, rows)
+        with np.errstate(invalid="ignore", over="ignore"):  # a finite variance: every entry is finite
+            variance, rows = _variance_per_entry(X, None), None
+        if not np.isfinite(variance):
+            finite = np.isfinite(X.sum(axis=1))
+            if not finite.any() or not np.isnan(X[~finite]).all():
+                return  # no observed row, or inf / partially missing rows: refused when the views are read
+            rows = np.flatnonzero(finite)
+            variance = _variance_per_entry(X, rows)
         size = X.shape[1] * (X.shape[0] if rows is None else rows.size)
         if variance > LARGE_VARIANCE:
             warnings.warn(DataScaleWarning(

@@ -40,3 +40,33 @@ def test_not_positive_definite_raises():
         spd_inverse(indefinite)
     with pytest.raises(np.linalg.LinAlgError, match="not positive definite"):
         spd_solve(indefinite, np.ones(3))
+
+
+def test_a_fit_runs_on_one_blas_thread_and_only_large_products_on_the_callers_threads(monkeypatch):
+    import os
+
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from fedhier.models.mvppca._linalg import LARGE_PRODUCT, one_blas_thread, threads_for
+
+    def blas_threads():
+        return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.0, 1.0, 1.0))  # this process alone on two cores
+    with threadpool_limits(limits=2, user_api="blas"):
+        if blas_threads() != {2}:
+            pytest.skip("the BLAS libraries here cannot run two threads")
+        with one_blas_thread():
+            assert blas_threads() == {1}
+            with threads_for(LARGE_PRODUCT):
+                assert blas_threads() == {2}
+            with threads_for(LARGE_PRODUCT - 1):
+                assert blas_threads() == {1}
+            assert blas_threads() == {1}
+        assert blas_threads() == {2}  # the caller's setting, restored
+        monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 3.0, 3.0))  # another process busy on each core
+        with one_blas_thread(), threads_for(10 * LARGE_PRODUCT):
+            assert blas_threads() == {1}
+    with threadpool_limits(limits=1, user_api="blas"), one_blas_thread(), threads_for(10 * LARGE_PRODUCT):
+        assert blas_threads() == {1}  # a caller on one thread stays on one

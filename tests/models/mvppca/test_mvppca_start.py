@@ -118,3 +118,60 @@ def test_pca_start_of_complete_views_is_the_joint_closed_form():
     for k, v in views.items():
         expected = np.trace(np.cov(v.T, bias=True)) / v.shape[1] - np.vdot(W[k], W[k]) / v.shape[1]
         assert s2[k] == pytest.approx(expected, rel=1e-10)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e5])
+def test_round_one_em_on_the_covariance_is_em_on_the_data(monkeypatch, offset):
+    # two complete narrow views: the start forms their joint covariance C; round 1's EM then takes its
+    # moments from C (no pass over the data), unless the means dwarf the spread (offset 1e5), where C has
+    # lost digits to rounding and the EM passes over the data as before
+    from fedhier.models.mvppca import local
+
+    n, q = 2_000, 4
+    X = _ppca_data(n, 30, q, seed=7) + offset
+    views = {"a": X[:, :18], "b": X[:, 18:]}
+    passes = []
+    counted = local.posterior
+    monkeypatch.setattr(local, "posterior", lambda *args: passes.append(1) or counted(*args))
+    on_covariance = fit_local(views, q, n_iter=6, rng=0)
+    assert len(passes) == (6 if offset else 0)
+
+    # the reference: the same fit with every E-step from the data (the start still forms C itself)
+    monkeypatch.setattr(local, "joint_covariance", lambda *args: None)
+    on_data = fit_local(views, q, n_iter=6, rng=0)
+    assert len(passes) == (12 if offset else 6)
+    for k in views:
+        a, b = on_covariance.params[k], on_data.params[k]
+        np.testing.assert_allclose(a.W, b.W, rtol=1e-9, atol=1e-9 * np.abs(b.W).max())
+        assert a.sigma2 == pytest.approx(b.sigma2, rel=1e-10)
+        np.testing.assert_array_equal(a.mu, b.mu)
+    np.testing.assert_allclose(on_covariance.expected_ll, on_data.expected_ll, rtol=1e-11)
+
+    # the site's latent second moments at the fitted parameters (for its spread), from C as from the data
+    from fedhier.models.mvppca.spread import latent_second_moments
+
+    assert on_data.covariance is None and (on_covariance.covariance is None) == bool(offset)
+    if not offset:
+        _, from_covariance = latent_second_moments(views, on_covariance.params, on_covariance.covariance)
+        _, from_data = latent_second_moments(views, on_covariance.params)
+        np.testing.assert_allclose(from_covariance, from_data, rtol=1e-10, atol=1e-12 * np.abs(from_data).max())
+
+
+def test_pooled_fit_with_the_weak_prior_is_the_closed_form_map():
+    # one site, one view, the defaults (weak IG(2.25, 0.625) prior on sigma2): with W = U_q (Lambda_q - s I)^{1/2}
+    # for any s, the log posterior in s alone is maximised at s = (N sum_{i>q} lambda_i + 2 beta) / (N (d - q) + 2 (alpha + 1))
+    from scipy.stats import multivariate_normal
+
+    n, d, q = 3_000, 60, 5
+    X = _ppca_data(n, d, q, seed=11)
+    alpha, beta = 2.25, 0.625
+    lam, U = np.linalg.eigh(np.cov(X.T, bias=True))
+    lam, U = lam[::-1], U[:, ::-1]
+    s2 = (n * lam[q:].sum() + 2 * beta) / (n * (d - q) + 2 * (alpha + 1))
+    W = U[:, :q] * np.sqrt(lam[:q] - s2)
+    test = _ppca_data(500, d, q, seed=11)  # the same model (seed), other subjects
+    expected = multivariate_normal(X.mean(axis=0), W @ W.T + s2 * np.eye(d)).logpdf(test).mean()
+
+    model = FedMVPPCA(n_components=q, n_rounds=1, random_state=0).fit(X)
+    assert model.global_params_["X"]["noise_var"] == pytest.approx(s2, rel=1e-6)
+    assert model.score(test) == pytest.approx(expected, rel=1e-6)

@@ -22,10 +22,10 @@ from typing import Mapping
 
 import numpy as np
 from ._data import MultiViewData, squared_distances
-from ._linalg import spd_inverse
+from ._linalg import spd_inverse, threads_for
 from .params import ViewParams
 
-__all__ = ["LatentPosterior", "posterior", "marginal_loglik_rows", "check_model"]
+__all__ = ["LatentPosterior", "posterior", "marginal_loglik_rows", "check_model", "moments_from_covariance"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 
@@ -91,7 +91,8 @@ def posterior(data: MultiViewData, model: Mapping[str, ViewParams]) -> LatentPos
         p = model[name]
         W = np.asarray(p.W, dtype=float)
         scaled = W / p.sigma2
-        proj = block.values @ scaled
+        with threads_for(block.values.size * q):
+            proj = block.values @ scaled
         proj -= np.asarray(p.mu, dtype=float) @ scaled
         if block.rows is None:
             b += proj
@@ -136,3 +137,44 @@ def marginal_loglik_rows(data: MultiViewData, model: Mapping[str, ViewParams], p
     twice_neg += post.logdets[data.pattern_of]
     twice_neg -= np.einsum("ij,ij->i", post.b, post.means)
     return -0.5 * twice_neg
+
+
+def moments_from_covariance(
+    covariance: np.ndarray, params: Mapping[str, ViewParams], n: int
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The E-step's sums for complete views with mu_k = t-bar_k, from their joint covariance: no pass over the data.
+
+    With B = [W_k / sigma2_k]_k stacked (d, q) and M = (I_q + sum_k W_k^T W_k / sigma2_k)^{-1}, the
+    posterior means are <x_n> = M B^T (t_n - t-bar), so with C = sum_n (t_n - t-bar)(t_n - t-bar)^T / N
+
+        sum_n <x_n x_n^T> = N (M + M B^T C B M),    sum_n (t_nk - t-bar_k) <x_n>^T = N [C B M]_k,
+
+    at O(d^2 q) operations instead of the data's O(N d q).
+
+    Parameters
+    ----------
+    covariance : ndarray of shape (d, d)
+        C of the views side by side, in the order of ``params`` (:func:`fedhier.models.mvppca.start.joint_covariance`).
+    params : mapping view -> ViewParams
+    n : int
+        N, the number of subjects (all have every view).
+
+    Returns
+    -------
+    second_moment : ndarray of shape (q, q)
+        sum_n <x_n x_n^T>.
+    cross : dict view -> ndarray of shape (d_k, q)
+        sum_n (t_nk - t-bar_k) <x_n>^T.
+    """
+    B = np.vstack([np.asarray(p.W, dtype=float) / p.sigma2 for p in params.values()])
+    W = np.vstack([np.asarray(p.W, dtype=float) for p in params.values()])
+    q = B.shape[1]
+    precision = W.T @ B
+    precision.flat[:: q + 1] += 1.0
+    M, _ = spd_inverse(precision)
+    CBM = covariance @ B @ M
+    second_moment = n * (M + M @ (B.T @ CBM))
+    second_moment = 0.5 * (second_moment + second_moment.T)
+    edges = np.cumsum([0] + [np.shape(p.W)[0] for p in params.values()])
+    cross = {name: n * CBM[edges[j]:edges[j + 1]] for j, name in enumerate(params)}
+    return second_moment, cross

@@ -26,7 +26,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from ._data import MultiViewData, check_views, row_blocks
-from ._latent import LatentPosterior, check_model, marginal_loglik_rows, posterior
+from ._latent import LatentPosterior, check_model, marginal_loglik_rows, moments_from_covariance, posterior
 from .mstep import (
     effective_columns,
     loading_step,
@@ -36,13 +36,17 @@ from .mstep import (
     sigma2_step,
 )
 from .params import GlobalParams, GlobalView, LocalParams, ViewParams
-from .start import pca_start
+from ._linalg import threads_for
+from .start import joint_covariance, pca_start
 
 __all__ = ["LocalFit", "fit_local", "e_step", "local_objective", "log_prior"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 #: below this fraction of sum ||t - mu||^2, S_k is recomputed with the second form (cancellation)
 _CANCELLATION_RATIO = 1e-6
+#: the largest N ||t-bar||^2 / sum ||t - t-bar||^2 of a view at which its covariance, formed as
+#: (T^T T - N t-bar t-bar^T) / N, gives its scatter and round 1's EM: rounding then costs at most ~1e-12 relative
+_MEAN_TO_SPREAD = 1e4
 
 
 @dataclass(frozen=True)
@@ -59,11 +63,15 @@ class LocalFit:
         run (``n_iter``, or fewer when ``tol`` stopped the fit).
     safeguards : tuple of str
         Notes on safeguards that triggered (rejected sigma2, halved weak prior, ...).
+    covariance : ndarray of shape (d, d) or None
+        The joint covariance of the site's views (in the order of ``params``) when round 1's EM
+        ran on it (:func:`.start.joint_covariance`), for later moments at mu = t-bar; else None.
     """
 
     params: LocalParams
     expected_ll: np.ndarray
     safeguards: tuple[str, ...]
+    covariance: np.ndarray | None = None
 
 
 def _check_prior(prior: GlobalParams, data: MultiViewData, q: int) -> None:
@@ -92,6 +100,22 @@ def _scatter_about(values: np.ndarray, centre: np.ndarray) -> float:
         diff = block - centre
         total += float(np.einsum("ij,ij->", diff, diff))
     return total
+
+
+def _covariance_is_accurate(n: int, mean: np.ndarray, scatter: float) -> bool:
+    """True while N ||t-bar||^2 <= 1e4 sum_n ||t_n - t-bar||^2: the covariance (T^T T - N t-bar t-bar^T) / N then
+    loses at most about 1e-12 of its scale to the digits the mean takes from T^T T."""
+    return n * float(mean @ mean) <= _MEAN_TO_SPREAD * scatter
+
+
+def _view_scatter(values: np.ndarray, centre: np.ndarray, covariance: np.ndarray | None) -> float:
+    """sum_n ||t_n - t-bar||^2 of a view's (N, d) rows: N tr C from its covariance block C (d, d) when given and
+    accurate (:func:`_covariance_is_accurate`), else a pass over the data (:func:`_scatter_about`)."""
+    if covariance is not None:
+        scatter = values.shape[0] * float(np.trace(covariance))
+        if _covariance_is_accurate(values.shape[0], centre, scatter):
+            return scatter
+    return _scatter_about(values, centre)
 
 
 def _relative_change(before: dict, mu: dict, W: dict, sigma2: dict) -> float:
@@ -196,7 +220,14 @@ def fit_local(
     mu, W, sigma2 = {}, {}, {}  # mu: t-bar without a prior, else first set by step (1)
     for name, block in site.views.items():
         sample_mean[name] = block.values.mean(axis=0)
-        scatter[name] = _scatter_about(block.values, sample_mean[name])
+    covariance = None  # the views' joint covariance, when the start forms it
+    if prior is None and init == "pca":
+        covariance = joint_covariance(site, sample_mean, q)
+    offset = 0
+    for name, block in site.views.items():
+        diagonal = None if covariance is None else covariance[offset:offset + block.dim, offset:offset + block.dim]
+        offset += block.dim
+        scatter[name] = _view_scatter(block.values, sample_mean[name], diagonal)
         n_cols[name] = effective_columns(block.dim, q)
         if prior is not None:
             g = prior[name]
@@ -206,7 +237,11 @@ def fit_local(
             W[name] = rng.uniform(-2.0, 2.0, size=(block.dim, q))
             sigma2[name] = float(rng.uniform(0.1, 0.5))
     if prior is None and init == "pca":
-        W, sigma2 = pca_start(site, sample_mean, scatter, q, rng)
+        W, sigma2 = pca_start(site, sample_mean, scatter, q, rng, covariance=covariance)
+    # round 1's EM runs on the covariance, when formed and accurate, instead of passing over the data
+    em_covariance = covariance if covariance is not None and all(
+        _covariance_is_accurate(block.n_obs, sample_mean[name], scatter[name]) for name, block in site.views.items()
+    ) else None
     for name in site.views:
         W[name][:, n_cols[name]:] = 0.0
 
@@ -230,16 +265,26 @@ def fit_local(
             for name, block in site.views.items():
                 mu[name] = mean_step(sample_mean[name], block.n_obs, W[name], sigma2[name], prior_mu[name],
                                      prior[name].sigma2_mu)
-        # (2) E-step with mu[s+1], W[s], sigma2[s]
-        post = posterior(site, {k: ViewParams(mu[k], W[k], sigma2[k]) for k in names})
-        xx_pattern, cov_pattern = _second_moments(site, post)
-        q_value = -0.5 * (site.n * q * _LOG_2PI + np.trace(xx_pattern.sum(axis=0)))
+        # (2) E-step with mu[s+1], W[s], sigma2[s]: from the data, or from their covariance
+        current = {k: ViewParams(mu[k], W[k], sigma2[k]) for k in names}
+        if em_covariance is None:
+            post = posterior(site, current)
+            xx_pattern, cov_pattern = _second_moments(site, post)
+            total_second_moment = xx_pattern.sum(axis=0)
+        else:
+            post = None
+            total_second_moment, cross_of = moments_from_covariance(em_covariance, current, site.n)
+        q_value = -0.5 * (site.n * q * _LOG_2PI + np.trace(total_second_moment))
         for name, block in site.views.items():
             patterns = view_patterns[name]
-            xx = xx_pattern[patterns[0]] if patterns.size == 1 else xx_pattern[patterns].sum(axis=0)
-            X = post.means if block.rows is None else post.means[block.rows]
-            cross = block.values.T @ X
-            cross -= mu[name][:, None] * X.sum(axis=0)
+            if em_covariance is None:
+                xx = xx_pattern[patterns[0]] if patterns.size == 1 else xx_pattern[patterns].sum(axis=0)
+                X = post.means if block.rows is None else post.means[block.rows]
+                with threads_for(block.values.size * q):
+                    cross = block.values.T @ X
+                cross -= mu[name][:, None] * X.sum(axis=0)
+            else:
+                xx, cross = total_second_moment, cross_of[name]
             # (3) W with the current sigma2[s]
             g = None if prior is None else prior[name]
             if g is None:
@@ -250,6 +295,10 @@ def fit_local(
             S = scatter_first_form(scatter[name], block.n_obs, sample_mean[name], mu[name], W[name], cross, xx)
             shift = sample_mean[name] - mu[name]
             if S <= _CANCELLATION_RATIO * (scatter[name] + block.n_obs * (shift @ shift)):
+                if post is None:  # the second form needs the posterior means from the data
+                    post = posterior(site, current)
+                    cov_pattern = _second_moments(site, post)[1]
+                X = post.means if block.rows is None else post.means[block.rows]
                 S = scatter_second_form(block.values, mu[name], W[name], X, cov_pattern[patterns].sum(axis=0))
             new, view_notes = sigma2_step(
                 S, n_dof[name], old=sigma2[name], view=name,
@@ -266,7 +315,7 @@ def fit_local(
             break
 
     params = {k: ViewParams(mu=mu[k], W=W[k], sigma2=sigma2[k]) for k in names}
-    return LocalFit(params=params, expected_ll=expected_ll, safeguards=tuple(notes))
+    return LocalFit(params=params, expected_ll=expected_ll, safeguards=tuple(notes), covariance=em_covariance)
 
 
 def e_step(data: Mapping[str, np.ndarray], params: Mapping[str, ViewParams]) -> tuple[np.ndarray, np.ndarray]:

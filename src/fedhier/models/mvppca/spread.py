@@ -39,12 +39,12 @@ from typing import Mapping
 
 import numpy as np
 
-from ._data import check_views
-from ._latent import posterior
+from ._data import MultiViewData, check_views
+from ._latent import moments_from_covariance, posterior
 from .mstep import effective_columns
 from .params import GlobalParams, ViewParams
 
-__all__ = ["posterior_spread", "mean_spread", "loading_spread", "latent_moment"]
+__all__ = ["posterior_spread", "mean_spread", "loading_spread", "latent_moment", "latent_second_moments"]
 
 
 def loading_spread(second_moment: np.ndarray, sigma2: float, dim: int, ridge: float | np.ndarray) -> np.ndarray:
@@ -80,12 +80,42 @@ def mean_spread(W: np.ndarray, sigma2: float, n_obs: int, prior_var: float | Non
     return float(np.sum(1.0 / precision))
 
 
+def latent_second_moments(
+    data: Mapping[str, np.ndarray],
+    params: Mapping[str, ViewParams],
+    covariance: np.ndarray | None = None,
+) -> tuple[MultiViewData, np.ndarray]:
+    """The site's checked views and, per observed-view pattern p, sum_{n in p} <x_n x_n^T> under ``params``.
+
+    One pass over the data (the latent posterior), which :func:`posterior_spread` and
+    :func:`latent_moment` of the same parameters can share (``given``); none when ``covariance``,
+    the joint covariance of complete views with every mu_k = t-bar_k, is given
+    (:attr:`.local.LocalFit.covariance`, :func:`._latent.moments_from_covariance`).
+
+    Returns
+    -------
+    site : MultiViewData
+    second_moments : ndarray of shape (P, q, q)
+    """
+    site = check_views(data, what="site data", dims={k: p.dim for k, p in params.items()})
+    if covariance is not None:
+        return site, moments_from_covariance(covariance, params, site.n)[0][None]
+    post = posterior(site, params)
+    second = np.empty_like(post.covariances)
+    for pattern in range(second.shape[0]):
+        rows = site.pattern_rows[pattern]
+        X = post.means if rows is None else post.means[rows]
+        second[pattern] = X.T @ X + X.shape[0] * post.covariances[pattern]
+    return site, second
+
+
 def posterior_spread(
     data: Mapping[str, np.ndarray],
     params: Mapping[str, ViewParams],
     prior: GlobalParams | None,
     *,
     columns: bool = False,
+    given: tuple[MultiViewData, np.ndarray] | None = None,
 ) -> dict[str, tuple[float, float | np.ndarray]]:
     """Per view, (tr Cov(mu_k), tr Cov(W_k)) at one site (module docstring).
 
@@ -100,23 +130,20 @@ def posterior_spread(
     columns : bool
         Give tr Cov(W_k) per column, an ndarray of shape (q,) (0 beyond the effective
         columns), instead of its sum.
+    given : (MultiViewData, ndarray of shape (P, q, q)), optional
+        :func:`latent_second_moments` of ``data`` and ``params``, if already computed.
 
     Returns
     -------
     dict view -> (float, float or ndarray of shape (q,))
     """
-    site = check_views(data, what="site data", dims={k: p.dim for k, p in params.items()})
-    post = posterior(site, params)
+    site, second_moments = latent_second_moments(data, params) if given is None else given
     out = {}
     for j, (name, block) in enumerate(site.views.items()):
         p = params[name]
         W = np.asarray(p.W, dtype=float)
         q_k = effective_columns(block.dim, W.shape[1])
-        second = np.zeros((W.shape[1], W.shape[1]))
-        for pattern in np.flatnonzero(site.patterns[:, j]):
-            rows = site.pattern_rows[pattern]
-            X = post.means if rows is None else post.means[rows]
-            second += X.T @ X + X.shape[0] * post.covariances[pattern]
+        second = second_moments[np.flatnonzero(site.patterns[:, j])].sum(axis=0)
         g = None if prior is None else prior[name]
         ridge = 0.0 if g is None else p.sigma2 / np.asarray(g.sigma2_W_columns, dtype=float)[:q_k]
         per_column = np.zeros(W.shape[1])
@@ -128,7 +155,12 @@ def posterior_spread(
     return out
 
 
-def latent_moment(data: Mapping[str, np.ndarray], params: Mapping[str, ViewParams]) -> tuple[float, int]:
+def latent_moment(
+    data: Mapping[str, np.ndarray],
+    params: Mapping[str, ViewParams],
+    *,
+    given: tuple[MultiViewData, np.ndarray] | None = None,
+) -> tuple[float, int]:
     """The site's summed posterior second moment of the latents and its number of subjects.
 
     sum_n tr <x_n x_n^T> = sum_n (tr M_{O_n} + ||<x_n>||^2), each subject given its observed
@@ -139,14 +171,13 @@ def latent_moment(data: Mapping[str, np.ndarray], params: Mapping[str, ViewParam
     data : mapping view -> ndarray of shape (n, d_k)
     params : mapping view -> ViewParams
         The site's fitted theta_c.
+    given : (MultiViewData, ndarray of shape (P, q, q)), optional
+        :func:`latent_second_moments` of ``data`` and ``params``, if already computed.
 
     Returns
     -------
     moment : float
     n_subjects : int
     """
-    site = check_views(data, what="site data", dims={k: p.dim for k, p in params.items()})
-    post = posterior(site, params)
-    sizes = np.bincount(site.pattern_of, minlength=post.covariances.shape[0])
-    moment = float(np.einsum("ij,ij->", post.means, post.means) + sizes @ np.trace(post.covariances, axis1=1, axis2=2))
-    return moment, int(site.n)
+    site, second_moments = latent_second_moments(data, params) if given is None else given
+    return float(np.trace(second_moments.sum(axis=0))), int(site.n)

@@ -20,9 +20,10 @@ i.e. a copy of the data.)
 
 When every subject has every view and the site is narrow enough (:func:`_covariance_is_cheaper`),
 the start instead forms C = T_c^T T_c / N block by block (T_k^T T_l - N t-bar_k t-bar_l^T, one
-pass over the data) and takes its q leading eigenpairs exactly: N d^2 + O(d^3) operations
-against the 2 (2 n_power_iter + 3) N d (q + p) of the subspace iteration.  For one view this is
-the exact ML solution, so EM starts at its fixed point and stops at once.
+pass over the data; :func:`joint_covariance`) and takes its q leading eigenpairs exactly:
+N d^2 + O(d^3) operations against the 2 (2 n_power_iter + 3) N d (q + p) of the subspace
+iteration.  For one view this is the exact ML solution, so EM starts at its fixed point; the
+site's round-1 EM then runs on C as well (:func:`fedhier.models.mvppca.local.fit_local`).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ import numpy as np
 from scipy.linalg import eigh, qr, svd
 
 from ._data import MultiViewData
+from ._linalg import threads_for
 
-__all__ = ["pca_start"]
+__all__ = ["pca_start", "joint_covariance"]
 
 #: extra columns of the random test block (Halko et al.'s oversampling p)
 N_OVERSAMPLES = 10
@@ -45,15 +47,28 @@ def _covariance_is_cheaper(n: int, d: int, k: int) -> bool:
     return n * d * d + 10 * d**3 < 2 * (2 * N_POWER_ITER + 3) * n * d * k
 
 
-def _leading_eigenpairs(data: MultiViewData, sample_mean: dict[str, np.ndarray], q: int) -> tuple[np.ndarray, np.ndarray]:
-    """The q largest eigenvalues (descending) and eigenvectors (d, q) of C = T_c^T T_c / N, all views complete."""
+def joint_covariance(data: MultiViewData, sample_mean: dict[str, np.ndarray], n_components: int) -> np.ndarray | None:
+    """C = T_c^T T_c / N (d, d) of the views side by side, d = sum_k d_k, or None when the start should not form it.
+
+    C is formed when every subject has every view, q < d and N d^2 + 10 d^3 undercuts the subspace
+    iteration (:func:`_covariance_is_cheaper`); block (k, l) is (T_k^T T_l - N t-bar_k t-bar_l^T) / N.
+    """
     names = list(data.views)
+    d = sum(data.views[k].dim for k in names)
+    complete = all(data.views[k].rows is None for k in names)
+    if not (complete and n_components < d and _covariance_is_cheaper(data.n, d, min(n_components + N_OVERSAMPLES, d, data.n))):
+        return None
     blocks = [data.views[k].values for k in names]
     means = [sample_mean[k] for k in names]
-    C = np.block([[(A.T @ B - data.n * np.outer(a, b)) / data.n for B, b in zip(blocks, means)]
-                  for A, a in zip(blocks, means)])
-    d = C.shape[0]
-    lam, U = eigh(C, subset_by_index=[d - q, d - 1], overwrite_a=True, check_finite=False)
+    with threads_for(data.n * d * d):
+        return np.block([[(A.T @ B - data.n * np.outer(a, b)) / data.n for B, b in zip(blocks, means)]
+                         for A, a in zip(blocks, means)])
+
+
+def _leading_eigenpairs(covariance: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray]:
+    """The q largest eigenvalues (descending) and eigenvectors (d, q) of the covariance (d, d)."""
+    d = covariance.shape[0]
+    lam, U = eigh(covariance, subset_by_index=[d - q, d - 1], check_finite=False)
     return lam[::-1], U[:, ::-1]
 
 
@@ -67,6 +82,7 @@ def pca_start(
     scatter: dict[str, float],
     n_components: int,
     rng: np.random.Generator,
+    covariance: np.ndarray | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """W_k (d_k, q) and sigma2_k of every view from the leading eigenpairs of the site's covariance.
 
@@ -82,6 +98,9 @@ def pca_start(
         q.
     rng : numpy.random.Generator
         Draws the random test block (the site's own generator).
+    covariance : ndarray (d, d), optional
+        :func:`joint_covariance` of the site, if the caller has formed it; otherwise the start
+        forms it when that pays.
 
     Returns
     -------
@@ -99,7 +118,8 @@ def pca_start(
         out = np.zeros((n, V.shape[1]))
         for j, name in enumerate(names):
             block, Vj = data.views[name], V[edges[j]:edges[j + 1]]
-            part = block.values @ Vj
+            with threads_for(block.values.size * Vj.shape[1]):
+                part = block.values @ Vj
             part -= sample_mean[name] @ Vj
             if block.rows is None:
                 out += part
@@ -113,14 +133,16 @@ def pca_start(
         for j, name in enumerate(names):
             block = data.views[name]
             Yj = Y if block.rows is None else Y[block.rows]
-            part = block.values.T @ Yj
+            with threads_for(block.values.size * Yj.shape[1]):
+                part = block.values.T @ Yj
             part -= np.outer(sample_mean[name], Yj.sum(axis=0))
             out[edges[j]:edges[j + 1]] = part
         return out
 
-    complete = all(data.views[name].rows is None for name in names)
-    if complete and q < d_total and _covariance_is_cheaper(n, d_total, k):
-        lam, U = _leading_eigenpairs(data, sample_mean, q)
+    if covariance is None:
+        covariance = joint_covariance(data, sample_mean, q)
+    if covariance is not None:
+        lam, U = _leading_eigenpairs(covariance, q)
     else:
         Q = _orthonormal(times(rng.standard_normal((d_total, k))))
         for _ in range(N_POWER_ITER):
