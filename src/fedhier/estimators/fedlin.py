@@ -35,7 +35,7 @@ from ..models.fedlin.lasso import BayesianLasso
 from ..models.fedlin.natural import to_moments
 from ..models.fedlin.stats import SiteStats, check_site, check_sites
 from ..models.fedlin.tilted import METHODS as TILTED_METHODS
-from ..models.fedlin.tilted import TiltedFailure, device_posterior, tilted_moments
+from ..models.fedlin.tilted import NEAR_GAUSSIAN, TiltedFailure, device_posterior, reweight, tilted_moments
 from ..protocol.fedlin import EPProtocol, HM1Protocol, laplace_start, sample_fraction, settle_site_factor
 from ..runtime.observers import unobserved
 from ..runtime.simulate import simulate, site_rng
@@ -792,24 +792,42 @@ class FedHM2Regressor(_SiteRegressor):
         return model
 
     def _posterior_draws(self, stats: SiteStats, cav, rng, state=None, where: str = "site") -> np.ndarray:
-        options = self._tilted_options()
-        del options["n_pilot"]  # the device posterior is a mixture over the points: all n_draws of them
-        if not self.model_.closed_form and state is not None and "chain_phi" in state:
-            options["init"] = {"phi": state["chain_phi"], "theta": state["chain_theta"]}
-        elif self.model_.closed_form and state is not None:
-            options["start"] = laplace_start(state)  # where the site's last search in the rounds ended
-        try:
-            tilted = tilted_moments(self.model_, stats, cav[0], cav[1], rng, **options)
-        except TiltedFailure as exc:
-            warnings.warn(f"{where}: {exc}; retrying with ten times the draws and no ESS threshold", FedLinWarning, stacklevel=3)
-            options.update(n_draws=10 * int(self.n_draws), min_ess=0.0)
-            tilted = tilted_moments(self.model_, stats, cav[0], cav[1], rng, **options)
+        """A site's posterior draws of its coefficients under its cavity ``cav`` (spec §4.1), computed on the site.
+
+        The site's last importance draws of the EP rounds (``state``) are reweighted for the cavity when their
+        weights stay nearly equal (ESS at least :data:`~fedhier.models.fedlin.tilted.NEAR_GAUSSIAN` of their
+        count, the rule by which a round keeps its pilot draws); otherwise the tilted moments are computed
+        afresh with all ``n_draws``."""
+        tilted = None
+        if self.model_.closed_form and state is not None and "tilted_points" in state:
+            points = state["tilted_points"]
+            try:
+                tilted = reweight(self.model_, points, state["tilted_log_ratio"], cav[0], cav[1],
+                                  min_ess=NEAR_GAUSSIAN * points.shape[0])
+            except TiltedFailure:
+                tilted = None
+        if tilted is None:
+            tilted = self._fresh_tilted(stats, cav, rng, state, where)
         post = device_posterior(self.model_, stats, tilted, rng, n_draws=int(self.n_posterior_draws))
         draws = post.draws
         n = int(self.n_posterior_draws)
         if draws.shape[0] != n:  # MCMC draws: resample to the common count
             draws = draws[rng.choice(draws.shape[0], size=n, replace=draws.shape[0] < n)]
         return draws
+
+    def _fresh_tilted(self, stats: SiteStats, cav, rng, state, where: str):
+        options = self._tilted_options()
+        del options["n_pilot"]  # all n_draws: the device posterior is a mixture over the points
+        if not self.model_.closed_form and state is not None and "chain_phi" in state:
+            options["init"] = {"phi": state["chain_phi"], "theta": state["chain_theta"]}
+        elif self.model_.closed_form and state is not None:
+            options["start"] = laplace_start(state)  # where the site's last search in the rounds ended
+        try:
+            return tilted_moments(self.model_, stats, cav[0], cav[1], rng, **options)
+        except TiltedFailure as exc:
+            warnings.warn(f"{where}: {exc}; retrying with ten times the draws and no ESS threshold", FedLinWarning, stacklevel=4)
+            options.update(n_draws=10 * int(self.n_draws), min_ess=0.0)
+            return tilted_moments(self.model_, stats, cav[0], cav[1], rng, **options)
 
     def _set_draws(self, std_draws: np.ndarray) -> None:
         """Store draws (K, n_posterior_draws, design columns) in your units: :math:`\\theta_j=s_y\\theta^{\\rm std}_j/s_j`,

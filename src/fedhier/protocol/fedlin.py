@@ -245,7 +245,8 @@ class EPProtocol(RoundProtocol):
     ``n_unconverged`` (sites whose MCMC split-:math:`\\hat R` exceeded ``rhat_max``).
     Site state: its factor ``r_k``, ``Q_k``, the pending delta and the round it was sent in (and where
     its last Laplace search ended, with the derivatives of its log likelihood there: the next search
-    starts from them); a site
+    starts from them; and its last importance draws with their log weights without the cavity's term,
+    which its posterior after the fit reweights); a site
     applies :math:`\\delta` to it when it next takes part (or in :func:`settle_site_factor`), so
     that :math:`Q=Q_0+\\sum_kQ_k` on both sides. Sites start flat (spec §9 #13).
 
@@ -316,11 +317,16 @@ class EPProtocol(RoundProtocol):
             options["init"] = init
         else:  # the Laplace search starts where the site's previous one ended
             options["start"] = laplace_start(state)
+            if options["start"] is None:  # the first step, under the prior: rarely near a Gaussian, no pilot
+                options.pop("n_pilot", None)
         upd = site_update(self.model, ctx.data, broadcast["r"], broadcast["Q"], r_k, Q_k, ctx.rng, **options)
         ok = upd.tilted is not None
         state.update(r_k=r_k, Q_k=Q_k, pending_dr=upd.dr, pending_dQ=upd.dQ, pending_round=np.array(ctx.round if ok else 0, dtype=np.int64))
         if ok and "laplace" in upd.tilted.diagnostics:
             state.update({f"laplace_{k}": np.asarray(upd.tilted.diagnostics["laplace"][k], dtype=float) for k in _LAPLACE_KEYS})
+        if ok and "log_ratio" in upd.tilted.diagnostics:  # the importance draws, reweighted for the site's posterior
+            state.update(tilted_points=np.column_stack([upd.tilted.phi, upd.tilted.local]),
+                         tilted_log_ratio=upd.tilted.diagnostics["log_ratio"])
         unconverged = 0.0
         if ok and "rhat" in upd.tilted.diagnostics:
             state.update(chain_phi=upd.tilted.diagnostics["last_phi"], chain_theta=upd.tilted.diagnostics["last_theta"])

@@ -51,7 +51,7 @@ from .lasso import sample_lasso_tilted
 from .natural import cholesky_lower, inv_pd, moments_from_draws, row_dot, symmetrise, to_moments, unbiased_precision
 from .stats import SiteStats
 
-__all__ = ["TiltedFailure", "TiltedResult", "tilted_moments", "DevicePosterior", "device_posterior", "normal_offsets", "METHODS", "SAMPLERS", "NEAR_GAUSSIAN"]
+__all__ = ["TiltedFailure", "TiltedResult", "tilted_moments", "DevicePosterior", "device_posterior", "normal_offsets", "reweight", "METHODS", "SAMPLERS", "NEAR_GAUSSIAN"]
 
 #: the ways of computing the tilted moments (``method`` of :func:`tilted_moments`)
 METHODS = ("auto", "exact", "quadrature", "importance", "mcmc")
@@ -394,31 +394,76 @@ def tilted_moments(
     def logf(z):
         return _log_tilted(model, stats, cavity_mean, cavity_Q, z)
 
-    phi_start = model.phi_start(stats, cavity_mean) if hasattr(model, "phi_start") else cavity_mean
-    x0 = np.concatenate([phi_start, model.local_start(stats)])
     known = None
     point = start.get("point") if isinstance(start, Mapping) else start
-    if point is not None and np.shape(point) == x0.shape and np.isfinite(point).all():
+    resumed = point is not None and np.shape(point) == (model.p + model.n_local,) and bool(np.isfinite(point).all())
+    if resumed:
         x0 = np.asarray(point, dtype=float)
         if isinstance(start, Mapping) and all(k in start for k in ("value", "grad", "hess")):
             # the site's part is the same as in the previous round; only the cavity's term changed
             known = tuple(a + b for a, b in zip(
                 (float(start["value"]), np.asarray(start["grad"], float), np.asarray(start["hess"], float)),
                 _cavity_part(x0, cavity_mean, cavity_Q, model.p)))
+    else:
+        phi_start = model.phi_start(stats, cavity_mean) if hasattr(model, "phi_start") else cavity_mean
+        x0 = np.concatenate([phi_start, model.local_start(stats)])
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # non-finite values are -inf (_log_tilted)
         mode, lap_cov, (x_e, f_e, g_e, H_e) = _laplace(logf, x0, known)
         c, gc, Hc = _cavity_part(x_e, cavity_mean, cavity_Q, model.p)
         laplace = {"mode": mode, "point": x_e, "value": f_e - c, "grad": g_e - gc, "hess": H_e - Hc}
         if method == "quadrature":
             return _quadrature(model, logf, mode, lap_cov, n_nodes, laplace)
+        result = None
         if n_pilot is not None and n_pilot < n_draws:
             try:
                 pilot = _importance(model, logf, mode, lap_cov, rng, n_pilot, 0.0, laplace, sampler)
             except TiltedFailure:
                 pilot = None
             if pilot is not None and pilot.diagnostics["ess"] >= max(NEAR_GAUSSIAN * pilot.weights.size, min_ess):
-                return pilot
-        return _importance(model, logf, mode, lap_cov, rng, n_draws, min_ess, laplace, sampler)
+                result = pilot
+        if result is None:
+            result = _importance(model, logf, mode, lap_cov, rng, n_draws, min_ess, laplace, sampler)
+        # the draws' log weights without the cavity's term, for reuse under another cavity (reweight)
+        diff = result.phi - cavity_mean
+        result.diagnostics["log_ratio"] = result.diagnostics.pop("log_weights") + 0.5 * row_dot(diff @ cavity_Q, diff)
+        return result
+
+
+def reweight(model, points: np.ndarray, log_ratio: np.ndarray, cavity_r: np.ndarray, cavity_Q: np.ndarray,
+             min_ess: float) -> TiltedResult:
+    """The tilted distribution under a new cavity from importance draws made under an earlier one.
+
+    The draws :math:`z_i=(\\phi_i,u_i)` came from a proposal :math:`g`; ``log_ratio`` holds
+    :math:`\\log p(u_i)+\\log f_k(\\phi_i\\mid u_i)-\\log g(z_i)` (the ``diagnostics["log_ratio"]`` of
+    :func:`tilted_moments`), which does not involve the cavity.  Under the cavity
+    :math:`\\mathcal N(m,Q^{-1})` the self-normalised weights are
+
+    .. math:: w_i\\ \\propto\\ \\exp\\big(\\text{log\\_ratio}_i-\\tfrac12(\\phi_i-m)^\\top Q(\\phi_i-m)\\big),
+
+    the same estimator as fresh draws from :math:`g` would give, without evaluating the site's
+    likelihood again.
+
+    Parameters
+    ----------
+    points : ndarray, shape (n, p + n_local)
+    log_ratio : ndarray, shape (n,)
+    cavity_r, cavity_Q : ndarray, shapes (p,), (p, p)
+    min_ess : float
+        Fewest effective draws accepted.
+
+    Raises
+    ------
+    TiltedFailure
+        When the effective sample size under the new cavity is below ``min_ess``.
+    """
+    cavity_mean, _ = to_moments(cavity_r, cavity_Q)
+    phi = np.ascontiguousarray(points[:, : model.p])
+    diff = phi - cavity_mean
+    weights, ess = _normalised(log_ratio - 0.5 * row_dot(diff @ cavity_Q, diff))
+    if ess < min_ess:
+        raise TiltedFailure(f"effective sample size {ess:.1f} is below {min_ess}")
+    mean, cov = moments_from_draws(phi, weights)
+    return _result(model, mean, cov, phi, points, weights, "importance", {"ess": ess})
 
 
 def _quadrature(model, logf, mode, lap_cov, n_nodes: int, laplace: dict) -> TiltedResult:
@@ -471,7 +516,8 @@ def _importance(model, logf, mode, lap_cov, rng: np.random.Generator, n_draws: i
     shift = (plus - minus) @ e
     cov = lap_cov[:p, :p] + (e.T * (plus + minus - 1.0 / half)) @ e - shift[:, None] * shift
     phi = np.ascontiguousarray(z[:, :p])
-    return _result(model, mode[:p] + shift, symmetrise(cov), phi, z, weights, "importance", {"ess": ess, "mode": mode, "laplace": laplace})
+    return _result(model, mode[:p] + shift, symmetrise(cov), phi, z, weights, "importance",
+                   {"ess": ess, "mode": mode, "laplace": laplace, "log_weights": log_w})
 
 
 def _normalised(log_w: np.ndarray) -> tuple[np.ndarray, float]:
