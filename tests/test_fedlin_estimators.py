@@ -60,6 +60,21 @@ def test_hm2_ep_matches_exact_posterior_on_conjugate_hierarchy():
         np.testing.assert_allclose(est.coef_draws_[k].std(axis=0), sd, rtol=0.03)
 
 
+def test_hm2_ep_is_exact_on_the_conjugate_hierarchy_after_two_rounds():
+    """With Gaussian site factors every site's delta is exact: the damped first round is followed by a step
+    within one posterior sd, taken whole, which lands on the exact posterior (a damped one would leave half
+    the first round's remainder)."""
+    rng = np.random.default_rng(0)
+    tau, s2, d, K = np.array([0.4, 0.9]), 0.25, 2, 5
+    sites, _, _ = _conjugate_data(rng, K, d, tau, s2)
+    est = FedHM2Regressor(fit_intercept=False, mu_scale=1.0, covariance="fixed", tau=tau, noise=s2, damping=0.5, n_rounds=2,
+                          tol=None, n_posterior_draws=20, random_state=1).fit(sites)
+    mean, cov = _exact_joint_posterior(sites, tau, s2)
+    assert [row["damping"] for row in est.history_] == [0.5, 1.0]
+    np.testing.assert_allclose(est.phi_mean_, mean[:d], atol=1e-10)
+    np.testing.assert_allclose(est.phi_cov_, cov[:d, :d], atol=1e-10)
+
+
 def test_adaptation_equals_refit_with_the_new_site_factor():
     rng = np.random.default_rng(2)
     tau, s2, d = np.array([0.5, 0.5]), 0.2, 2

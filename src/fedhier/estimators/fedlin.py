@@ -379,7 +379,10 @@ class FedHM2Regressor(_SiteRegressor):
     n_rounds : int
         Largest number of EP rounds :math:`C` (spec §9 #15: 20).
     damping : float
-        EP damping :math:`\\delta` (spec §3.4; grid of §9 #12).
+        EP damping :math:`\\delta` (spec §3.4; grid of §9 #12) of a round whose whole step would move
+        :math:`q(\\phi)` by more than one posterior standard deviation (or one unit of log variance); a
+        smaller step, the rule near convergence, is taken whole
+        (:func:`~fedhier.models.fedlin.ep.damped_update`).  ``history_`` records each round's damping.
     tol : float or None
         Early-stop threshold (None: always run ``n_rounds``): EP stops once the last round's change of
         :math:`q(\\phi)`, and the change the rounds to come would add at the last two rounds' rate of

@@ -256,7 +256,8 @@ class EPProtocol(RoundProtocol):
     max_rounds : int
         Length of ``damping_log`` (the largest ``n_rounds`` this protocol can run).
     damping : float
-        Initial :math:`\\delta` of every round (spec §9 #12); backed off by 0.8 while the new
+        Initial :math:`\\delta` of every round (spec §9 #12), 1 for a step within one posterior sd
+        (:func:`~fedhier.models.fedlin.ep.damped_update`); backed off by 0.8 while the new
         global precision is not positive definite.
     tilted_options : dict, optional
         Passed to :func:`~fedhier.models.fedlin.tilted.tilted_moments` (``method``, ``n_draws``,
@@ -317,7 +318,7 @@ class EPProtocol(RoundProtocol):
             options["init"] = init
         else:  # the Laplace search starts where the site's previous one ended
             options["start"] = laplace_start(state)
-            if options["start"] is None:  # the first step, under the prior: rarely near a Gaussian, no pilot
+            if options["start"] is None:  # a site's first step (in round 1 under the prior): rarely near a Gaussian, no pilot
                 options.pop("n_pilot", None)
         upd = site_update(self.model, ctx.data, broadcast["r"], broadcast["Q"], r_k, Q_k, ctx.rng, **options)
         ok = upd.tilted is not None

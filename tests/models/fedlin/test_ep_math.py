@@ -207,6 +207,24 @@ def test_damped_update_backs_off_until_positive_definite():
         damped_update(np.zeros(2), Q, np.zeros(2), np.diag([-1e9, 0.0]), 1.0, min_damping=1e-3)
 
 
+def test_damped_update_takes_a_step_of_at_most_one_sd_whole_and_damps_a_larger_one():
+    r, Q = np.zeros(2), np.eye(2)  # q = N(0, I)
+    dQ = np.diag([0.2, 0.0])
+    # whole step: precision 1.2, mean 0.3 / 1.2 = 0.25 = 0.27 sd, log variance -0.18: within one sd, taken whole
+    r_new, Q_new, delta = damped_update(r, Q, np.array([0.3, 0.0]), dQ, 0.5)
+    assert delta == 1.0
+    np.testing.assert_allclose(r_new, [0.3, 0.0])
+    np.testing.assert_allclose(Q_new, Q + dQ)
+    # whole step: mean 3 / 1.2 = 2.5 = 2.7 sd: damped
+    r_new, Q_new, delta = damped_update(r, Q, np.array([3.0, 0.0]), dQ, 0.5)
+    assert delta == 0.5
+    np.testing.assert_allclose(r_new, [1.5, 0.0])
+    np.testing.assert_allclose(Q_new, Q + 0.5 * dQ)
+    # a step whose whole precision is not positive definite is damped (and backed off as before)
+    assert damped_update(r, Q, np.zeros(2), np.diag([-1.5, 0.0]), 0.5)[2] == 0.5
+    assert damped_update(r, Q, np.array([0.3, 0.0]), dQ, 0.5, whole_step=None)[2] == 0.5
+
+
 def test_unbiased_precision_and_rhat():
     rng = np.random.default_rng(7)
     draws = rng.multivariate_normal([1.0, 2.0], [[1.0, 0.3], [0.3, 0.5]], size=50)
