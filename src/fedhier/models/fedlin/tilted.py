@@ -402,23 +402,23 @@ def tilted_moments(
     def logf(z):
         return _log_tilted(model, stats, cavity_mean, cavity_Q, z)
 
-    known = None
+    known = site_part = None
     point = start.get("point") if isinstance(start, Mapping) else start
-    resumed = point is not None and np.shape(point) == (model.p + model.n_local,) and bool(np.isfinite(point).all())
-    if resumed:
+    if point is not None and np.shape(point) == (model.p + model.n_local,) and np.isfinite(point).all():
         x0 = np.asarray(point, dtype=float)
         if isinstance(start, Mapping) and all(k in start for k in ("value", "grad", "hess")):
             # the site's part is the same as in the previous round; only the cavity's term changed
-            known = tuple(a + b for a, b in zip(
-                (float(start["value"]), np.asarray(start["grad"], float), np.asarray(start["hess"], float)),
-                _cavity_part(x0, cavity_mean, cavity_Q, model.p)))
+            site_part = (float(start["value"]), np.asarray(start["grad"], float), np.asarray(start["hess"], float))
+            known = tuple(a + b for a, b in zip(site_part, _cavity_part(x0, cavity_mean, cavity_Q, model.p)))
     else:
         phi_start = model.phi_start(stats, cavity_mean) if hasattr(model, "phi_start") else cavity_mean
         x0 = np.concatenate([phi_start, model.local_start(stats)])
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # non-finite values are -inf (_log_tilted)
         mode, lap_cov, (x_e, f_e, g_e, H_e) = _laplace(logf, x0, known)
-        c, gc, Hc = _cavity_part(x_e, cavity_mean, cavity_Q, model.p)
-        laplace = {"mode": mode, "point": x_e, "value": f_e - c, "grad": g_e - gc, "hess": H_e - Hc}
+        if site_part is None or not np.array_equal(x_e, x0):  # derivatives evaluated at a new point: take the cavity's term off
+            c, gc, Hc = _cavity_part(x_e, cavity_mean, cavity_Q, model.p)
+            site_part = (f_e - c, g_e - gc, H_e - Hc)
+        laplace = {"mode": mode, "point": x_e, "value": site_part[0], "grad": site_part[1], "hess": site_part[2]}
         if method == "quadrature":
             return _quadrature(model, logf, mode, lap_cov, n_nodes, laplace)
         result = None
