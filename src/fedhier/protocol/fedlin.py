@@ -318,12 +318,11 @@ class EPProtocol(RoundProtocol):
             options["init"] = init
         else:  # the Laplace search starts where the site's previous one ended
             options["start"] = laplace_start(state)
-            if options["start"] is None:  # a site's first step: under a vague cavity rarely near a Gaussian, no pilot
-                n_pilot = options.pop("n_pilot", None)
-                if ctx.round == 1 and n_pilot is not None:
-                    # every cavity is the prior: round 1 is EP's start, whose deltas the later rounds estimate
-                    # again, and the pilot's count of draws serves (a site whose ESS falls short sits it out)
-                    options["n_draws"] = n_pilot
+            if ctx.round == 1 and options.get("n_pilot") is not None:
+                # every cavity is the prior, under which a tilted law is rarely near a Gaussian: no pilot.  Round 1
+                # is EP's start, whose deltas the later rounds estimate again, and the pilot's count of draws
+                # serves (a site whose ESS falls short sits the round out)
+                options["n_draws"] = options.pop("n_pilot")
         upd = site_update(self.model, ctx.data, broadcast["r"], broadcast["Q"], r_k, Q_k, ctx.rng, **options)
         ok = upd.tilted is not None
         state.update(r_k=r_k, Q_k=Q_k, pending_dr=upd.dr, pending_dQ=upd.dQ, pending_round=np.array(ctx.round if ok else 0, dtype=np.int64))
