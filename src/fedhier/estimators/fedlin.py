@@ -854,7 +854,9 @@ class FedHM2Regressor(_SiteRegressor):
             self.population_coef_, self.population_intercept_ = self.coef_.mean(axis=0), float(self.intercept_.mean())
         else:
             self.population_coef_, self.population_intercept_ = np.zeros(self.coef_.shape[1]), 0.0
-        by_draw = np.moveaxis(self.coef_draws_, 1, 0)  # (n_posterior_draws, K, d): every site's intervals at once
+        # (n_posterior_draws, K, d), every site's intervals at once, with each coefficient's draws adjacent in
+        # memory: the quantiles and counts along them run several times faster than along a strided axis
+        by_draw = np.moveaxis(np.ascontiguousarray(np.moveaxis(self.coef_draws_, 1, -1)), -1, 0)
         self.selected_features_ = np.asarray(select_features(by_draw, self.level), dtype=bool)
         self.inclusion_score_ = np.asarray(inclusion_score(by_draw), dtype=float)
 
