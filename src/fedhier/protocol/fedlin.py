@@ -246,7 +246,8 @@ class EPProtocol(RoundProtocol):
     Site state: its factor ``r_k``, ``Q_k``, the pending delta and the round it was sent in (and where
     its last Laplace search ended, with the derivatives of its log likelihood there: the next search
     starts from them; and its last importance draws with their log weights without the cavity's term,
-    which its posterior after the fit reweights); a site
+    which its posterior after the fit reweights, and their standard normal offsets, which its next
+    round's draws use again); a site
     applies :math:`\\delta` to it when it next takes part (or in :func:`settle_site_factor`), so
     that :math:`Q=Q_0+\\sum_kQ_k` on both sides. Sites start flat (spec §9 #13).
 
@@ -316,8 +317,9 @@ class EPProtocol(RoundProtocol):
         options = dict(self.tilted_options)
         if not self.model.closed_form:
             options["init"] = init
-        else:  # the Laplace search starts where the site's previous one ended
+        else:  # the Laplace search starts where the site's previous one ended, with its normal offsets
             options["start"] = laplace_start(state)
+            options["offsets"] = state.get("normal_offsets")
             if ctx.round == 1 and options.get("n_pilot") is not None:
                 # every cavity is the prior, under which a tilted law is rarely near a Gaussian: no pilot.  Round 1
                 # is EP's start, whose deltas the later rounds estimate again, and the pilot's count of draws
@@ -330,7 +332,7 @@ class EPProtocol(RoundProtocol):
             state.update({f"laplace_{k}": np.asarray(upd.tilted.diagnostics["laplace"][k], dtype=float) for k in _LAPLACE_KEYS})
         if ok and "log_ratio" in upd.tilted.diagnostics:  # the importance draws, reweighted for the site's posterior
             state.update(tilted_points=np.column_stack([upd.tilted.phi, upd.tilted.local]),
-                         tilted_log_ratio=upd.tilted.diagnostics["log_ratio"])
+                         tilted_log_ratio=upd.tilted.diagnostics["log_ratio"], normal_offsets=upd.tilted.diagnostics["offsets"])
         unconverged = 0.0
         if ok and "rhat" in upd.tilted.diagnostics:
             state.update(chain_phi=upd.tilted.diagnostics["last_phi"], chain_theta=upd.tilted.diagnostics["last_theta"])

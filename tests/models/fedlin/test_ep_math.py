@@ -435,6 +435,26 @@ def test_draws_reweighted_for_a_new_cavity_give_its_tilted_moments():
         reweight(model, points, drawn.diagnostics["log_ratio"], Q_new @ (old_mean + 5.0), Q_new, min_ess=100.0)
 
 
+def test_importance_draws_use_the_offsets_given_again_under_a_new_proposal():
+    """A site's next round passes its normal offsets back: the new draws are the new Laplace proposal's
+    mode +- L xi with the same xi (each estimate then as unbiased as with new offsets)."""
+    rng = np.random.default_rng(12)
+    X, y = _data(rng, 60, np.array([0.8, -0.4]), 0.4)
+    model, stats = BayesianRidge(2), SiteStats.from_data(X, y)
+    Q = np.eye(2) / 0.3**2
+    first = tilted_moments(model, stats, Q @ np.array([-0.5, np.log(0.16)]), Q, rng, method="importance", n_draws=512)
+    xi = first.diagnostics["offsets"]
+    assert xi.shape == (256, 2)
+    cav_mean = np.array([-0.4, np.log(0.2)])
+    again = tilted_moments(model, stats, Q @ cav_mean, Q, rng, method="importance", n_draws=512, offsets=xi)
+    # the proposal's covariance: the inverse of minus the Hessian (the site's part plus the cavity's) where the search ended
+    L = np.linalg.cholesky(np.linalg.inv(Q - again.diagnostics["laplace"]["hess"]))
+    mode = again.diagnostics["mode"]
+    np.testing.assert_allclose(np.column_stack([again.phi, again.local])[:256], mode + xi @ L.T, atol=1e-6)
+    # a count other than the offsets' draws new ones
+    assert tilted_moments(model, stats, Q @ cav_mean, Q, rng, method="importance", n_draws=256, offsets=xi).diagnostics["offsets"].shape == (128, 2)
+
+
 @pytest.mark.parametrize("n_rows, cav_sd, pilot_kept", [(400, 0.3, True), (8, 1.0, False)])
 def test_importance_pilot_is_kept_only_when_the_tilted_law_is_nearly_gaussian(n_rows, cav_sd, pilot_kept):
     """With n_pilot the sampler keeps its pilot draws when their weights are nearly equal (many rows, an informative
