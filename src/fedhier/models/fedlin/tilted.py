@@ -40,8 +40,8 @@ from __future__ import annotations
 import functools
 import itertools
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import numpy as np
 from scipy import special
@@ -606,7 +606,7 @@ def device_posterior(model, stats: SiteStats, tilted: TiltedResult, rng: np.rand
         m_d = m[idx]
     varying = np.flatnonzero((C != 0.0).any(axis=0).any(axis=0))
     z = rng.standard_normal((n_draws, varying.size))
-    draws = m_d.copy()
+    draws = m_d  # a new array (fancy indexing, or theta_conditional's own)
     if varying.size == 1:  # one coordinate varies (a random intercept): its conditional sd
         j = varying[0]
         draws[:, j] += np.sqrt(np.clip(C[idx, j, j], 0.0, None)) * z[:, 0]
