@@ -43,14 +43,16 @@ def test_log_lik_of_a_random_intercept_matches_multivariate_normal_at_many_point
         assert got[i] == pytest.approx(sps.multivariate_normal(X @ row[:3], cov).logpdf(y), rel=1e-10)
 
 
-def test_conditional_theta_matches_gaussian_conditioning():
+@pytest.mark.parametrize("random", [[True, True], [True, False], [False, True]])
+def test_conditional_theta_matches_gaussian_conditioning(random):
     rng = np.random.default_rng(1)
     X, y = _data(rng, 10, np.array([1.0, 2.0]), 0.5)
-    model = GaussianHierarchy(2, covariance="fixed", tau=[0.7, 1.3], noise=0.25)
+    tau = np.array([0.7, 1.3])[random]
+    model = GaussianHierarchy(2, covariance="fixed", random=random, tau=tau, noise=0.25)
     mu = np.array([0.3, -0.2])
     mean, cov = model.theta_conditional(SiteStats.from_data(X, y), mu[None], np.zeros((1, 0)))
-    # joint (theta, y): theta ~ N(mu, D), y = X theta + e
-    D = np.diag([0.7, 1.3])
+    # joint (theta, y): theta ~ N(mu, D) (variance 0 on a coordinate that does not vary), y = X theta + e
+    D = np.diag(np.where(random, [0.7, 1.3], 0.0))
     S_ty = D @ X.T
     S_yy = X @ D @ X.T + 0.25 * np.eye(10)
     np.testing.assert_allclose(mean[0], mu + S_ty @ np.linalg.solve(S_yy, y - X @ mu), atol=1e-10)
