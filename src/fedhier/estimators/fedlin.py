@@ -394,9 +394,11 @@ class FedHM2Regressor(_SiteRegressor):
     n_draws : int
         Importance-sampling draws per site and round: antithetic pairs of randomised quasi-Monte Carlo
         points (powers of two are best; 1,024 match 2,000 independent draws' accuracy,
-        ``benchmarks/tilted_accuracy.py``). In the EP rounds a site first tries a quarter of them and keeps
-        those when their weights are nearly equal (ESS at least 90 % of the count: the tilted law is nearly
-        Gaussian, the usual case after the first rounds); the device posteriors use all of them.
+        ``benchmarks/tilted_accuracy.py``). In round 1, EP's start under the prior, a site draws a quarter of
+        them; in later rounds it first tries a quarter and keeps those when their weights are nearly equal (ESS
+        at least 90 % of the count: the tilted law is nearly Gaussian, the usual case after the first rounds).
+        The device posteriors reweight the site's last round's draws for its final cavity when their weights
+        stay nearly equal, and use all ``n_draws`` new ones otherwise.
     mcmc : dict, optional
         Lasso sampler settings (``n_chains``, ``n_warmup``, ``n_draws``; spec §9 #14 default 4 x (500 + 500)).
     n_posterior_draws : int
