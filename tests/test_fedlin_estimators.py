@@ -9,7 +9,7 @@ import pytest
 
 from fedhier.estimators.fedlin import FedHM1Regressor, FedHM2Regressor, FedLinWarning, load
 from fedhier.models.fedlin.baselines import ditto_personalise, mixedlm_pooled
-from fedhier.models.fedlin.inference import a_rmse, inclusion_rates
+from fedhier.models.fedlin.inference import a_rmse, credible_interval, inclusion_rates
 
 RADON = Path("/work/shared/data/grouped/radon.csv")
 
@@ -87,6 +87,19 @@ def test_adaptation_equals_refit_with_the_new_site_factor():
     sd = np.sqrt(np.diag(cov[sl, sl]))
     assert np.all(np.abs(est.coef_[4] - mean[sl]) < 5 * sd / np.sqrt(20000))
     np.testing.assert_allclose(est.coef_draws_[4].std(axis=0), sd, rtol=0.03)
+
+
+@pytest.mark.parametrize("shape", [(1000, 30, 3), (4000, 2), (7,), (1001, 4)])
+@pytest.mark.parametrize("level", [0.9, 0.95, 0.5, 0.99])
+def test_credible_interval_ends_are_numpys_quantiles(shape, level):
+    rng = np.random.default_rng(len(shape) + int(100 * level))
+    draws = rng.standard_normal(shape) * 3.0 + 1.0
+    a = 1.0 - level
+    expected = np.stack(np.quantile(draws, [a / 2, 1 - a / 2], axis=0), axis=-1)
+    np.testing.assert_array_equal(credible_interval(draws, level), expected)
+    # the same for draws of each coefficient adjacent in memory (the fit's layout)
+    strided = np.moveaxis(np.ascontiguousarray(np.moveaxis(draws, 0, -1)), -1, 0)
+    np.testing.assert_array_equal(credible_interval(strided, level), expected)
 
 
 def test_credible_interval_coverage_is_nominal_on_data_drawn_from_the_prior():
