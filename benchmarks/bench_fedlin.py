@@ -5,8 +5,9 @@ Run:  OPENBLAS_NUM_THREADS=1 python benchmarks/bench_fedlin.py   (about half a m
 Both data sets have an intercept and two covariates with a random intercept per group, and the
 settings of ``fedhier experiment fedlin-radon``: shared noise, ``mu_scale=10, damping=0.7,
 n_posterior_draws=1000``, importance-sampled tilted moments (the default 1,024 randomised
-quasi-Monte Carlo draws per site and round, a quarter of them when their weights are nearly equal);
-EP stops by its default rule (``tol=0.05``, at most 20 rounds).
+quasi-Monte Carlo draws per site and round, a quarter of them in round 1 and when their weights are
+nearly equal); a round whose whole step moves q(phi) by at most one posterior sd is not damped; EP
+stops by its default rule (``tol=0.05``, at most 20 rounds).
 
 * radon: ``log.radon`` on intercept, basement and county uranium, 85 counties, 919 homes.
 * synthetic: K = 100 groups x 50 rows, covariates N(0, 1), coefficients (1, 0.5, -0.3), random

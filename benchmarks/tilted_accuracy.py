@@ -101,10 +101,11 @@ def main() -> None:
     parser.add_argument("--replicates", type=int, default=40, help="independent runs of each estimator per problem (default 40)")
     parser.add_argument("--fits", type=int, default=8, help="EP fits per sampler, one seed each (default 8)")
     parser.add_argument("--final-decrement", type=float, default=None,
-                        help="Newton decrement at which the Laplace search takes its last step (default: the library's)")
+                        help="Newton decrement at which the Laplace search takes its last step, first and resumed "
+                             "searches alike (default: the library's, 1e-2 and 0.5)")
     args = parser.parse_args()
     if args.final_decrement is not None:
-        tilted_module._FINAL_DECREMENT = args.final_decrement
+        tilted_module._FINAL_DECREMENT = tilted_module._RESUMED_DECREMENT = args.final_decrement
     sites, _, _ = load_radon()
     steps = capture(sites)
     sizes = np.array([len(y) for _, y in sites])

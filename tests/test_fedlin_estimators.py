@@ -9,7 +9,7 @@ import pytest
 
 from fedhier.estimators.fedlin import FedHM1Regressor, FedHM2Regressor, FedLinWarning, load
 from fedhier.models.fedlin.baselines import ditto_personalise, mixedlm_pooled
-from fedhier.models.fedlin.inference import a_rmse, inclusion_rates
+from fedhier.models.fedlin.inference import a_rmse, credible_interval, inclusion_rates
 
 RADON = Path("/work/shared/data/grouped/radon.csv")
 
@@ -60,6 +60,21 @@ def test_hm2_ep_matches_exact_posterior_on_conjugate_hierarchy():
         np.testing.assert_allclose(est.coef_draws_[k].std(axis=0), sd, rtol=0.03)
 
 
+def test_hm2_ep_is_exact_on_the_conjugate_hierarchy_after_two_rounds():
+    """With Gaussian site factors every site's delta is exact: the damped first round is followed by a step
+    within one posterior sd, taken whole, which lands on the exact posterior (a damped one would leave half
+    the first round's remainder)."""
+    rng = np.random.default_rng(0)
+    tau, s2, d, K = np.array([0.4, 0.9]), 0.25, 2, 5
+    sites, _, _ = _conjugate_data(rng, K, d, tau, s2)
+    est = FedHM2Regressor(fit_intercept=False, mu_scale=1.0, covariance="fixed", tau=tau, noise=s2, damping=0.5, n_rounds=2,
+                          tol=None, n_posterior_draws=20, random_state=1).fit(sites)
+    mean, cov = _exact_joint_posterior(sites, tau, s2)
+    assert [row["damping"] for row in est.history_] == [0.5, 1.0]
+    np.testing.assert_allclose(est.phi_mean_, mean[:d], atol=1e-10)
+    np.testing.assert_allclose(est.phi_cov_, cov[:d, :d], atol=1e-10)
+
+
 def test_adaptation_equals_refit_with_the_new_site_factor():
     rng = np.random.default_rng(2)
     tau, s2, d = np.array([0.5, 0.5]), 0.2, 2
@@ -72,6 +87,19 @@ def test_adaptation_equals_refit_with_the_new_site_factor():
     sd = np.sqrt(np.diag(cov[sl, sl]))
     assert np.all(np.abs(est.coef_[4] - mean[sl]) < 5 * sd / np.sqrt(20000))
     np.testing.assert_allclose(est.coef_draws_[4].std(axis=0), sd, rtol=0.03)
+
+
+@pytest.mark.parametrize("shape", [(1000, 30, 3), (4000, 2), (7,), (1001, 4)])
+@pytest.mark.parametrize("level", [0.9, 0.95, 0.5, 0.99])
+def test_credible_interval_ends_are_numpys_quantiles(shape, level):
+    rng = np.random.default_rng(len(shape) + int(100 * level))
+    draws = rng.standard_normal(shape) * 3.0 + 1.0
+    a = 1.0 - level
+    expected = np.stack(np.quantile(draws, [a / 2, 1 - a / 2], axis=0), axis=-1)
+    np.testing.assert_array_equal(credible_interval(draws, level), expected)
+    # the same for draws of each coefficient adjacent in memory (the fit's layout)
+    strided = np.moveaxis(np.ascontiguousarray(np.moveaxis(draws, 0, -1)), -1, 0)
+    np.testing.assert_array_equal(credible_interval(strided, level), expected)
 
 
 def test_credible_interval_coverage_is_nominal_on_data_drawn_from_the_prior():

@@ -35,7 +35,7 @@ from ..models.fedlin.lasso import BayesianLasso
 from ..models.fedlin.natural import to_moments
 from ..models.fedlin.stats import SiteStats, check_site, check_sites
 from ..models.fedlin.tilted import METHODS as TILTED_METHODS
-from ..models.fedlin.tilted import TiltedFailure, device_posterior, tilted_moments
+from ..models.fedlin.tilted import NEAR_GAUSSIAN, TiltedFailure, device_posterior, reweight, tilted_moments
 from ..protocol.fedlin import EPProtocol, HM1Protocol, laplace_start, sample_fraction, settle_site_factor
 from ..runtime.observers import unobserved
 from ..runtime.simulate import simulate, site_rng
@@ -379,7 +379,10 @@ class FedHM2Regressor(_SiteRegressor):
     n_rounds : int
         Largest number of EP rounds :math:`C` (spec §9 #15: 20).
     damping : float
-        EP damping :math:`\\delta` (spec §3.4; grid of §9 #12).
+        EP damping :math:`\\delta` (spec §3.4; grid of §9 #12) of a round whose whole step would move
+        :math:`q(\\phi)` by more than one posterior standard deviation (or one unit of log variance); a
+        smaller step, the rule near convergence, is taken whole
+        (:func:`~fedhier.models.fedlin.ep.damped_update`).  ``history_`` records each round's damping.
     tol : float or None
         Early-stop threshold (None: always run ``n_rounds``): EP stops once the last round's change of
         :math:`q(\\phi)`, and the change the rounds to come would add at the last two rounds' rate of
@@ -391,9 +394,11 @@ class FedHM2Regressor(_SiteRegressor):
     n_draws : int
         Importance-sampling draws per site and round: antithetic pairs of randomised quasi-Monte Carlo
         points (powers of two are best; 1,024 match 2,000 independent draws' accuracy,
-        ``benchmarks/tilted_accuracy.py``). In the EP rounds a site first tries a quarter of them and keeps
-        those when their weights are nearly equal (ESS at least 90 % of the count: the tilted law is nearly
-        Gaussian, the usual case after the first rounds); the device posteriors use all of them.
+        ``benchmarks/tilted_accuracy.py``). In round 1, EP's start under the prior, a site draws a quarter of
+        them; in later rounds it first tries a quarter and keeps those when their weights are nearly equal (ESS
+        at least 90 % of the count: the tilted law is nearly Gaussian, the usual case after the first rounds).
+        The device posteriors reweight the site's last round's draws for its final cavity when their weights
+        stay nearly equal, and use all ``n_draws`` new ones otherwise.
     mcmc : dict, optional
         Lasso sampler settings (``n_chains``, ``n_warmup``, ``n_draws``; spec §9 #14 default 4 x (500 + 500)).
     n_posterior_draws : int
@@ -792,24 +797,42 @@ class FedHM2Regressor(_SiteRegressor):
         return model
 
     def _posterior_draws(self, stats: SiteStats, cav, rng, state=None, where: str = "site") -> np.ndarray:
-        options = self._tilted_options()
-        del options["n_pilot"]  # the device posterior is a mixture over the points: all n_draws of them
-        if not self.model_.closed_form and state is not None and "chain_phi" in state:
-            options["init"] = {"phi": state["chain_phi"], "theta": state["chain_theta"]}
-        elif self.model_.closed_form and state is not None:
-            options["start"] = laplace_start(state)  # where the site's last search in the rounds ended
-        try:
-            tilted = tilted_moments(self.model_, stats, cav[0], cav[1], rng, **options)
-        except TiltedFailure as exc:
-            warnings.warn(f"{where}: {exc}; retrying with ten times the draws and no ESS threshold", FedLinWarning, stacklevel=3)
-            options.update(n_draws=10 * int(self.n_draws), min_ess=0.0)
-            tilted = tilted_moments(self.model_, stats, cav[0], cav[1], rng, **options)
+        """A site's posterior draws of its coefficients under its cavity ``cav`` (spec §4.1), computed on the site.
+
+        The site's last importance draws of the EP rounds (``state``) are reweighted for the cavity when their
+        weights stay nearly equal (ESS at least :data:`~fedhier.models.fedlin.tilted.NEAR_GAUSSIAN` of their
+        count, the rule by which a round keeps its pilot draws); otherwise the tilted moments are computed
+        afresh with all ``n_draws``."""
+        tilted = None
+        if self.model_.closed_form and state is not None and "tilted_points" in state:
+            points = state["tilted_points"]
+            try:
+                tilted = reweight(self.model_, points, state["tilted_log_ratio"], cav[0], cav[1],
+                                  min_ess=NEAR_GAUSSIAN * points.shape[0])
+            except TiltedFailure:
+                tilted = None
+        if tilted is None:
+            tilted = self._fresh_tilted(stats, cav, rng, state, where)
         post = device_posterior(self.model_, stats, tilted, rng, n_draws=int(self.n_posterior_draws))
         draws = post.draws
         n = int(self.n_posterior_draws)
         if draws.shape[0] != n:  # MCMC draws: resample to the common count
             draws = draws[rng.choice(draws.shape[0], size=n, replace=draws.shape[0] < n)]
         return draws
+
+    def _fresh_tilted(self, stats: SiteStats, cav, rng, state, where: str):
+        options = self._tilted_options()
+        del options["n_pilot"]  # all n_draws: the device posterior is a mixture over the points
+        if not self.model_.closed_form and state is not None and "chain_phi" in state:
+            options["init"] = {"phi": state["chain_phi"], "theta": state["chain_theta"]}
+        elif self.model_.closed_form and state is not None:
+            options["start"] = laplace_start(state)  # where the site's last search in the rounds ended
+        try:
+            return tilted_moments(self.model_, stats, cav[0], cav[1], rng, **options)
+        except TiltedFailure as exc:
+            warnings.warn(f"{where}: {exc}; retrying with ten times the draws and no ESS threshold", FedLinWarning, stacklevel=4)
+            options.update(n_draws=10 * int(self.n_draws), min_ess=0.0)
+            return tilted_moments(self.model_, stats, cav[0], cav[1], rng, **options)
 
     def _set_draws(self, std_draws: np.ndarray) -> None:
         """Store draws (K, n_posterior_draws, design columns) in your units: :math:`\\theta_j=s_y\\theta^{\\rm std}_j/s_j`,
@@ -833,7 +856,9 @@ class FedHM2Regressor(_SiteRegressor):
             self.population_coef_, self.population_intercept_ = self.coef_.mean(axis=0), float(self.intercept_.mean())
         else:
             self.population_coef_, self.population_intercept_ = np.zeros(self.coef_.shape[1]), 0.0
-        by_draw = np.moveaxis(self.coef_draws_, 1, 0)  # (n_posterior_draws, K, d): every site's intervals at once
+        # (n_posterior_draws, K, d), every site's intervals at once, with each coefficient's draws adjacent in
+        # memory: the quantiles and counts along them run several times faster than along a strided axis
+        by_draw = np.moveaxis(np.ascontiguousarray(np.moveaxis(self.coef_draws_, 1, -1)), -1, 0)
         self.selected_features_ = np.asarray(select_features(by_draw, self.level), dtype=bool)
         self.inclusion_score_ = np.asarray(inclusion_score(by_draw), dtype=float)
 

@@ -245,7 +245,9 @@ class EPProtocol(RoundProtocol):
     ``n_unconverged`` (sites whose MCMC split-:math:`\\hat R` exceeded ``rhat_max``).
     Site state: its factor ``r_k``, ``Q_k``, the pending delta and the round it was sent in (and where
     its last Laplace search ended, with the derivatives of its log likelihood there: the next search
-    starts from them); a site
+    starts from them; and its last importance draws with their log weights without the cavity's term,
+    which its posterior after the fit reweights, and their standard normal offsets, which its next
+    round's draws use again); a site
     applies :math:`\\delta` to it when it next takes part (or in :func:`settle_site_factor`), so
     that :math:`Q=Q_0+\\sum_kQ_k` on both sides. Sites start flat (spec §9 #13).
 
@@ -255,7 +257,8 @@ class EPProtocol(RoundProtocol):
     max_rounds : int
         Length of ``damping_log`` (the largest ``n_rounds`` this protocol can run).
     damping : float
-        Initial :math:`\\delta` of every round (spec §9 #12); backed off by 0.8 while the new
+        Initial :math:`\\delta` of every round (spec §9 #12), 1 for a step within one posterior sd
+        (:func:`~fedhier.models.fedlin.ep.damped_update`); backed off by 0.8 while the new
         global precision is not positive definite.
     tilted_options : dict, optional
         Passed to :func:`~fedhier.models.fedlin.tilted.tilted_moments` (``method``, ``n_draws``,
@@ -314,13 +317,22 @@ class EPProtocol(RoundProtocol):
         options = dict(self.tilted_options)
         if not self.model.closed_form:
             options["init"] = init
-        else:  # the Laplace search starts where the site's previous one ended
+        else:  # the Laplace search starts where the site's previous one ended, with its normal offsets
             options["start"] = laplace_start(state)
+            options["offsets"] = state.get("normal_offsets")
+            if ctx.round == 1 and options.get("n_pilot") is not None:
+                # every cavity is the prior, under which a tilted law is rarely near a Gaussian: no pilot.  Round 1
+                # is EP's start, whose deltas the later rounds estimate again, and the pilot's count of draws
+                # serves (a site whose ESS falls short sits the round out)
+                options["n_draws"] = options.pop("n_pilot")
         upd = site_update(self.model, ctx.data, broadcast["r"], broadcast["Q"], r_k, Q_k, ctx.rng, **options)
         ok = upd.tilted is not None
         state.update(r_k=r_k, Q_k=Q_k, pending_dr=upd.dr, pending_dQ=upd.dQ, pending_round=np.array(ctx.round if ok else 0, dtype=np.int64))
         if ok and "laplace" in upd.tilted.diagnostics:
             state.update({f"laplace_{k}": np.asarray(upd.tilted.diagnostics["laplace"][k], dtype=float) for k in _LAPLACE_KEYS})
+        if ok and "log_ratio" in upd.tilted.diagnostics:  # the importance draws, reweighted for the site's posterior
+            state.update(tilted_points=np.column_stack([upd.tilted.phi, upd.tilted.local]),
+                         tilted_log_ratio=upd.tilted.diagnostics["log_ratio"], normal_offsets=upd.tilted.diagnostics["offsets"])
         unconverged = 0.0
         if ok and "rhat" in upd.tilted.diagnostics:
             state.update(chain_phi=upd.tilted.diagnostics["last_phi"], chain_theta=upd.tilted.diagnostics["last_theta"])

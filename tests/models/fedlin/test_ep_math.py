@@ -10,7 +10,7 @@ from fedhier.models.fedlin.hierarchy import BayesianRidge, GaussianHierarchy
 from fedhier.models.fedlin.lasso import BayesianLasso, split_rhat
 from fedhier.models.fedlin.natural import to_moments, unbiased_precision
 from fedhier.models.fedlin.stats import SiteStats
-from fedhier.models.fedlin.tilted import device_posterior, tilted_moments
+from fedhier.models.fedlin.tilted import TiltedFailure, device_posterior, reweight, tilted_moments
 
 
 def _data(rng, n, theta, noise_sd):
@@ -43,14 +43,16 @@ def test_log_lik_of_a_random_intercept_matches_multivariate_normal_at_many_point
         assert got[i] == pytest.approx(sps.multivariate_normal(X @ row[:3], cov).logpdf(y), rel=1e-10)
 
 
-def test_conditional_theta_matches_gaussian_conditioning():
+@pytest.mark.parametrize("random", [[True, True], [True, False], [False, True]])
+def test_conditional_theta_matches_gaussian_conditioning(random):
     rng = np.random.default_rng(1)
     X, y = _data(rng, 10, np.array([1.0, 2.0]), 0.5)
-    model = GaussianHierarchy(2, covariance="fixed", tau=[0.7, 1.3], noise=0.25)
+    tau = np.array([0.7, 1.3])[random]
+    model = GaussianHierarchy(2, covariance="fixed", random=random, tau=tau, noise=0.25)
     mu = np.array([0.3, -0.2])
     mean, cov = model.theta_conditional(SiteStats.from_data(X, y), mu[None], np.zeros((1, 0)))
-    # joint (theta, y): theta ~ N(mu, D), y = X theta + e
-    D = np.diag([0.7, 1.3])
+    # joint (theta, y): theta ~ N(mu, D) (variance 0 on a coordinate that does not vary), y = X theta + e
+    D = np.diag(np.where(random, [0.7, 1.3], 0.0))
     S_ty = D @ X.T
     S_yy = X @ D @ X.T + 0.25 * np.eye(10)
     np.testing.assert_allclose(mean[0], mu + S_ty @ np.linalg.solve(S_yy, y - X @ mu), atol=1e-10)
@@ -207,6 +209,24 @@ def test_damped_update_backs_off_until_positive_definite():
         damped_update(np.zeros(2), Q, np.zeros(2), np.diag([-1e9, 0.0]), 1.0, min_damping=1e-3)
 
 
+def test_damped_update_takes_a_step_of_at_most_one_sd_whole_and_damps_a_larger_one():
+    r, Q = np.zeros(2), np.eye(2)  # q = N(0, I)
+    dQ = np.diag([0.2, 0.0])
+    # whole step: precision 1.2, mean 0.3 / 1.2 = 0.25 = 0.27 sd, log variance -0.18: within one sd, taken whole
+    r_new, Q_new, delta = damped_update(r, Q, np.array([0.3, 0.0]), dQ, 0.5)
+    assert delta == 1.0
+    np.testing.assert_allclose(r_new, [0.3, 0.0])
+    np.testing.assert_allclose(Q_new, Q + dQ)
+    # whole step: mean 3 / 1.2 = 2.5 = 2.7 sd: damped
+    r_new, Q_new, delta = damped_update(r, Q, np.array([3.0, 0.0]), dQ, 0.5)
+    assert delta == 0.5
+    np.testing.assert_allclose(r_new, [1.5, 0.0])
+    np.testing.assert_allclose(Q_new, Q + 0.5 * dQ)
+    # a step whose whole precision is not positive definite is damped (and backed off as before)
+    assert damped_update(r, Q, np.zeros(2), np.diag([-1.5, 0.0]), 0.5)[2] == 0.5
+    assert damped_update(r, Q, np.array([0.3, 0.0]), dQ, 0.5, whole_step=None)[2] == 0.5
+
+
 def test_unbiased_precision_and_rhat():
     rng = np.random.default_rng(7)
     draws = rng.multivariate_normal([1.0, 2.0], [[1.0, 0.3], [0.3, 0.5]], size=50)
@@ -281,7 +301,7 @@ def test_importance_control_variate_is_the_weighted_minus_the_plain_moments_of_i
 def test_laplace_search_from_another_start_gives_the_same_tilted_moments():
     """The site's previous mode as the start (what EP rounds pass) changes the moments by far less than their sd.
 
-    The search stops within about 1e-2 of the mode (in the metric of the Hessian), so the two
+    A first search stops within about 1e-2 of the mode (in the metric of the Hessian), so the two
     proposals differ slightly and so do the estimates from the same points: by a few thousandths
     of an sd here (covariances by under 1 % in the reference's own scale), about a tenth of
     the estimator's own Monte-Carlo error on this site.
@@ -300,16 +320,23 @@ def test_laplace_search_from_another_start_gives_the_same_tilted_moments():
     sd = np.sqrt(np.diag(cold.cov))
     assert np.max(np.abs(warm.mean - cold.mean) / sd) < 1e-2
     assert whitened_gap(warm.cov, cold.cov) < 1e-2
-    # the next round: another cavity, the search starting from the site's derivatives of this one
+    # the next round: another cavity, the search starting from the site's derivatives of this one.  It stops
+    # within about 0.5 (no derivatives evaluated after its first step), so the proposal differs more from a
+    # fresh search's: over 100 seeds the estimates agree on average (within 4 standard errors) and their
+    # Monte-Carlo scatter stays within 1.5 times the fresh search's (this small site's tilted law is far
+    # from Gaussian: a few seeds have an ESS below 100, kept here)
     cav_Q2 = 1.5 * cav_Q
     cav_r2 = cav_Q2 @ np.array([0.4, 0.1, -1.2, -0.4])
-    fresh = tilted_moments(model, stats, cav_r2, cav_Q2, np.random.default_rng(8), method="importance")
-    reused = tilted_moments(model, stats, cav_r2, cav_Q2, np.random.default_rng(8), method="importance",
-                            start=cold.diagnostics["laplace"])
-    sd = np.sqrt(np.diag(fresh.cov))
-    assert np.max(np.abs(reused.mean - fresh.mean) / sd) < 1e-2
-    assert whitened_gap(reused.cov, fresh.cov) < 1e-2
-    np.testing.assert_allclose(reused.diagnostics["mode"], fresh.diagnostics["mode"], atol=1e-2)
+    fresh, reused = [], []
+    for seed in range(100):
+        rng_fresh, rng_reused = np.random.default_rng(seed), np.random.default_rng(seed)
+        fresh.append(tilted_moments(model, stats, cav_r2, cav_Q2, rng_fresh, method="importance", min_ess=0.0).mean)
+        reused.append(tilted_moments(model, stats, cav_r2, cav_Q2, rng_reused, method="importance", min_ess=0.0,
+                                     start=cold.diagnostics["laplace"]).mean)
+    fresh, reused = np.array(fresh), np.array(reused)
+    se = np.sqrt((fresh.var(0) + reused.var(0)) / 100)
+    assert np.all(np.abs(reused.mean(0) - fresh.mean(0)) < 4 * se)
+    assert np.all(reused.std(0) < 1.5 * fresh.std(0))
 
 
 def test_first_laplace_search_starts_at_the_sites_least_squares_and_finds_the_same_mode(monkeypatch):
@@ -375,6 +402,59 @@ def test_device_posterior_draws_have_its_moments(random):
     se = np.sqrt(np.diag(post.cov) / 40000)
     assert np.all(np.abs(post.draws.mean(0) - post.mean) < 4 * se)
     np.testing.assert_allclose(np.cov(post.draws.T), post.cov, atol=0.03 * np.diag(post.cov).max())
+
+
+def test_draws_reweighted_for_a_new_cavity_give_its_tilted_moments():
+    """Importance draws made under one cavity, reweighted for another (a shift of half a cavity sd and a
+    20 % narrower spread), give the brute-force grid's moments under the new cavity; a cavity far from
+    the draws leaves too few effective draws and is refused."""
+    rng = np.random.default_rng(11)
+    X, y = _data(rng, 60, np.array([0.8, -0.4]), 0.4)
+    model, stats = BayesianRidge(2), SiteStats.from_data(X, y)
+    old_mean, old_sd = np.array([-0.5, np.log(0.16)]), 0.3
+    Q_old = np.eye(2) / old_sd**2
+    drawn = tilted_moments(model, stats, Q_old @ old_mean, Q_old, rng, method="importance", n_draws=1024)
+    points = np.column_stack([drawn.phi, drawn.local])
+    new_mean, new_sd = old_mean + 0.5 * old_sd, 0.8 * old_sd
+    Q_new = np.eye(2) / new_sd**2
+    res = reweight(model, points, drawn.diagnostics["log_ratio"], Q_new @ new_mean, Q_new, min_ess=100.0)
+
+    # independent: y ~ N(0, s2 (X X^T / lam + I)) on the raw data, in the eigenbasis of X X^T
+    e, U = np.linalg.eigh(X @ X.T)
+    z2 = (U.T @ y) ** 2
+
+    def logp(pts):
+        ll, ls2 = pts[:, :1], pts[:, 1:]
+        v = np.exp(ls2) * (e / np.exp(ll) + 1.0)
+        return sps.multivariate_normal(new_mean, new_sd**2 * np.eye(2)).logpdf(pts) - 0.5 * (np.log(2 * np.pi * v) + z2 / v).sum(1)
+
+    mean, cov = _grid_moments(logp, [np.linspace(m - 8 * new_sd, m + 8 * new_sd, 200) for m in new_mean])
+    mean, cov = _grid_moments(logp, [np.linspace(m - 10 * s, m + 10 * s, 200) for m, s in zip(mean, np.sqrt(np.diag(cov)))])
+    sd = np.sqrt(np.diag(cov))
+    np.testing.assert_allclose(res.mean, mean, atol=0.05 * sd.min())
+    np.testing.assert_allclose(np.sqrt(np.diag(res.cov)), sd, rtol=0.05)
+    with pytest.raises(TiltedFailure, match="effective sample size"):
+        reweight(model, points, drawn.diagnostics["log_ratio"], Q_new @ (old_mean + 5.0), Q_new, min_ess=100.0)
+
+
+def test_importance_draws_use_the_offsets_given_again_under_a_new_proposal():
+    """A site's next round passes its normal offsets back: the new draws are the new Laplace proposal's
+    mode +- L xi with the same xi (each estimate then as unbiased as with new offsets)."""
+    rng = np.random.default_rng(12)
+    X, y = _data(rng, 60, np.array([0.8, -0.4]), 0.4)
+    model, stats = BayesianRidge(2), SiteStats.from_data(X, y)
+    Q = np.eye(2) / 0.3**2
+    first = tilted_moments(model, stats, Q @ np.array([-0.5, np.log(0.16)]), Q, rng, method="importance", n_draws=512)
+    xi = first.diagnostics["offsets"]
+    assert xi.shape == (256, 2)
+    cav_mean = np.array([-0.4, np.log(0.2)])
+    again = tilted_moments(model, stats, Q @ cav_mean, Q, rng, method="importance", n_draws=512, offsets=xi)
+    # the proposal's covariance: the inverse of minus the Hessian (the site's part plus the cavity's) where the search ended
+    L = np.linalg.cholesky(np.linalg.inv(Q - again.diagnostics["laplace"]["hess"]))
+    mode = again.diagnostics["mode"]
+    np.testing.assert_allclose(np.column_stack([again.phi, again.local])[:256], mode + xi @ L.T, atol=1e-6)
+    # a count other than the offsets' draws new ones
+    assert tilted_moments(model, stats, Q @ cav_mean, Q, rng, method="importance", n_draws=256, offsets=xi).diagnostics["offsets"].shape == (128, 2)
 
 
 @pytest.mark.parametrize("n_rows, cav_sd, pilot_kept", [(400, 0.3, True), (8, 1.0, False)])

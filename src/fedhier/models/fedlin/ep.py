@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .natural import cholesky_lower, is_pd, symmetrise
+from .natural import cholesky_lower, is_pd, symmetrise, to_moments
 from .stats import SiteStats
 from .tilted import TiltedFailure, TiltedResult, tilted_moments
 
-__all__ = ["SiteUpdate", "cavity", "site_update", "damped_update", "converged"]
+__all__ = ["SiteUpdate", "cavity", "site_update", "damped_update", "change", "converged", "WHOLE_STEP"]
 
 
 def cavity(r: np.ndarray, Q: np.ndarray, r_k: np.ndarray, Q_k: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -83,6 +83,18 @@ def site_update(
     return SiteUpdate(tilted.r - r, symmetrise(tilted.Q - Q), tilted)
 
 
+#: largest change of q(phi) (posterior sds of the means, log marginal variances) of a step taken whole (see :func:`damped_update`)
+WHOLE_STEP = 1.0
+
+
+def change(mean_old: np.ndarray, var_old: np.ndarray, mean_new: np.ndarray, var_new: np.ndarray) -> float:
+    """Change of a Gaussian :math:`q(\\phi)` between two rounds:
+    :math:`\\max_j\\max(|m'_j-m_j|/\\sqrt{\\Sigma'_{jj}},\\ |\\log\\Sigma'_{jj}-\\log\\Sigma_{jj}|)`."""
+    dm = np.max(np.abs(mean_new - mean_old) / np.sqrt(var_new))
+    dv = np.max(np.abs(np.log(var_new) - np.log(var_old)))
+    return float(max(dm, dv))
+
+
 def damped_update(
     r: np.ndarray,
     Q: np.ndarray,
@@ -90,10 +102,18 @@ def damped_update(
     dQ_sum: np.ndarray,
     damping: float,
     *,
+    whole_step: float | None = WHOLE_STEP,
     backoff: float = 0.8,
     min_damping: float = 1e-6,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Server step of spec §3.4: :math:`Q\\leftarrow Q+\\delta\\sum_k\\Delta Q_k`, :math:`r\\leftarrow r+\\delta\\sum_k\\Delta r_k`.
+
+    :math:`\\delta` is ``damping``, except that a step whose whole (:math:`\\delta=1`) :func:`change` of
+    :math:`q(\\phi)` is at most ``whole_step`` (None: never) is taken whole: damping guards parallel EP
+    against overshooting with large steps, and near its fixed point, where the tilted laws are
+    nearly Gaussian and the sites' deltas nearly exact, it only slows the approach (a damped
+    round leaves a fraction :math:`1-\\delta` of the remaining distance).  A whole step that
+    overshoots is large again the next round, and is damped.
 
     The step is accepted only if the new :math:`Q` is positive definite; otherwise
     :math:`\\delta\\leftarrow0.8\\,\\delta` and retry (ep-stan safeguard). Cavities are checked on the
@@ -111,6 +131,12 @@ def damped_update(
     if not 0.0 < damping <= 1.0:
         raise ValueError(f"damping must be in (0, 1], got {damping}")
     delta = float(damping)
+    if whole_step is not None and delta < 1.0:
+        Q_whole = symmetrise(Q + dQ_sum)
+        if is_pd(Q_whole):
+            (m, S), (m_whole, S_whole) = to_moments(r, Q), to_moments(r + dr_sum, Q_whole)
+            if change(m, np.diag(S), m_whole, np.diag(S_whole)) <= whole_step:
+                return r + dr_sum, Q_whole, 1.0
     while True:
         Q_new = symmetrise(Q + delta * dQ_sum)
         if is_pd(Q_new):
@@ -132,13 +158,9 @@ def converged(means: list[np.ndarray], variances: list[np.ndarray], *, tol: floa
     """
     if len(means) < 3:
         return False
-
-    def change(c: int) -> float:
-        dm = np.max(np.abs(means[c] - means[c - 1]) / np.sqrt(variances[c]))
-        dv = np.max(np.abs(np.log(variances[c]) - np.log(variances[c - 1])))
-        return float(max(dm, dv))
-
-    now, before = change(len(means) - 1), change(len(means) - 2)
+    c = len(means) - 1
+    now = change(means[c - 1], variances[c - 1], means[c], variances[c])
+    before = change(means[c - 2], variances[c - 2], means[c - 1], variances[c - 1])
     if not now < tol:
         return False
     if now == 0.0:

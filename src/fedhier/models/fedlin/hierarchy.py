@@ -76,14 +76,16 @@ def conditional_theta(stats: SiteStats, mu: np.ndarray, tau: np.ndarray, s2: np.
     n, d = mu.shape
     mean = mu.copy()
     cov = np.zeros((n, d, d))
-    if random.size:
+    if random.size == 1:  # a random intercept (or one slope): P is a scalar per point
+        j = int(random[0])
+        var = 1.0 / (stats.xx[j, j] / s2 + 1.0 / tau[:, 0])
+        mean[:, j] += var * (stats.xy[j] - mu @ stats.xx[:, j]) / s2
+        cov[:, j, j] = var
+    elif random.size:
         b = stats.xy[random] - mu @ stats.xx[:, random]
         P = stats.xx[np.ix_(random, random)][None] / s2[:, None, None] + _diag(1.0 / tau)
-        if random.size == 1:  # a random intercept (or one slope): 1 x 1 blocks
-            Pinv = 1.0 / P
-        else:
-            Pinv = np.linalg.inv(P)
-            Pinv = 0.5 * (Pinv + np.swapaxes(Pinv, -1, -2))
+        Pinv = np.linalg.inv(P)
+        Pinv = 0.5 * (Pinv + np.swapaxes(Pinv, -1, -2))
         mean[:, random] += np.einsum("nij,nj->ni", Pinv, b) / s2[:, None]
         cov[:, random[:, None], random[None, :]] = Pinv
     return mean, cov

@@ -40,8 +40,8 @@ from __future__ import annotations
 import functools
 import itertools
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import numpy as np
 from scipy import special
@@ -51,7 +51,7 @@ from .lasso import sample_lasso_tilted
 from .natural import cholesky_lower, inv_pd, moments_from_draws, row_dot, symmetrise, to_moments, unbiased_precision
 from .stats import SiteStats
 
-__all__ = ["TiltedFailure", "TiltedResult", "tilted_moments", "DevicePosterior", "device_posterior", "normal_offsets", "METHODS", "SAMPLERS", "NEAR_GAUSSIAN"]
+__all__ = ["TiltedFailure", "TiltedResult", "tilted_moments", "DevicePosterior", "device_posterior", "normal_offsets", "reweight", "METHODS", "SAMPLERS", "NEAR_GAUSSIAN"]
 
 #: the ways of computing the tilted moments (``method`` of :func:`tilted_moments`)
 METHODS = ("auto", "exact", "quadrature", "importance", "mcmc")
@@ -126,6 +126,9 @@ def _log_tilted(model, stats, cavity_mean, cavity_prec, z):
 #: Newton decrement g^T (-H)^{-1} g below which the Laplace search takes its last step (see :func:`_laplace`)
 _FINAL_DECREMENT = 1e-2
 
+#: the same for a search that resumes from the site's previous one (its derivatives there known)
+_RESUMED_DECREMENT = 0.5
+
 
 @functools.lru_cache(maxsize=16)
 def _stencil(D: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -187,9 +190,13 @@ def _laplace(logf, x0: np.ndarray, known=None, max_iter: int = 100):
     importance sampler and the quadrature centre; both estimators are consistent for any such
     Gaussian (the sampler's control variate uses the proposal's own moments), so this accuracy
     sets only their variance, not their value: on the radon fit's tilted problems the errors
-    of ``benchmarks/tilted_accuracy.py`` are the same with ``--final-decrement 1e-6``, and a
-    site step in the later EP rounds, whose search starts from its previous mode, usually
-    evaluates no derivatives at all.
+    of ``benchmarks/tilted_accuracy.py`` are the same with ``--final-decrement 1e-6``.  A search
+    that resumes from the site's previous one (``known`` given: an EP round after the site's
+    first, whose tilted law has moved little and is nearly Gaussian) ends below
+    :data:`_RESUMED_DECREMENT` (0.5, a step shorter than 0.7), so that it usually takes one
+    step from the derivatives it starts with and evaluates none; the errors there are the same
+    as with 1e-2 (``--final-decrement 0.5`` applies 0.5 everywhere: only the round-1 failures
+    become more frequent, which is why a first search keeps 1e-2).
 
     Raises
     ------
@@ -199,6 +206,7 @@ def _laplace(logf, x0: np.ndarray, known=None, max_iter: int = 100):
     x = np.array(x0, dtype=float)
     D = x.size
     eye = _identity(D)
+    final_decrement = _FINAL_DECREMENT if known is None else _RESUMED_DECREMENT
     f0, g, H = known if known is not None else _derivatives(logf, x, 1e-3 * np.maximum(1.0, np.abs(x)))
     x_e = x
     for _ in range(max_iter):
@@ -210,7 +218,7 @@ def _laplace(logf, x0: np.ndarray, known=None, max_iter: int = 100):
             lam = max(2 * lam, 1e-6 * max(1.0, float(np.abs(np.diag(A)).max())))
         step, _ = lapack.dpotrs(factor, g, lower=1)
         slope = g @ step
-        if abs(slope) < _FINAL_DECREMENT and lam == 0.0:
+        if abs(slope) < final_decrement and lam == 0.0:
             # the step is shorter than 0.1 in the metric of -H: after it, x is within ~1e-2 of the
             # mode in that metric (Newton converges quadratically); keep the Hessian of this point,
             # whose inverse comes from the factor at hand
@@ -308,6 +316,7 @@ def tilted_moments(
     mcmc: dict | None = None,
     init: dict | None = None,
     start: np.ndarray | None = None,
+    offsets: np.ndarray | None = None,
 ) -> TiltedResult:
     """Moments of the tilted distribution of one site (module docstring).
 
@@ -341,6 +350,12 @@ def tilted_moments(
         there of the site's part of the log tilted density (without the cavity's term, which
         is added analytically), so that the search needs no evaluation at its start.  The
         search runs to the same tolerance from any start.
+    offsets : ndarray of shape (h, p + n_local), optional
+        Importance sampling: standard normal offsets to use again (the ``diagnostics["offsets"]`` of the
+        site's previous call) when a sample of ``2 h`` draws is taken, instead of drawing new ones: the
+        EP rounds then differ only through the proposal, and the quantile transform of new offsets is
+        saved.  Each estimate is unbiased as with new offsets; the rounds' Monte-Carlo errors are
+        correlated instead of independent.
 
     Raises
     ------
@@ -394,31 +409,76 @@ def tilted_moments(
     def logf(z):
         return _log_tilted(model, stats, cavity_mean, cavity_Q, z)
 
-    phi_start = model.phi_start(stats, cavity_mean) if hasattr(model, "phi_start") else cavity_mean
-    x0 = np.concatenate([phi_start, model.local_start(stats)])
-    known = None
+    known = site_part = None
     point = start.get("point") if isinstance(start, Mapping) else start
-    if point is not None and np.shape(point) == x0.shape and np.isfinite(point).all():
+    if point is not None and np.shape(point) == (model.p + model.n_local,) and np.isfinite(point).all():
         x0 = np.asarray(point, dtype=float)
         if isinstance(start, Mapping) and all(k in start for k in ("value", "grad", "hess")):
             # the site's part is the same as in the previous round; only the cavity's term changed
-            known = tuple(a + b for a, b in zip(
-                (float(start["value"]), np.asarray(start["grad"], float), np.asarray(start["hess"], float)),
-                _cavity_part(x0, cavity_mean, cavity_Q, model.p)))
+            site_part = (float(start["value"]), np.asarray(start["grad"], float), np.asarray(start["hess"], float))
+            known = tuple(a + b for a, b in zip(site_part, _cavity_part(x0, cavity_mean, cavity_Q, model.p)))
+    else:
+        phi_start = model.phi_start(stats, cavity_mean) if hasattr(model, "phi_start") else cavity_mean
+        x0 = np.concatenate([phi_start, model.local_start(stats)])
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # non-finite values are -inf (_log_tilted)
         mode, lap_cov, (x_e, f_e, g_e, H_e) = _laplace(logf, x0, known)
-        c, gc, Hc = _cavity_part(x_e, cavity_mean, cavity_Q, model.p)
-        laplace = {"mode": mode, "point": x_e, "value": f_e - c, "grad": g_e - gc, "hess": H_e - Hc}
+        if site_part is None or not np.array_equal(x_e, x0):  # derivatives evaluated at a new point: take the cavity's term off
+            c, gc, Hc = _cavity_part(x_e, cavity_mean, cavity_Q, model.p)
+            site_part = (f_e - c, g_e - gc, H_e - Hc)
+        laplace = {"mode": mode, "point": x_e, "value": site_part[0], "grad": site_part[1], "hess": site_part[2]}
         if method == "quadrature":
             return _quadrature(model, logf, mode, lap_cov, n_nodes, laplace)
+        result = None
         if n_pilot is not None and n_pilot < n_draws:
             try:
-                pilot = _importance(model, logf, mode, lap_cov, rng, n_pilot, 0.0, laplace, sampler)
+                pilot = _importance(model, logf, mode, lap_cov, rng, n_pilot, 0.0, laplace, sampler, offsets)
             except TiltedFailure:
                 pilot = None
             if pilot is not None and pilot.diagnostics["ess"] >= max(NEAR_GAUSSIAN * pilot.weights.size, min_ess):
-                return pilot
-        return _importance(model, logf, mode, lap_cov, rng, n_draws, min_ess, laplace, sampler)
+                result = pilot
+        if result is None:
+            result = _importance(model, logf, mode, lap_cov, rng, n_draws, min_ess, laplace, sampler, offsets)
+        # the draws' log weights without the cavity's term, for reuse under another cavity (reweight)
+        diff = result.phi - cavity_mean
+        result.diagnostics["log_ratio"] = result.diagnostics.pop("log_weights") + 0.5 * row_dot(diff @ cavity_Q, diff)
+        return result
+
+
+def reweight(model, points: np.ndarray, log_ratio: np.ndarray, cavity_r: np.ndarray, cavity_Q: np.ndarray,
+             min_ess: float) -> TiltedResult:
+    """The tilted distribution under a new cavity from importance draws made under an earlier one.
+
+    The draws :math:`z_i=(\\phi_i,u_i)` came from a proposal :math:`g`; ``log_ratio`` holds
+    :math:`\\log p(u_i)+\\log f_k(\\phi_i\\mid u_i)-\\log g(z_i)` (the ``diagnostics["log_ratio"]`` of
+    :func:`tilted_moments`), which does not involve the cavity.  Under the cavity
+    :math:`\\mathcal N(m,Q^{-1})` the self-normalised weights are
+
+    .. math:: w_i\\ \\propto\\ \\exp\\big(\\text{log\\_ratio}_i-\\tfrac12(\\phi_i-m)^\\top Q(\\phi_i-m)\\big),
+
+    the same estimator as fresh draws from :math:`g` would give, without evaluating the site's
+    likelihood again.
+
+    Parameters
+    ----------
+    points : ndarray, shape (n, p + n_local)
+    log_ratio : ndarray, shape (n,)
+    cavity_r, cavity_Q : ndarray, shapes (p,), (p, p)
+    min_ess : float
+        Fewest effective draws accepted.
+
+    Raises
+    ------
+    TiltedFailure
+        When the effective sample size under the new cavity is below ``min_ess``.
+    """
+    cavity_mean, _ = to_moments(cavity_r, cavity_Q)
+    phi = np.ascontiguousarray(points[:, : model.p])
+    diff = phi - cavity_mean
+    weights, ess = _normalised(log_ratio - 0.5 * row_dot(diff @ cavity_Q, diff))
+    if ess < min_ess:
+        raise TiltedFailure(f"effective sample size {ess:.1f} is below {min_ess}")
+    mean, cov = moments_from_draws(phi, weights)
+    return _result(model, mean, cov, phi, points, weights, "importance", {"ess": ess})
 
 
 def _quadrature(model, logf, mode, lap_cov, n_nodes: int, laplace: dict) -> TiltedResult:
@@ -436,7 +496,7 @@ def _quadrature(model, logf, mode, lap_cov, n_nodes: int, laplace: dict) -> Tilt
 
 
 def _importance(model, logf, mode, lap_cov, rng: np.random.Generator, n_draws: int, min_ess: float, laplace: dict,
-                sampler: str) -> TiltedResult:
+                sampler: str, offsets: np.ndarray | None = None) -> TiltedResult:
     """Self-normalised importance sampling from the Laplace approximation, antithetic, with control variate.
 
     With draws z = mode +- e_i (i = 1..h, n = 2h), weights w_i^+ and w_i^-, and the
@@ -453,7 +513,7 @@ def _importance(model, logf, mode, lap_cov, rng: np.random.Generator, n_draws: i
     if L is None:
         raise TiltedFailure("the Laplace covariance is not positive definite")
     half = max(n_draws // 2, 1)
-    xi = normal_offsets(rng, half, D, sampler)
+    xi = offsets if offsets is not None and np.shape(offsets) == (half, D) else normal_offsets(rng, half, D, sampler)
     eps = xi @ L.T
     z = np.empty((2 * half, D))  # antithetic pairs mode +- eps: the plain sample mean is the mode
     np.add(mode, eps, out=z[:half])
@@ -471,7 +531,8 @@ def _importance(model, logf, mode, lap_cov, rng: np.random.Generator, n_draws: i
     shift = (plus - minus) @ e
     cov = lap_cov[:p, :p] + (e.T * (plus + minus - 1.0 / half)) @ e - shift[:, None] * shift
     phi = np.ascontiguousarray(z[:, :p])
-    return _result(model, mode[:p] + shift, symmetrise(cov), phi, z, weights, "importance", {"ess": ess, "mode": mode, "laplace": laplace})
+    return _result(model, mode[:p] + shift, symmetrise(cov), phi, z, weights, "importance",
+                   {"ess": ess, "mode": mode, "laplace": laplace, "log_weights": log_w, "offsets": xi})
 
 
 def _normalised(log_w: np.ndarray) -> tuple[np.ndarray, float]:
@@ -536,13 +597,16 @@ def device_posterior(model, stats: SiteStats, tilted: TiltedResult, rng: np.rand
         phi = rng.multivariate_normal(tilted.mean, tilted.cov, size=n_draws)
         m_d, _ = model.theta_conditional(stats, phi, np.zeros((n_draws, 0)))
         idx, C = np.zeros(n_draws, dtype=int), C[:1]
-    else:  # points drawn by their weights (inverse CDF)
+    else:  # points drawn by their weights: inverse CDF at sorted uniforms, in a random order (i.i.d. draws;
+        # a binary search for sorted keys runs several times faster than for keys in random order)
         cdf = np.cumsum(w)
-        idx = np.minimum(cdf.searchsorted(rng.random(n_draws) * cdf[-1], side="right"), n - 1)
+        u = rng.random(n_draws)
+        u.sort()
+        idx = np.minimum(cdf.searchsorted(u * cdf[-1], side="right"), n - 1)[rng.permutation(n_draws)]
         m_d = m[idx]
     varying = np.flatnonzero((C != 0.0).any(axis=0).any(axis=0))
-    z = rng.standard_normal(m_d.shape)[:, : varying.size]
-    draws = m_d.copy()
+    z = rng.standard_normal((n_draws, varying.size))
+    draws = m_d  # a new array (fancy indexing, or theta_conditional's own)
     if varying.size == 1:  # one coordinate varies (a random intercept): its conditional sd
         j = varying[0]
         draws[:, j] += np.sqrt(np.clip(C[idx, j, j], 0.0, None)) * z[:, 0]
