@@ -19,11 +19,11 @@ One iteration costs two BLAS products per view, (N_k, d_k) x (d_k, q) and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
-from scipy.special import gammaln
 
 from ._data import MultiViewData, check_views, row_blocks
 from ._latent import LatentPosterior, check_model, marginal_loglik_rows, posterior
@@ -36,7 +36,6 @@ from .mstep import (
     sigma2_step,
 )
 from .params import GlobalParams, GlobalView, LocalParams, ViewParams
-from .start import pca_start
 
 __all__ = ["LocalFit", "fit_local", "e_step", "local_objective", "log_prior"]
 
@@ -206,6 +205,8 @@ def fit_local(
             W[name] = rng.uniform(-2.0, 2.0, size=(block.dim, q))
             sigma2[name] = float(rng.uniform(0.1, 0.5))
     if prior is None and init == "pca":
+        from .start import pca_start  # round 1 only: the later rounds' site steps need not import scipy
+
         W, sigma2 = pca_start(site, sample_mean, scatter, q, rng)
     for name in site.views:
         W[name][:, n_cols[name]:] = 0.0
@@ -301,7 +302,7 @@ def log_prior(params: ViewParams, prior: GlobalView) -> float:
     columns = np.asarray(prior.sigma2_W_columns, dtype=float)
     ln_W = -0.5 * d * np.sum(np.log(2 * np.pi * columns)) - 0.5 * np.sum(np.sum(dW**2, axis=0) / columns)
     ln_s = (
-        prior.alpha * np.log(prior.beta) - gammaln(prior.alpha)
+        prior.alpha * np.log(prior.beta) - math.lgamma(prior.alpha)
         - (prior.alpha + 1.0) * np.log(params.sigma2) - prior.beta / params.sigma2
     )
     return float(ln_mu + ln_W + ln_s)
