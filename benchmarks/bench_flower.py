@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -100,6 +101,13 @@ def client_start(fit_json: str, repeats: int) -> dict[str, list[tuple[float, flo
     return times
 
 
+def bytecode_cached() -> bool:
+    """Whether fedhier's modules have compiled bytecode beside them; without it every ClientApp process compiles them."""
+    import fedhier.runtime.flower as module
+
+    return Path(importlib.util.cache_from_source(module.__file__)).is_file()
+
+
 def print_client_start(times: dict[str, list[tuple[float, float]]]) -> None:
     (floor_name, floor), (ours_name, ours) = times.items()
     cpu = {name: statistics.median(c for c, _ in t) for name, t in times.items()}
@@ -107,6 +115,10 @@ def print_client_start(times: dict[str, list[tuple[float, float]]]) -> None:
     print(f"ClientApp start, median of {len(ours)} fresh processes: {ours_name} {cpu[ours_name]:.2f} CPU s "
           f"({wall[ours_name]:.2f} s wall), {floor_name} {cpu[floor_name]:.2f} CPU s ({wall[floor_name]:.2f} s wall): "
           f"{cpu[ours_name] - cpu[floor_name]:.2f} CPU s more per site per round")
+    if not bytecode_cached():
+        print("  fedhier's modules have no compiled bytecode here (PYTHONDONTWRITEBYTECODE set, or a read-only folder): "
+              "each ClientApp process compiles them from source; `python -m compileall -q` on the fedhier folder "
+              "compiles them once")
 
 
 def main() -> None:
