@@ -1,6 +1,6 @@
 """Seconds per round of fedhier over Flower against Flower's own floor and against simulate().
 
-Run:  python benchmarks/bench_flower.py [--rounds 5] [--repeats 5] [--busy 3] [--tls] [--secure] [--start-only]   (about 2 minutes per repeat)
+Run:  python benchmarks/bench_flower.py [--rounds 5] [--repeats 5] [--busy 3] [--tls] [--secure] [--start-only [--model fedlin-hm1]]   (about 2 minutes per repeat)
 
 The bundled Alzheimer data (333 subjects, views of 124 + 3 + 4 features) is split into three
 hospitals (iid, ``fedhier flower demo-data``); on one federation of a real ``flower-superlink``
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -48,8 +49,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from cpu_burner import CpuBurner  # noqa: E402
 
 from fedhier.data import load_alzheimer, partition
+from fedhier.deploy import read_fit
 from fedhier.deploy.mvppca import FlowerFitConfig
-from fedhier.cli.flower import LoopbackFederation, _connection_home, _run_streaming, flwr_run_command, submit, write_demo_sites
+from fedhier.cli.flower import (LoopbackFederation, _connection_home, _run_streaming, flwr_run_command, submit,
+                                 write_demo_sites, write_fleet_sites)
 from fedhier.runtime.flower import read_result
 from fedhier.runtime.simulate import simulate
 
@@ -100,6 +103,13 @@ def client_start(fit_json: str, repeats: int) -> dict[str, list[tuple[float, flo
     return times
 
 
+def bytecode_cached() -> bool:
+    """Whether fedhier's modules have compiled bytecode beside them; without it every ClientApp process compiles them."""
+    import fedhier.runtime.flower as module
+
+    return Path(importlib.util.cache_from_source(module.__file__)).is_file()
+
+
 def print_client_start(times: dict[str, list[tuple[float, float]]]) -> None:
     (floor_name, floor), (ours_name, ours) = times.items()
     cpu = {name: statistics.median(c for c, _ in t) for name, t in times.items()}
@@ -107,6 +117,10 @@ def print_client_start(times: dict[str, list[tuple[float, float]]]) -> None:
     print(f"ClientApp start, median of {len(ours)} fresh processes: {ours_name} {cpu[ours_name]:.2f} CPU s "
           f"({wall[ours_name]:.2f} s wall), {floor_name} {cpu[floor_name]:.2f} CPU s ({wall[floor_name]:.2f} s wall): "
           f"{cpu[ours_name] - cpu[floor_name]:.2f} CPU s more per site per round")
+    if not bytecode_cached():
+        print("  fedhier's modules have no compiled bytecode here (PYTHONDONTWRITEBYTECODE set, or a read-only folder): "
+              "each ClientApp process compiles them from source; `python -m compileall -q` on the fedhier folder "
+              "compiles them once")
 
 
 def main() -> None:
@@ -117,13 +131,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="fedhier fits and floor runs, alternating which is first")
     parser.add_argument("--busy", type=int, default=0, help="busy processes per core while it runs (0: none)")
     parser.add_argument("--start-only", action="store_true", help="only the ClientApp start of fedhier against Flower's")
+    parser.add_argument("--model", choices=["fed-mv-ppca", "fedlin-hm1", "fedlin-hm2"], default="fed-mv-ppca",
+                        help="with --start-only: the family whose ClientApp starts (FedLin: the bundled fleet's fit)")
     args = parser.parse_args()
     burner = CpuBurner(per_core=args.busy) if args.busy else contextlib.nullcontext()
     with burner:
         if args.start_only:
             with tempfile.TemporaryDirectory(prefix="bench-flower-") as tmp:
-                fit_toml = write_demo_sites(Path(tmp) / "sites", n_sites=3, seed=0, n_components=5, n_rounds=args.rounds)
-                print_client_start(client_start(FlowerFitConfig.read(fit_toml).to_json(), args.repeats))
+                if args.model == "fed-mv-ppca":
+                    fit_toml = write_demo_sites(Path(tmp) / "sites", n_sites=3, seed=0, n_components=5, n_rounds=args.rounds)
+                else:
+                    fit_toml = write_fleet_sites(Path(tmp) / "sites", model=args.model, n_rounds=args.rounds)
+                print_client_start(client_start(read_fit(fit_toml).to_json(), args.repeats))
         else:
             run(args)
 

@@ -675,3 +675,18 @@ def test_a_data_path_may_start_at_home_and_a_folder_is_named_as_one(tmp_path, mo
     (tmp_path / "folder").mkdir()
     toml.write_text(toml.read_text().replace('b = "site_b.csv"', 'b = "folder"'))
     assert f"site 'b': {tmp_path / 'folder'} is a folder, not a data file" in _error(capsys, toml, "fit")
+
+
+def test_a_column_is_read_cell_by_cell_rules_whether_or_not_every_cell_is_a_number(tmp_path):
+    from fedhier.data.sitefiles import parse_column, read_table
+
+    path = tmp_path / "site.csv"
+    path.write_text("plain,marked,mixed,infinite\n1.5,-9,yes,1\n-2e3,4,NA,inf\n 7 ,-9,,2\n0.25,8,3.5,3\n")
+    table = read_table(path, "hospital-a", missing={"marked": ["-9"]})
+    problems: list[str] = []
+    columns = {c: parse_column(table, c, problems) for c in ("plain", "marked", "mixed", "infinite")}
+    np.testing.assert_array_equal(columns["plain"], [1.5, -2000.0, 7.0, 0.25])
+    np.testing.assert_array_equal(columns["marked"], [np.nan, 4.0, np.nan, 8.0])  # its own marker, though numeric
+    np.testing.assert_array_equal(columns["mixed"], [1.0, np.nan, np.nan, 3.5])
+    np.testing.assert_array_equal(columns["infinite"], [1.0, np.nan, 2.0, 3.0])
+    assert len(problems) == 1 and "infinite value in column 'infinite', row 2" in problems[0]

@@ -17,12 +17,14 @@ Solvers:
   alpha <- psi^{-1}(ln alpha - s) from the moment start alpha_0 = xbar^2 / v + 2 (v the
   sample variance, from sum x and sum x^2; a zero v is replaced by 1e-20), then the
   floor alpha >= 2 + 1e-5.  Converges slowly when alpha is large (rate ~ 1 - 1/(2 alpha)).
+
+This is the coordinator's global step; a site's step imports the module (through the
+package) but never calls it, so ``scipy.special`` is imported by the functions that use it.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import digamma, zeta
 
 __all__ = ["invgamma_mle", "invgamma_mle_from_statistics", "inverse_digamma", "ALPHA_FLOOR", "ALPHA_CAP"]
 
@@ -38,12 +40,16 @@ _SERIES_FROM = 20.0
 def _trigamma(a: float) -> float:
     """psi'(a) = zeta(2, a), the Hurwitz zeta function (a > 0): the value of ``_trigamma(a)``
     without that wrapper's per-call cost, which made up half of a master step."""
+    from scipy.special import zeta
+
     return zeta(2.0, a)
 
 
 def _log_minus_digamma(a: float) -> float:
     """ln a - psi(a), by its asymptotic series for large a (no cancellation)."""
     if a < _SERIES_FROM:
+        from scipy.special import digamma
+
         return float(np.log(a) - digamma(a))
     r = 1.0 / (a * a)
     return float(1.0 / (2.0 * a) + r * (1.0 / 12.0 - r * (1.0 / 120.0 - r / 252.0)))
@@ -59,6 +65,8 @@ def _inv_a_minus_trigamma(a: float) -> float:
 
 def inverse_digamma(y: float, *, tol: float = 1e-8, max_steps: int = 100) -> float:
     """psi^{-1}(y) by Newton as in [RC] (§5.2): start e^y + 1/2 if y >= -2.22 else -1/(y - psi(1))."""
+    from scipy.special import digamma
+
     x = np.exp(y) + 0.5 if y >= -2.22 else -1.0 / (y - digamma(1.0))
     for _ in range(max_steps):
         step = (digamma(x) - y) / _trigamma(x)

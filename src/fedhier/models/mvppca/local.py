@@ -19,11 +19,11 @@ One iteration costs two BLAS products per view, (N_k, d_k) x (d_k, q) and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
-from scipy.special import gammaln
 
 from ._data import MultiViewData, check_views, row_blocks
 from ._latent import LatentPosterior, check_model, marginal_loglik_rows, moments_from_covariance, posterior
@@ -37,7 +37,6 @@ from .mstep import (
 )
 from .params import GlobalParams, GlobalView, LocalParams, ViewParams
 from ._linalg import threads_for
-from .start import joint_covariance, pca_start
 
 __all__ = ["LocalFit", "fit_local", "e_step", "local_objective", "log_prior"]
 
@@ -222,6 +221,8 @@ def fit_local(
         sample_mean[name] = block.values.mean(axis=0)
     covariance = None  # the views' joint covariance, when the start forms it
     if prior is None and init == "pca":
+        from .start import joint_covariance, pca_start  # round 1 only: the later rounds' site steps need not import scipy
+
         covariance = joint_covariance(site, sample_mean, q)
     offset = 0
     for name, block in site.views.items():
@@ -350,7 +351,7 @@ def log_prior(params: ViewParams, prior: GlobalView) -> float:
     columns = np.asarray(prior.sigma2_W_columns, dtype=float)
     ln_W = -0.5 * d * np.sum(np.log(2 * np.pi * columns)) - 0.5 * np.sum(np.sum(dW**2, axis=0) / columns)
     ln_s = (
-        prior.alpha * np.log(prior.beta) - gammaln(prior.alpha)
+        prior.alpha * np.log(prior.beta) - math.lgamma(prior.alpha)
         - (prior.alpha + 1.0) * np.log(params.sigma2) - prior.beta / params.sigma2
     )
     return float(ln_mu + ln_W + ln_s)
