@@ -137,7 +137,16 @@ def test_round_one_em_on_the_covariance_is_em_on_the_data(monkeypatch, offset):
     assert len(passes) == (6 if offset else 0)
 
     # the reference: the same fit with every E-step from the data (the start still forms C itself)
-    monkeypatch.setattr(local, "joint_covariance", lambda *args: None)
+    from fedhier.models.mvppca import start
+
+    formed = start.joint_covariance
+    calls = []  # the fit's own call (first) gets no covariance; the start's call inside pca_start forms it
+
+    def not_for_the_fit(*args):
+        calls.append(1)
+        return None if len(calls) == 1 else formed(*args)
+
+    monkeypatch.setattr(start, "joint_covariance", not_for_the_fit)
     on_data = fit_local(views, q, n_iter=6, rng=0)
     assert len(passes) == (12 if offset else 6)
     for k in views:
