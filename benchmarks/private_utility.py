@@ -133,7 +133,8 @@ def _key(unit: str, rounds: int, epsilon: float) -> str:
 
 
 def _plain_rounds(name: str, plain_rounds: int) -> int:
-    """Rounds of the non-private fit: at most 10 on the 300,000-subject set, whose fit has converged by then."""
+    """Rounds of the non-private fit: at most 10 on the 300,000-subject set, to bound the run's time (on one seed
+    of ten, seed 6, that fit had not converged by then: docs/privacy.md)."""
     n = int(name.removeprefix("synthetic")) if name.startswith("synthetic") else 0
     return min(plain_rounds, 10) if n >= 300_000 else plain_rounds
 
