@@ -75,12 +75,32 @@ def threads_for(multiply_adds: float) -> ContextManager:
     return nullcontext()
 
 
+try:  # numpy.linalg's own LAPACK kernels, without the wrapper's per-call checks (a few microseconds a call)
+    from numpy.linalg import _umath_linalg as _kernels
+except ImportError:  # pragma: no cover - a numpy without them: its public functions, the same kernels
+    _kernels = None
+
+
 def _cholesky(matrix: np.ndarray) -> np.ndarray:
-    """Lower-triangular L with A = L L^T, for a symmetric positive definite A of shape (q, q)."""
-    try:
-        return np.linalg.cholesky(matrix)
-    except np.linalg.LinAlgError:
-        raise np.linalg.LinAlgError("a q x q matrix of the EM step is not positive definite") from None
+    """Lower-triangular L with A = L L^T, for a symmetric positive definite A of shape (q, q).
+
+    numpy.linalg.cholesky's kernel, called directly: it fills L with NaN where A is not positive definite.
+    """
+    if _kernels is None:
+        try:
+            return np.linalg.cholesky(matrix)
+        except np.linalg.LinAlgError:
+            raise np.linalg.LinAlgError("a q x q matrix of the EM step is not positive definite") from None
+    with np.errstate(invalid="ignore"):
+        chol = _kernels.cholesky_lo(matrix, signature="d->d")
+    if not np.isfinite(chol.trace()):
+        raise np.linalg.LinAlgError("a q x q matrix of the EM step is not positive definite")
+    return chol
+
+
+def _triangular_inverse(chol: np.ndarray) -> np.ndarray:
+    """L^{-1} of a Cholesky factor (numpy.linalg.inv's kernel, called directly)."""
+    return np.linalg.inv(chol) if _kernels is None else _kernels.inv(chol, signature="d->d")
 
 
 def spd_inverse(matrix: np.ndarray) -> tuple[np.ndarray, float]:
@@ -94,7 +114,7 @@ def spd_inverse(matrix: np.ndarray) -> tuple[np.ndarray, float]:
         If A is not positive definite.
     """
     chol = _cholesky(matrix)
-    inverse_chol = np.linalg.inv(chol)
+    inverse_chol = _triangular_inverse(chol)
     inverse = inverse_chol.T @ inverse_chol
     return 0.5 * (inverse + inverse.T), 2.0 * float(np.log(chol.diagonal()).sum())
 
@@ -102,12 +122,13 @@ def spd_inverse(matrix: np.ndarray) -> tuple[np.ndarray, float]:
 def spd_solve(matrix: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """X = A^{-1} B for a symmetric positive definite A of shape (q, q) and B of shape (q,) or (q, m).
 
-    A = L L^T (Cholesky), then L Y = B and L^T X = Y.
+    A = L L^T (Cholesky), X = L^{-T} (L^{-1} B): at q x q, inverting L costs one call, as each of the two
+    triangular solves would (numpy has no triangular solver; its general solve factorises again).
 
     Raises
     ------
     numpy.linalg.LinAlgError
         If A is not positive definite.
     """
-    chol = _cholesky(matrix)
-    return np.linalg.solve(chol.T, np.linalg.solve(chol, rhs))
+    inverse_chol = _triangular_inverse(_cholesky(matrix))
+    return inverse_chol.T @ (inverse_chol @ rhs)
