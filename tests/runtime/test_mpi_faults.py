@@ -57,6 +57,17 @@ _STOP_AFTER_ROUND = (
     "runpy.run_module('fedhier.cli.collab', run_name='__main__')")
 
 
+#: the same, with rank RANK stopping itself as it begins to write round ROUND's state (its round before already kept
+#: as the previous state)
+_STOP_BEFORE_SAVING = (
+    "import os, runpy, signal, sys; import fedhier.runtime.checkpoint as c; write = c.write_checkpoint\n"
+    "def stop_then_write(path, checkpoint):\n"
+    "    if os.environ.get('PMI_RANK') == '{rank}' and checkpoint.round == {round}: os.kill(os.getpid(), signal.SIGSTOP)\n"
+    "    return write(path, checkpoint)\n"
+    "c.write_checkpoint = stop_then_write; sys.argv[0] = 'fedhier.cli.collab'\n"
+    "runpy.run_module('fedhier.cli.collab', run_name='__main__')")
+
+
 def _saved_round(path):
     try:
         return read_checkpoint(path).round
@@ -64,10 +75,10 @@ def _saved_round(path):
         return None
 
 
-def _start(tmp_path, extra=(), stop_after_round=None):
+def _start(tmp_path, extra=(), stop_after_round=None, script=_STOP_AFTER_ROUND):
     _frame().to_csv(tmp_path / "data.csv", index=False)
     run = ["-m", "fedhier.cli.collab"] if stop_after_round is None else \
-        ["-c", _STOP_AFTER_ROUND.format(rank=stop_after_round[0], round=stop_after_round[1])]
+        ["-c", script.format(rank=stop_after_round[0], round=stop_after_round[1])]
     args = [_mpiexec(), "-n", str(N_SITES), "-disable-auto-cleanup", sys.executable, *run, "fit",
             "--runtime", "mpi", "--csv", "data.csv", "--site-column", "site", "--components", "3", "--max-iter", "8",
             "--aggregation", "chunked", "--seed", "5", "--site-seed", "5", "--peer-timeout", "60",
@@ -128,6 +139,30 @@ def test_a_killed_peer_ends_the_job_with_every_sites_last_round_saved(tmp_path):
     for s in range(N_SITES):
         saved = read_checkpoint(tmp_path / f"model_{s}.state.npz")
         assert saved.round >= 1 and saved.site_states[0]  # the site's model and private state after a round
+
+
+def test_a_rank_stopped_while_saving_a_round_still_holds_the_round_before(tmp_path):
+    """Rank 5 stops itself as it begins to write round 2's state: its state file must still hold round 1 (a kill
+    there would otherwise leave it no state file of its last round, only the one before)."""
+    stopped = 5
+    proc = _start(tmp_path, ["--peer-timeout", "600", "--no-mitigate"], stop_after_round=(stopped, 2),
+                  script=_STOP_BEFORE_SAVING)
+
+    def is_stopped():
+        pid = _rank_pid(proc.pid, stopped)
+        try:
+            return pid is not None and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+        except OSError:
+            return False
+
+    try:
+        halted = _wait(is_stopped, proc)
+        state = _saved_round(tmp_path / f"model_{stopped}.state.npz")
+        previous = _saved_round(tmp_path / f"model_{stopped}.state.previous.npz")
+    finally:
+        out, err = _stop(proc)
+    assert halted, f"rank {stopped} never reached its save of round 2\nstdout:\n{out}\nstderr:\n{err}"
+    assert state == 1 and previous == 1
 
 
 @pytest.mark.parametrize("method, call, stop, rounds_with_it, lost_rounds", [

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -518,10 +517,12 @@ class CollabDict(_SiteOutlierDetector):
 
         def save(result) -> None:
             from ..runtime.checkpoint import Checkpoint, write_checkpoint
+            from ..utils.io import atomic_write_bytes, remove_stale_temporaries
 
             history = json.loads(json.dumps(result.history, default=float))
-            if paths[0].exists():
-                os.replace(paths[0], paths[1])
+            if paths[0].exists():  # copied, not moved: a rank killed at any moment still holds its last round's state
+                atomic_write_bytes(paths[1], paths[0].read_bytes())
+                remove_stale_temporaries(paths[1])
             saved = {**result.broadcast, **{f"moments/{k}": v for k, v in moments.items()}}
             write_checkpoint(paths[0], Checkpoint(protocol.name, len(history), seed, saved,
                                                   [result.site_states[rank]], history))
