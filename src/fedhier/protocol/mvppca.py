@@ -367,10 +367,8 @@ class MVPPCAProtocol(RoundProtocol):
         anchor = self._anchor(broadcast)
         # the latents' second moments at the fitted parameters serve the spread and the latent moment
         fitted = spread.latent_second_moments(ctx.data, params, fit.covariance) if self.prior_update == "em" else None
-        site_spread = (
-            spread.posterior_spread(ctx.data, params, prior, columns=self.column_variances, given=fitted)
-            if self.prior_update == "em" else None
-        )
+        site_spread = None if fitted is None else spread.posterior_spread(
+            ctx.data, params, prior, columns=self.column_variances, given=fitted)
         if self.privacy is not None:
             from ..models.mvppca import dp
 

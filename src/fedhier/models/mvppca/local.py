@@ -107,16 +107,6 @@ def _covariance_is_accurate(n: int, mean: np.ndarray, scatter: float) -> bool:
     return n * float(mean @ mean) <= _MEAN_TO_SPREAD * scatter
 
 
-def _view_scatter(values: np.ndarray, centre: np.ndarray, covariance: np.ndarray | None) -> float:
-    """sum_n ||t_n - t-bar||^2 of a view's (N, d) rows: N tr C from its covariance block C (d, d) when given and
-    accurate (:func:`_covariance_is_accurate`), else a pass over the data (:func:`_scatter_about`)."""
-    if covariance is not None:
-        scatter = values.shape[0] * float(np.trace(covariance))
-        if _covariance_is_accurate(values.shape[0], centre, scatter):
-            return scatter
-    return _scatter_about(values, centre)
-
-
 def _relative_change(before: dict, mu: dict, W: dict, sigma2: dict) -> float:
     """Largest relative change of (mu_k, W_k, sigma2_k) over the views since ``before``.
 
@@ -224,11 +214,17 @@ def fit_local(
         from .start import joint_covariance, pca_start  # round 1 only: the later rounds' site steps need not import scipy
 
         covariance = joint_covariance(site, sample_mean, q)
-    offset = 0
+    # a view's scatter sum_n ||t_n - t-bar||^2 is N tr C_kk where its covariance block is accurate, else a pass
+    # over the data; round 1's EM runs on the covariance when every view's block is accurate
+    offset, accurate = 0, covariance is not None
     for name, block in site.views.items():
-        diagonal = None if covariance is None else covariance[offset:offset + block.dim, offset:offset + block.dim]
-        offset += block.dim
-        scatter[name] = _view_scatter(block.values, sample_mean[name], diagonal)
+        view_accurate = False
+        if covariance is not None:
+            from_covariance = block.n_obs * float(np.trace(covariance[offset:offset + block.dim, offset:offset + block.dim]))
+            view_accurate = _covariance_is_accurate(block.n_obs, sample_mean[name], from_covariance)
+            offset += block.dim
+        scatter[name] = from_covariance if view_accurate else _scatter_about(block.values, sample_mean[name])
+        accurate = accurate and view_accurate
         n_cols[name] = effective_columns(block.dim, q)
         if prior is not None:
             g = prior[name]
@@ -239,10 +235,7 @@ def fit_local(
             sigma2[name] = float(rng.uniform(0.1, 0.5))
     if prior is None and init == "pca":
         W, sigma2 = pca_start(site, sample_mean, scatter, q, rng, covariance=covariance)
-    # round 1's EM runs on the covariance, when formed and accurate, instead of passing over the data
-    em_covariance = covariance if covariance is not None and all(
-        _covariance_is_accurate(block.n_obs, sample_mean[name], scatter[name]) for name, block in site.views.items()
-    ) else None
+    em_covariance = covariance if accurate else None
     for name in site.views:
         W[name][:, n_cols[name]:] = 0.0
 
