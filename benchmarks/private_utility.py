@@ -179,8 +179,9 @@ def run(plan: list[dict], seeds: int, plain_rounds: int, results: dict, path: st
                 out["mae"].setdefault(key, [])[seed:] = [float(value)]
             out["seeds"] = seed + 1
             if path:
-                with open(path, "w") as f:
-                    json.dump(results, f, indent=1)
+                from fedhier.utils.io import atomic_write_text  # an interrupted write leaves the last seed's file
+
+                atomic_write_text(path, json.dumps(results, indent=1))
             print(f"[{name} seed {seed} done]", file=sys.stderr, flush=True)
 
 
@@ -264,7 +265,7 @@ def main() -> None:
         plan = [dict(data=name, units=args.units.split(","), epsilons=[float(e) for e in args.epsilons.split(",")],
                      schedules=[int(r) for r in args.rounds.split(",")]) for name in args.data.split(",")]
         print(f"`{COMMAND} --seeds {args.seeds} --data {args.data} --epsilons {args.epsilons} --units {args.units} "
-              f"--rounds {args.rounds} --plain-rounds {args.plain_rounds}`\n")
+              f"--rounds {args.rounds} --plain-rounds {args.plain_rounds}" + (" --resume`\n" if args.resume else "`\n"))
     t0 = time.perf_counter()
     results: dict = {}
     if args.resume:
@@ -275,6 +276,8 @@ def main() -> None:
                 results = json.load(f)
         except FileNotFoundError:
             pass
+        except (OSError, ValueError) as exc:
+            parser.error(f"--resume: {args.out} is not a results file written by --out ({exc})")
     run(plan, args.seeds, args.plain_rounds, results, args.out)
     table(results)
     print(f"({args.seeds} seeds each; {time.perf_counter() - t0:.0f} s)")
