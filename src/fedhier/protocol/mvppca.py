@@ -13,9 +13,9 @@ Messages (flat, declared; ``<view>/<field>``):
   not measure it; with privacy always present, :func:`fedhier.models.mvppca.dp.complete_views`): ``count, sum_mu, sum_sq_mu, sum_W, sum_sq_W, sum_inv_sigma2, sum_log_sigma2,
   sum_sigma2, sum_sq_sigma2``, and with ``prior_update="em"`` also ``sum_post_var_mu,
   sum_post_var_W`` (the site's posterior spread, :mod:`fedhier.models.mvppca.spread`);
-  with ``prior_update="em"`` and no privacy, ``latent_moment``, the site's
-  sum_n tr <x_n x_n^T>, and ``latent_count``, its number of subjects, from which the master
-  sets the scale of the loadings (:func:`fedhier.models.mvppca.master.latent_scale`), and per
+  with ``prior_update="em"`` and no privacy, ``latent_moment`` (q, q), the site's
+  sum_n <x_n x_n^T>, and ``latent_count``, its number of subjects, from which the master
+  sets the scale (and after round 2 the shape) of the loadings (:func:`fedhier.models.mvppca.master.latent_scale`), and per
   view ``sum_sq_W_columns, sum_post_var_W_columns`` (q,), the columns' terms of ``sum_sq_W`` and
   ``sum_post_var_W``, from which the master gives each column of the loadings its own variance;
   plus, in a fit without privacy only, ``expected_ll`` (the site's final Q_c, §4.2) and
@@ -193,7 +193,8 @@ def reply_spec(
     # raw diagnostics: sent only without privacy (check_disclosure refuses them otherwise)
     reply: dict[str, Field] = {"expected_ll": Field((), optional=True), "safeguards": Field((), optional=True)}
     if prior_update == "em" and not private:
-        reply.update({name: Field((), optional=True) for name in master.LATENT_FIELDS})
+        reply["latent_moment"] = Field((n_components, n_components), optional=True)
+        reply["latent_count"] = Field((), optional=True)
     released = "release" if private else "raw"
     columns = prior_update == "em" and not private and column_variances
     for view, dim in zip(schema.names, schema.dims):
@@ -423,14 +424,15 @@ class MVPPCAProtocol(RoundProtocol):
             newton=self.privacy is None,  # with privacy the traces are noisy: the plain EM step
             n_subjects=subjects / n_sites if self.column_variances and subjects > 0 and n_sites > 0 else None,
         )
+        # round 1's W~ averages loadings fitted in each site's own rotation: fold the whole second moment once
+        shape = round == 2 and prior is not None
         if self.latent_scale and subjects > 0:
-            second_moment = float(combined["latent_moment"]) / (self.n_components * subjects)
-            new = master.latent_scale(new, second_moment)
+            new = master.latent_scale(new, np.asarray(combined["latent_moment"], dtype=float) / subjects, shape=shape)
         for note in safeguards:
             self._safeguard_log(note, "round %d, master: %s", round, note)
         if self.accelerator is not None:
-            if prior is None:
-                self.accelerator.reset()  # round 1: a new fit
+            if prior is None or (shape and self.latent_scale):
+                self.accelerator.reset()  # round 1: a new fit; round 2 moved the shape, a new cycle
             else:
                 new = self.accelerator.step(prior, new)
         if self.privacy is not None and self.privacy.denoise and anchor is not None:

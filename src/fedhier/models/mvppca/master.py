@@ -43,14 +43,18 @@ prior (d_k q coordinates, each of variance sigma2_W~), while a site's data infor
 scale through its N_c latents only, so the master's averages barely move it from round to
 round and it drifts: the fitted loadings come out too small and their spread with them.
 A parameter-expanded EM step (Liu, Rubin & Wu 1998) lets the latents' variance be
-estimated, x ~ N(0, s I) with s = sum_c sum_n tr <x_n x_n^T> / (q sum_c N_c), and folds it
-back into the loadings:
+estimated, x ~ N(0, s I) with s = tr S / q, S = sum_c sum_n <x_n x_n^T> / sum_c N_c, and
+folds it back into the loadings:
 
     W~ <- sqrt(s) W~,   sigma2_W~ <- s sigma2_W~,
 
-which moves the scale in one step; at a fixed point s = 1.  (A full covariance, W~ S^{1/2},
-also turns the latent space; on sites holding different groups, whose latents differ in
-covariance, it led the fit astray.)
+which moves the scale in one step; at a fixed point s = 1.  Once, after round 2, the whole
+of S is folded, W~ <- W~ S^{1/2}: round 1's W~ is the average of maximum-likelihood
+loadings that each site found in its own rotation of the latent space, so the sizes of its
+columns relative to one another are arbitrary (a column can nearly cancel), and the round-2
+sites, fitted with that prior, measure in S how far they are from N(0, I).  (Folding the
+whole of S in every round also keeps turning the latent space; on sites holding different
+groups, whose latents differ in covariance, that led the fit astray.)
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ THETA_BLOCKS = ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta")
 PRIOR_UPDATES = ("em", "paper")
 #: the per-view fields that ``prior_update="em"`` adds to the site statistics
 SPREAD_FIELDS = ("sum_post_var_mu", "sum_post_var_W")
-#: the scalars (not per view) that ``prior_update="em"`` adds to a site's reply: sum_n tr <x_n x_n^T>, N_c
+#: the fields (not per view) that ``prior_update="em"`` adds to a site's reply: sum_n <x_n x_n^T> (q, q), N_c
 LATENT_FIELDS = ("latent_moment", "latent_count")
 #: the per-view fields of shape (q,) that the per-column update of sigma2_Wi adds: the columns' terms of
 #: sum_sq_W and sum_post_var_W
@@ -569,31 +573,46 @@ def data_independent_prior(dims: Mapping[str, int], n_components: int) -> Global
     return out
 
 
-def latent_scale(params: GlobalParams, second_moment: float) -> GlobalParams:
-    """Fold the latents' pooled second moment s into the scale of the loadings (module docstring).
+def latent_scale(params: GlobalParams, second_moment: float | np.ndarray, *, shape: bool = False) -> GlobalParams:
+    """Fold the latents' pooled second moment S into the loadings (module docstring).
 
-    W~ <- sqrt(s) W~, sigma2_W~ <- s sigma2_W~ (and each sigma2_Wi~); the rest of theta~ is unchanged.
+    By default its scale s = tr S / q: W~ <- sqrt(s) W~, sigma2_W~ <- s sigma2_W~ (and each
+    sigma2_Wi~).  With ``shape`` the whole of it, W~ <- W~ S^{1/2} (the symmetric root), which
+    also gives the columns their relative sizes; the variances are scaled by s as before.  The
+    rest of theta~ is unchanged.
 
     Parameters
     ----------
     params : GlobalParams
         theta~ from :func:`global_step`.
-    second_moment : float
-        s = sum_c sum_n tr <x_n x_n^T> / (q sum_c N_c) over the sites that replied.
+    second_moment : float or ndarray of shape (q, q)
+        S = sum_c sum_n <x_n x_n^T> / sum_c N_c over the sites that replied, or its scale s.
+    shape : bool
+        Fold S itself, not only its scale (needs S as a matrix).
 
     Raises
     ------
     ValueError
-        If ``second_moment`` is not a positive finite number.
+        If S is not positive definite and finite (s not a positive finite number).
     """
-    s = float(second_moment)
+    S = np.asarray(second_moment, dtype=float)
+    s = float(np.trace(S)) / S.shape[0] if S.ndim == 2 else float(S)
     if not (np.isfinite(s) and s > 0.0):
-        raise ValueError(f"latent second moment must be a positive finite number, got {s}")
-    return {
-        view: replace(g, W=np.sqrt(s) * np.asarray(g.W, dtype=float), sigma2_W=g.sigma2_W * s,
-                      sigma2_W_columns=s * np.asarray(g.sigma2_W_columns, dtype=float))
-        for view, g in params.items()
-    }
+        raise ValueError(f"latent second moment must be positive and finite, got scale {s}")
+    root = None
+    if shape:
+        if S.ndim != 2 or S.shape[0] != S.shape[1]:
+            raise ValueError(f"folding the shape needs the latents' second moment as a square matrix, got shape {S.shape}")
+        eig, vec = np.linalg.eigh((S + S.T) / 2.0)
+        if not (np.all(np.isfinite(eig)) and eig.min() > 0.0):
+            raise ValueError("latent second moment must be positive definite and finite")
+        root = (vec * np.sqrt(eig)) @ vec.T
+    out = {}
+    for view, g in params.items():
+        W = np.asarray(g.W, dtype=float)
+        out[view] = replace(g, W=np.sqrt(s) * W if root is None else W @ root, sigma2_W=g.sigma2_W * s,
+                            sigma2_W_columns=s * np.asarray(g.sigma2_W_columns, dtype=float))
+    return out
 
 
 def relative_change(previous: GlobalParams, current: GlobalParams, blocks: Sequence[str] = THETA_BLOCKS) -> float:

@@ -29,8 +29,8 @@ Without a prior (round 1) both use a flat prior (lambda = 0, 1 / sigma2_mu~ = 0)
 sampling variance of the maximum-likelihood estimates.
 
 :func:`latent_moment` gives the third quantity the update needs, the site's summed
-posterior second moment of the latent variables, sum_n tr <x_n x_n^T>, and its subject
-count: their sums over sites fix the scale of W~ (:func:`.master.latent_scale`).
+posterior second moment of the latent variables, sum_n <x_n x_n^T> (q x q), and its subject
+count: their sums over sites fix the scale (and once the shape) of W~ (:func:`.master.latent_scale`).
 """
 
 from __future__ import annotations
@@ -160,10 +160,10 @@ def latent_moment(
     params: Mapping[str, ViewParams],
     *,
     given: tuple[MultiViewData, np.ndarray] | None = None,
-) -> tuple[float, int]:
+) -> tuple[np.ndarray, int]:
     """The site's summed posterior second moment of the latents and its number of subjects.
 
-    sum_n tr <x_n x_n^T> = sum_n (tr M_{O_n} + ||<x_n>||^2), each subject given its observed
+    sum_n <x_n x_n^T> = sum_n (M_{O_n} + <x_n> <x_n>^T), each subject given its observed
     views O_n (spec §4.1).
 
     Parameters
@@ -176,8 +176,8 @@ def latent_moment(
 
     Returns
     -------
-    moment : float
+    moment : ndarray of shape (q, q)
     n_subjects : int
     """
     site, second_moments = latent_second_moments(data, params) if given is None else given
-    return float(np.trace(second_moments.sum(axis=0))), int(site.n)
+    return second_moments.sum(axis=0), int(site.n)
