@@ -3,6 +3,7 @@
 Run:  python benchmarks/bench_hierarchy.py                  (60 designs, about 25 minutes on a shared machine)
       python benchmarks/bench_hierarchy.py --designs 12 --drift 3     (a quick look)
       python benchmarks/bench_hierarchy.py --shared-variance --updates em   (one variance shared by all columns)
+      python benchmarks/bench_hierarchy.py --redraw 59 10   (design 59 with 10 fresh draws of its data)
 
 Each design is drawn (seed = the design's index) from one family, then its data from the hierarchical
 model of the spec (``make_federated_ppca``): 3 views of d_k features, d_k log-uniform on 5..500; C sites,
@@ -20,6 +21,9 @@ distribution of the ratios over all (design, view) pairs, per group of designs, 
 and apart the pairs whose sd the design's data fix to 10 % (``relative_error``): where the spread is
 small against the sites' sampling error no estimator can recover it.
 
+Redraw: ``--redraw I K`` fits design I (q right, EM update) on K fresh draws of its data (seeds 10,000 + k), to tell
+an estimator's bias on a design from its spread: the ratios to the realised spread, per view, their median and sd.
+
 Drift: for the first ``--drift`` designs with q right and C >= 6, the EM fit is re-run with ``tol=None``
 for 100 rounds; printed is the ratio at round 100 over the ratio where the default rule stops.
 """
@@ -28,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import time
+import warnings
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 
 from fedhier import FedMVPPCA
 from fedhier.data.synthetic import make_federated_ppca
@@ -89,6 +95,31 @@ def relative_error(data, design) -> np.ndarray:
     return out
 
 
+def draw_data(design: dict, seed: int):
+    """The design's data drawn from the hierarchical model with this seed."""
+    return make_federated_ppca(
+        design["n_sites"], [int(v) for v in design["n"]], design["dims"], design["q"], sd_mu=design["sd_mu"],
+        sd_W=design["sd_W"], sigma2_alpha=3.0, sigma2_beta=2.0, global_sd=(2.0, 1.0), random_state=seed,
+    )
+
+
+def redraw(index: int, draws: int, max_values: float, columns: dict) -> None:
+    """Design ``index`` fitted on ``draws`` fresh draws of its data: fitted / realised sd(W~) per view."""
+    d = draw_design(index, max_values)
+    ratios = []
+    for k in range(draws):
+        data = draw_data(d, 10_000 + k)
+        names = list(data.global_params)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model = fit(data, d["q"], "em", k, **columns)
+        ratios.append((fitted_sds(model, names) / realised_sds(data, names))[1])
+        print(f"design {index}, draw {k}: sd(W~) / realised {np.round(ratios[-1], 3)}, {model.n_rounds_} rounds", flush=True)
+    ratios = np.array(ratios)
+    print(f"design {index} over {draws} draws: median {np.round(np.median(ratios, axis=0), 3)}, "
+          f"sd {np.round(ratios.std(axis=0, ddof=1), 3)} per view")
+
+
 def fit(data, q: int, mode: str, seed: int, **options) -> FedMVPPCA:
     return FedMVPPCA(n_components=q, n_rounds=100, random_state=seed, prior_update=mode, **options).fit(data.sites)
 
@@ -117,17 +148,19 @@ def main() -> None:
                         help="fit the EM update with one variance shared by all columns of the loadings (column_variances=False)")
     parser.add_argument("--updates", nargs="+", default=["em", "paper"], choices=["em", "paper"],
                         help="the prior updates fitted (default both)")
+    parser.add_argument("--redraw", nargs=2, type=int, metavar=("DESIGN", "DRAWS"),
+                        help="only fit design DESIGN on DRAWS fresh draws of its data")
     args = parser.parse_args()
     columns = {"column_variances": False} if args.shared_variance else {}
+    if args.redraw:
+        redraw(*args.redraw, args.max_values, columns)
+        return
 
     rows = []  # (design, q_offset, mode, ratio to truth (2, K), ratio to realised (2, K), rounds)
     start = time.perf_counter()
     for i in range(args.designs):
         d = draw_design(i, args.max_values)
-        data = make_federated_ppca(
-            d["n_sites"], [int(v) for v in d["n"]], d["dims"], d["q"], sd_mu=d["sd_mu"], sd_W=d["sd_W"],
-            sigma2_alpha=3.0, sigma2_beta=2.0, global_sd=(2.0, 1.0), random_state=i,
-        )
+        data = draw_data(d, i)
         names = list(data.global_params)
         truth = np.array([[d["sd_mu"]], [d["sd_W"]]])
         realised = realised_sds(data, names)
@@ -177,10 +210,7 @@ def main() -> None:
         d = draw_design(i, args.max_values)
         if d["n_sites"] < 6:
             continue
-        data = make_federated_ppca(
-            d["n_sites"], [int(v) for v in d["n"]], d["dims"], d["q"], sd_mu=d["sd_mu"], sd_W=d["sd_W"],
-            sigma2_alpha=3.0, sigma2_beta=2.0, global_sd=(2.0, 1.0), random_state=i,
-        )
+        data = draw_data(d, i)
         names = list(data.global_params)
         stopped = fit(data, d["q"], "em", i, **columns).n_rounds_
         model = fit(data, d["q"], "em", i, tol=None, **columns)

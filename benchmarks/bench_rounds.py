@@ -3,6 +3,7 @@
 Run:  python benchmarks/bench_rounds.py                    (seeds 0-9, about a minute)
       python benchmarks/bench_rounds.py --long 400         (also against 400 plain rounds, about two minutes)
       python benchmarks/bench_rounds.py --seeds 3           (a quick look)
+      python benchmarks/bench_rounds.py --shape 0 --long 400   (what moves on the slow path: seed 0's plain rounds)
 
 For every seed the demo's data are split as ``fedhier demo --seed SEED`` splits them
 (:func:`fedhier.demo.demo_data`), and the fit of the plain round loop (``FedMVPPCA(n_components=5, random_state=SEED, acceleration=None)``,
@@ -22,6 +23,11 @@ candidate's final predictions, and the reference's, are from that fit's (``to lo
 keeps moving slowly long after the rule stops it, so the reference is one point on a long path.
 
 Each column gives the median and the range [min, max] over the seeds.
+
+``--shape SEED`` prints instead, for seed SEED's plain rounds (``--long`` of them, without the stopping rule), the
+eigenvalues of the latents' pooled second moment that the sites sent (``history_``'s ``latent_moment_min`` and
+``latent_moment_max``; I at the fixed point of the latents' prior) and the squared norms of the two largest
+columns of each view's W~ (the next round's broadcast).
 """
 
 from __future__ import annotations
@@ -77,11 +83,27 @@ def summary(values) -> str:
     return f"{np.median(values):7.3g} [{values.min():.3g}, {values.max():.3g}]"
 
 
+def shape(seed: int, n_rounds: int) -> None:
+    """Seed ``seed``'s plain rounds without the stopping rule: the latents' second moment and W~'s largest columns."""
+    data = demo_data(seed=seed)
+    model, broadcasts = fit(data.sites, seed, acceleration=None, tol=None, n_rounds=n_rounds)
+    for r in sorted({2, 3, 5, 10, 20, 50, 100, 200, 300, n_rounds} & set(range(1, n_rounds + 1))):
+        metrics = model.history_[r - 1]["metrics"]
+        g = global_from_message(broadcasts[r - 1], model.schema_)
+        norms = "; ".join(f"{v} {np.round(np.sort(np.sum(p.W**2, axis=0))[::-1][:2], 3)}" for v, p in g.items())
+        print(f"round {r:>4}: latent second moment's eigenvalues {metrics['latent_moment_min']:.3f}.."
+              f"{metrics['latent_moment_max']:.3f}; two largest ||w~_i||^2: {norms}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. SEEDS-1 (default 10)")
     parser.add_argument("--long", type=int, default=0, help="rounds of the long plain fit (default 0: none)")
+    parser.add_argument("--shape", type=int, metavar="SEED", help="print the shape of the loadings round by round")
     args = parser.parse_args()
+    if args.shape is not None:
+        shape(args.shape, args.long or 400)
+        return
     tol = MVPPCA_TOL
     rows = {name: {"reach": [], "stop": [], "apart": [], "ratio": [], "long": []} for name in CANDIDATES}
     reference_rounds, reference_long = [], []

@@ -480,6 +480,10 @@ class MVPPCAProtocol(RoundProtocol):
         if self.privacy is None:  # raw diagnostics: sent without privacy only
             metrics["expected_ll"] = float(combined["expected_ll"])
             metrics["local_safeguards"] = float(combined["safeguards"])
+        subjects = float(combined.get("latent_count", 0.0))
+        if self.latent_scale and subjects > 0:  # the shape of the latent space: eigenvalues of sum <x x^T> / N
+            eig = np.linalg.eigvalsh(np.asarray(combined["latent_moment"], dtype=float) / subjects)
+            metrics["latent_moment_min"], metrics["latent_moment_max"] = float(eig[0]), float(eig[-1])
         for view, fields in stats.items():
             metrics[f"{view}/sites"] = float(fields["count"])
         return metrics

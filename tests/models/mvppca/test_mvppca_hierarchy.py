@@ -373,3 +373,19 @@ def test_the_shape_of_the_loadings_is_set_after_round_two_where_round_one_cancel
     true = np.vstack([data.global_params[v].W for v in g])
     ratio = np.linalg.eigvalsh(fitted.T @ fitted) / np.linalg.eigvalsh(true.T @ true)
     np.testing.assert_allclose(ratio, 1.0, rtol=0.25)
+
+
+def test_history_records_the_extreme_eigenvalues_of_the_latents_pooled_second_moment():
+    from fedhier.data.schema import ViewSchema
+    from fedhier.protocol.mvppca import MVPPCAProtocol
+
+    rng = np.random.default_rng(12)
+    protocol = MVPPCAProtocol(ViewSchema(("a",), (4,)), 3)
+    A = rng.normal(size=(3, 3))
+    combined = {"expected_ll": np.asarray(-1.0), "safeguards": np.asarray(0.0),
+                "latent_moment": 40.0 * (A @ A.T + np.eye(3)), "latent_count": np.asarray(40.0)}
+    metrics = protocol.round_metrics(combined, 2)
+    eig = np.linalg.eigvalsh(A @ A.T + np.eye(3))
+    assert metrics["latent_moment_min"] == pytest.approx(eig[0]) and metrics["latent_moment_max"] == pytest.approx(eig[-1])
+    paper = MVPPCAProtocol(ViewSchema(("a",), (4,)), 3, prior_update="paper")
+    assert "latent_moment_min" not in paper.round_metrics({"expected_ll": np.asarray(-1.0), "safeguards": np.asarray(0.0)}, 2)
