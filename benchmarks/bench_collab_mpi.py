@@ -6,7 +6,9 @@ the in-process fit ``CollabDict(n_components=3, max_iter=6, aggregation=..., ran
 --runtime mpi`` calls).  The fit is timed inside the job, between two barriers (rank 0's wall seconds); start-up is
 the job's wall time minus the fit (process launch, imports, MPI_Init, the data, finalisation).  It prints the
 medians and each one's ratio to the in-process fit, for each aggregation (one untimed in-process fit first, so
-that neither side's fit includes importing modules on first use).
+that neither side's fit includes importing modules on first use), the mean CPU seconds of a rank in the MPI fit
+(7 ranks share the machine's cores, so 7 times this over the number of cores bounds the fit's wall time from
+below), and the machine's 1-minute load average before and after.
 
 Run:  OPENBLAS_NUM_THREADS=1 python benchmarks/bench_collab_mpi.py [--repeats 5] [--aggregation chunked,shamir]
 """
@@ -55,21 +57,26 @@ def _model(aggregation: str):
 
 
 def rank_main(aggregation: str) -> None:
-    """One rank of the MPI job: the fit between two barriers; rank 0 prints its wall seconds."""
+    """One rank of the MPI job: the fit between two barriers; rank 0 prints its wall seconds and the ranks' mean
+    CPU seconds of the fit."""
     from fedhier.runtime.mpi import world
 
     comm = world()
     X, model = _sites()[comm.Get_rank()], _model(aggregation)  # imported before the fit, as the command line does
     comm.Barrier()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     model.fit_mpi(X, comm, site_seed=5, timeout=600)
+    cpu = time.process_time() - cpu
     comm.Barrier()
+    wall = time.perf_counter() - start
+    cpus = comm.gather(cpu, root=0)
     if comm.Get_rank() == 0:
-        print(f"fit {time.perf_counter() - start:.6f}", flush=True)
+        print(f"fit {wall:.6f} {np.mean(cpus):.6f}", flush=True)
 
 
-def mpi_seconds(aggregation: str) -> tuple[float, float]:
-    """(job wall seconds, fit seconds) of the fit under ``mpiexec -n 7`` (every rank stopped by its process group)."""
+def mpi_seconds(aggregation: str) -> tuple[float, float, float]:
+    """(job wall seconds, fit seconds, a rank's mean CPU seconds in the fit) of the fit under ``mpiexec -n 7``
+    (every rank stopped by its process group)."""
     here = Path(sys.executable).parent / "mpiexec"
     mpiexec = str(here) if here.exists() else shutil.which("mpiexec")
     args = [mpiexec, "-n", str(N_SITES), sys.executable, os.path.abspath(__file__), "--rank", aggregation]
@@ -84,8 +91,8 @@ def mpi_seconds(aggregation: str) -> tuple[float, float]:
     wall = time.perf_counter() - start
     if proc.returncode:
         raise RuntimeError(f"mpiexec failed: {err.strip().splitlines()[-1] if err.strip() else proc.returncode}")
-    fit = float(next(line for line in out.splitlines() if line.startswith("fit ")).split()[1])
-    return wall, fit
+    fit, cpu = map(float, next(line for line in out.splitlines() if line.startswith("fit ")).split()[1:])
+    return wall, fit, cpu
 
 
 def main() -> None:
@@ -102,18 +109,21 @@ def main() -> None:
     sites = _sites()
     _model("chunked").fit(sites)  # warm-up, not timed: first-use imports and caches
     for aggregation in args.aggregation.split(","):
-        local, fit, start_up = [], [], []
+        local, fit, cpu, start_up = [], [], [], []
+        load = os.getloadavg()[0]
         for _ in range(args.repeats):
             start = time.perf_counter()
             _model(aggregation).fit(sites)
             local.append(time.perf_counter() - start)
-            wall, fit_s = mpi_seconds(aggregation)
+            wall, fit_s, cpu_s = mpi_seconds(aggregation)
             fit.append(fit_s)
+            cpu.append(cpu_s)
             start_up.append(wall - fit_s)
-        local_s, fit_s, start_up_s = np.median(local), np.median(fit), np.median(start_up)
+        local_s, fit_s, cpu_s, start_up_s = np.median(local), np.median(fit), np.median(cpu), np.median(start_up)
         print(f"{aggregation:8s} in-process {local_s:6.2f} s   MPI fit {fit_s:6.2f} s (ratio {fit_s / local_s:5.2f}, "
-              f"done when <= 3)   MPI start-up {start_up_s:5.2f} s (ratio {start_up_s / local_s:5.2f})   "
-              f"medians of {args.repeats} alternating repeats")
+              f"done when <= 3; CPU {cpu_s:5.3f} s per rank)   MPI start-up {start_up_s:5.2f} s "
+              f"(ratio {start_up_s / local_s:5.2f})   medians of {args.repeats} alternating repeats; "
+              f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after")
 
 
 if __name__ == "__main__":
