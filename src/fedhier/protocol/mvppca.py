@@ -193,8 +193,7 @@ def reply_spec(
     # raw diagnostics: sent only without privacy (check_disclosure refuses them otherwise)
     reply: dict[str, Field] = {"expected_ll": Field((), optional=True), "safeguards": Field((), optional=True)}
     if prior_update == "em" and not private:
-        reply["latent_moment"] = Field((n_components, n_components), optional=True)
-        reply["latent_count"] = Field((), optional=True)
+        reply.update({name: Field(shape, optional=True) for name, shape in master.latent_shapes(n_components).items()})
     released = "release" if private else "raw"
     columns = prior_update == "em" and not private and column_variances
     for view, dim in zip(schema.names, schema.dims):

@@ -82,7 +82,7 @@ __all__ = [
     "ZERO_SPREAD_VARIANCE",
     "PRIOR_UPDATES",
     "SPREAD_FIELDS",
-    "LATENT_FIELDS",
+    "latent_shapes",
     "COLUMN_FIELDS",
     "latent_scale",
     "column_groups",
@@ -99,8 +99,6 @@ THETA_BLOCKS = ("mu", "W", "sigma2_mu", "sigma2_W", "alpha", "beta")
 PRIOR_UPDATES = ("em", "paper")
 #: the per-view fields that ``prior_update="em"`` adds to the site statistics
 SPREAD_FIELDS = ("sum_post_var_mu", "sum_post_var_W")
-#: the fields (not per view) that ``prior_update="em"`` adds to a site's reply: sum_n <x_n x_n^T> (q, q), N_c
-LATENT_FIELDS = ("latent_moment", "latent_count")
 #: the per-view fields of shape (q,) that the per-column update of sigma2_Wi adds: the columns' terms of
 #: sum_sq_W and sum_post_var_W
 COLUMN_FIELDS = ("sum_sq_W_columns", "sum_post_var_W_columns")
@@ -136,6 +134,13 @@ def statistic_shapes(
         "sum_sigma2": (),
         "sum_sq_sigma2": (),
     }
+
+
+def latent_shapes(n_components: int) -> dict[str, tuple[int, ...]]:
+    """The fields (not per view) that ``prior_update="em"`` adds to a site's reply without privacy:
+    ``latent_moment`` = sum_n <x_n x_n^T> (q, q) and ``latent_count`` = N_c (:func:`latent_scale`)."""
+    q = int(n_components)
+    return {"latent_moment": (q, q), "latent_count": ()}
 
 
 def _anchor(anchor: GlobalParams | None, view: str, dim: int, q: int) -> tuple[np.ndarray, np.ndarray]:
