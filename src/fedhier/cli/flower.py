@@ -431,6 +431,22 @@ def _signal(pids, sig: int) -> None:
             pass
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has); False where /proc is absent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _await_exit(pids, timeout: float) -> None:
+    """Wait until none of ``pids`` is running, at most ``timeout`` seconds: a SIGKILLed process that is not our
+    child (a descendant Flower detached) is reaped by the kernel on its own time, slower on a busy machine."""
+    deadline = time.monotonic() + timeout
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 #: seconds a Flower process has to exit after a forwarded SIGINT/SIGTERM before it is sent SIGTERM, then SIGKILL
 STOP_GRACE = 10.0
 
@@ -643,6 +659,7 @@ class LoopbackFederation:
         _signal(victims, signal.SIGKILL)
         for proc in self.procs.values():
             proc.wait(timeout=10)
+        _await_exit(victims, timeout=30.0)
         return victims
 
     def __enter__(self) -> "LoopbackFederation":
