@@ -423,14 +423,15 @@ class MVPPCAProtocol(RoundProtocol):
             newton=self.privacy is None,  # with privacy the traces are noisy: the plain EM step
             n_subjects=subjects / n_sites if self.column_variances and subjects > 0 and n_sites > 0 else None,
         )
+        fold = self.latent_scale and subjects > 0
         # round 1's W~ averages loadings fitted in each site's own rotation: fold the whole second moment once
-        shape = round == 2 and prior is not None
-        if self.latent_scale and subjects > 0:
+        shape = fold and round == 2 and prior is not None
+        if fold:
             new = master.latent_scale(new, np.asarray(combined["latent_moment"], dtype=float) / subjects, shape=shape)
         for note in safeguards:
             self._safeguard_log(note, "round %d, master: %s", round, note)
         if self.accelerator is not None:
-            if prior is None or (shape and self.latent_scale):
+            if prior is None or shape:
                 self.accelerator.reset()  # round 1: a new fit; round 2 moved the shape, a new cycle
             else:
                 new = self.accelerator.step(prior, new)

@@ -25,7 +25,7 @@ from ._data import MultiViewData, squared_distances
 from ._linalg import spd_inverse, threads_for
 from .params import ViewParams
 
-__all__ = ["LatentPosterior", "posterior", "marginal_loglik_rows", "check_model", "moments_from_covariance"]
+__all__ = ["LatentPosterior", "posterior", "pattern_moments", "marginal_loglik_rows", "check_model", "moments_from_covariance"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 
@@ -114,6 +114,19 @@ def posterior(data: MultiViewData, model: Mapping[str, ViewParams]) -> LatentPos
         else:
             means[rows] = b[rows] @ covariances[p]
     return LatentPosterior(means=means, b=b, covariances=covariances, logdets=logdets)
+
+
+def pattern_moments(data: MultiViewData, post: LatentPosterior) -> tuple[np.ndarray, np.ndarray]:
+    """Per observed-view pattern p: sum_{n in p} <x_n x_n^T> = X_p^T X_p + N_p M_p and N_p M_p, each (P, q, q)."""
+    n_patterns = data.patterns.shape[0]
+    sizes = np.array([data.pattern_size(p) for p in range(n_patterns)], dtype=float)
+    sum_cov = sizes[:, None, None] * post.covariances
+    outer = np.empty_like(sum_cov)
+    for p in range(n_patterns):
+        rows = data.pattern_rows[p]
+        X = post.means if rows is None else post.means[rows]
+        outer[p] = X.T @ X
+    return outer + sum_cov, sum_cov
 
 
 def marginal_loglik_rows(data: MultiViewData, model: Mapping[str, ViewParams], post: LatentPosterior | None = None) -> np.ndarray:

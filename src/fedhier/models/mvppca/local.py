@@ -26,7 +26,8 @@ from typing import Mapping
 import numpy as np
 
 from ._data import MultiViewData, check_views, row_blocks
-from ._latent import LatentPosterior, check_model, marginal_loglik_rows, moments_from_covariance, posterior
+from ._linalg import threads_for
+from ._latent import check_model, marginal_loglik_rows, moments_from_covariance, pattern_moments, posterior
 from .mstep import (
     effective_columns,
     loading_step,
@@ -36,7 +37,6 @@ from .mstep import (
     sigma2_step,
 )
 from .params import GlobalParams, GlobalView, LocalParams, ViewParams
-from ._linalg import threads_for
 
 __all__ = ["LocalFit", "fit_local", "e_step", "local_objective", "log_prior"]
 
@@ -123,19 +123,6 @@ def _relative_change(before: dict, mu: dict, W: dict, sigma2: dict) -> float:
             dmu = mu[name] - mu0
             change = max(change, np.sqrt(dW @ dW) / scale_W, np.sqrt(dmu @ dmu) / (np.sqrt(mu[name] @ mu[name]) + scale_W))
     return float(change)
-
-
-def _second_moments(data: MultiViewData, post: LatentPosterior) -> tuple[np.ndarray, np.ndarray]:
-    """Per pattern p: sum_{n in p} <x_n x_n^T> (P, q, q) and sum_{n in p} M_p (P, q, q)."""
-    n_patterns = data.patterns.shape[0]
-    sizes = np.array([data.pattern_size(p) for p in range(n_patterns)], dtype=float)
-    sum_cov = sizes[:, None, None] * post.covariances
-    outer = np.empty_like(sum_cov)
-    for p in range(n_patterns):
-        rows = data.pattern_rows[p]
-        X = post.means if rows is None else post.means[rows]
-        outer[p] = X.T @ X
-    return outer + sum_cov, sum_cov
 
 
 def fit_local(
@@ -263,7 +250,7 @@ def fit_local(
         current = {k: ViewParams(mu[k], W[k], sigma2[k]) for k in names}
         if em_covariance is None:
             post = posterior(site, current)
-            xx_pattern, cov_pattern = _second_moments(site, post)
+            xx_pattern, cov_pattern = pattern_moments(site, post)
             total_second_moment = xx_pattern.sum(axis=0)
         else:
             post = None
@@ -291,7 +278,7 @@ def fit_local(
             if S <= _CANCELLATION_RATIO * (scatter[name] + block.n_obs * (shift @ shift)):
                 if post is None:  # the second form needs the posterior means from the data
                     post = posterior(site, current)
-                    cov_pattern = _second_moments(site, post)[1]
+                    cov_pattern = pattern_moments(site, post)[1]
                 X = post.means if block.rows is None else post.means[block.rows]
                 S = scatter_second_form(block.values, mu[name], W[name], X, cov_pattern[patterns].sum(axis=0))
             new, view_notes = sigma2_step(

@@ -40,7 +40,7 @@ from typing import Mapping
 import numpy as np
 
 from ._data import MultiViewData, check_views
-from ._latent import moments_from_covariance, posterior
+from ._latent import moments_from_covariance, pattern_moments, posterior
 from .mstep import effective_columns
 from .params import GlobalParams, ViewParams
 
@@ -100,13 +100,7 @@ def latent_second_moments(
     site = check_views(data, what="site data", dims={k: p.dim for k, p in params.items()})
     if covariance is not None:
         return site, moments_from_covariance(covariance, params, site.n)[0][None]
-    post = posterior(site, params)
-    second = np.empty_like(post.covariances)
-    for pattern in range(second.shape[0]):
-        rows = site.pattern_rows[pattern]
-        X = post.means if rows is None else post.means[rows]
-        second[pattern] = X.T @ X + X.shape[0] * post.covariances[pattern]
-    return site, second
+    return site, pattern_moments(site, posterior(site, params))[0]
 
 
 def posterior_spread(
