@@ -14,7 +14,13 @@ whole aggregation (median of ``--repeats``), the mean and largest bytes sent per
 the plain sum, and the ratios of the mean and of the largest bytes per peer at 1,000 and 100 peers.  Last, the CPU seconds of a whole
 CollabDict fit with Shamir aggregation at 1,000 simulated peers (30 rows of m = 20 features each, K = 5, 5 rounds).
 
-Run:  OPENBLAS_NUM_THREADS=1 python benchmarks/bench_collab_scale.py [--seeds 0,1,2] [--repeats 3]
+``--finite-time`` prints instead, for the default graph at S = 6 to 200 (each seed): the steps of the default
+finite-time schedule (one per distinct Laplacian eigenvalue) against the constant step ``1/(d_max + 1)`` at the
+tolerances of plain sums (1e-12) and of chunks (1e-16, i.e. 1e-12 over the masks' scale 1e4), the largest growth of
+an intermediate value (from the eigenvalues), and the largest error of each schedule on chunk-sized values
+(Gaussian, sd 1e4) against their mean, computed with the matrix ``L``.
+
+Run:  OPENBLAS_NUM_THREADS=1 python benchmarks/bench_collab_scale.py [--seeds 0,1,2] [--repeats 3] [--finite-time]
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ import time
 
 import numpy as np
 
-from fedhier.runtime.graphs import (consensus_steps, default_graph, inverse_chord_graph, is_prime,
-                                    laplacian_spectrum, step_size)
+from fedhier.runtime.graphs import (consensus_steps, default_graph, finite_time_steps, inverse_chord_graph, is_prime,
+                                    laplacian, laplacian_spectrum, step_size)
 from fedhier.runtime.peer import (InProcessTransport, PeerAggregation, aggregate_sums, shamir_committee_size,
                                   shamir_threshold)
 
@@ -95,12 +101,39 @@ def shamir_fit(n_sites: int = 1_000, n_rows: int = 30, max_iter: int = 5) -> Non
           f"K = {N_COMPONENTS}, {max_iter} rounds: {time.process_time() - start:.1f} CPU s")
 
 
+def finite_time_table(seeds: list[int]) -> None:
+    print("S      seed  finite-time steps  constant steps (1e-12 / 1e-16)  largest growth  "
+          "max |error| finite-time / constant (values of sd 1e4)")
+    for n_sites in (6, 7, 8, 11, 16, 31, 64, 101, 200):
+        for seed in seeds:
+            adjacency = default_graph(n_sites, seed)
+            spectrum, lap = laplacian_spectrum(adjacency), laplacian(adjacency)
+            exact, eps = finite_time_steps(spectrum), step_size(spectrum)
+            ev = np.linalg.eigvalsh(lap)[1:]
+            factor, growth = np.ones_like(ev), 1.0
+            for step in exact:
+                factor *= 1.0 - step * ev
+                growth = max(growth, float(np.abs(factor).max()))
+            values = np.random.default_rng(seed).normal(size=(n_sites, 20)) * 1e4
+            errors = []
+            for schedule in (exact, (eps,) * consensus_steps(spectrum, eps, 1e-16)):
+                x = values.copy()
+                for step in schedule:
+                    x -= step * (lap @ x)
+                errors.append(float(np.abs(x - values.mean(axis=0)).max()))
+            print(f"{n_sites:<6d} {seed:<5d} {len(exact):17d}  {consensus_steps(spectrum, eps, 1e-12):14d} / "
+                  f"{consensus_steps(spectrum, eps, 1e-16):<14d}  {growth:14.2f}  {errors[0]:.1e} / {errors[1]:.1e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2", help="public seeds of the default graph, comma-separated")
     parser.add_argument("--repeats", type=int, default=3, help="Shamir aggregations per size (CPU s is their median)")
+    parser.add_argument("--finite-time", action="store_true", help="the finite-time schedule against the constant step")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
+    if args.finite_time:
+        return finite_time_table(seeds)
     steps: dict[int, list[int]] = {}
     print("S      seed  lambda_2  lambda_S  T(default)  T(inverse-chord)  CPU s (graph + plan)")
     for n_sites in (1_000, 1_009):

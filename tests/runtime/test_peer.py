@@ -341,3 +341,21 @@ def test_a_peer_outside_the_publishers_never_receives_a_committee_members_sum():
     assert total.min() >= 0 and total.max() < PRIME
     assert any(s not in publishers and any(tuple(x) != unknown for x in msgs)
                for inbox in transport.inboxes for s, msgs in inbox.items())  # outsiders did receive it
+
+
+@pytest.mark.parametrize("method", ["consensus", "chunked"])
+def test_finite_time_and_constant_steps_give_the_same_sum(method):
+    graph = random_regular_graph(9, 4, rng=4)
+    sites = _data(9)
+    runs = {step: simulate_peers(SumProtocol(4), sites, n_rounds=1, graph=graph, random_state=6,
+                                 aggregation=PeerAggregation(method=method, step=step))
+            for step in ("finite-time", "max-degree")}
+    exact = np.sum(sites, axis=0)
+    for res in runs.values():
+        assert np.allclose(res.broadcast["total"], exact, rtol=0, atol=1e-9 * np.abs(exact).max())
+    assert runs["finite-time"].plan.n_steps < runs["max-degree"].plan.n_steps / 4
+
+
+def test_an_unknown_step_rule_is_refused_when_the_aggregation_is_made():
+    with pytest.raises(ValueError, match="finite-time"):
+        PeerAggregation(step="fastest")

@@ -282,11 +282,15 @@ class CollabDict(_SiteOutlierDetector):
     aggregation : {"consensus", "chunked", "shamir"}
         How sums are computed without a centre (§3-§4).
     graph : ndarray (S, S) or None
-        Peer graph; default inverse-chord for prime ``S`` else random 4-regular (O2).
-    step : {"max-degree", "optimal", "paper"} or float
-        Consensus step (O1).
+        Peer graph; default a random 4-regular graph drawn from the run's seed (the complete
+        graph up to 5 sites) (O2).
+    step : {"finite-time", "max-degree", "optimal", "paper"} or float
+        Consensus step (O1).  ``"finite-time"``: one step ``1/mu`` per distinct Laplacian
+        eigenvalue ``mu`` of the graph, which reaches the average exactly (up to rounding) in
+        that many steps, where that is fewer than ``"max-degree"`` takes (graphs up to 200
+        sites); else ``"max-degree"``, ``1/(d_max + 1)``.  ``"paper"``: the paper's ``1/S``.
     rel_tol : float
-        Consensus tolerance (sets the fixed step count ``T``, §3.4).
+        Consensus tolerance (sets the fixed step count ``T`` of a constant step, §3.4).
     runtime : {"peer", "star"}
         ``"peer"``: serverless in-process simulator (``S > 2``); ``"star"``: exact sums
         through :func:`fedhier.runtime.simulate.simulate` (the centralised reference; also
@@ -344,7 +348,7 @@ class CollabDict(_SiteOutlierDetector):
 
     def __init__(self, n_components: int = 7, *, rho: float = 0.8, lambda0: float = 1.0, n_min: float | None = None,
                  weights: str = "local", l0_penalty: float | None = None, score_rule: str = "expected",
-                 aggregation: str = "consensus", graph: np.ndarray | None = None, step: str | float = "max-degree",
+                 aggregation: str = "consensus", graph: np.ndarray | None = None, step: str | float = "finite-time",
                  rel_tol: float = 1e-12, n_chunks: int = 3, runtime: str = "peer",
                  max_iter: int = 100,
                  tol: float = 1e-4, glasso_tol: float = 1e-4, ell0: float = 10.0, diversity_rule: str = "min",
@@ -710,7 +714,7 @@ class CollabVAE(_SiteOutlierDetector):
 
     def __init__(self, n_latent: int = 3, *, width: int = 32, learning_rate: float = 0.05,
                  max_grad_norm: float | None = 10.0, local_steps: int = 2, max_iter: int = 200,
-                 aggregation: str = "consensus", graph: np.ndarray | None = None, step: str | float = "max-degree",
+                 aggregation: str = "consensus", graph: np.ndarray | None = None, step: str | float = "finite-time",
                  rel_tol: float = 1e-12, n_chunks: int = 3, runtime: str = "peer", n_draws: int = 32,
                  contamination: float = 0.05, random_state: int | None = None, site_column: str | None = None) -> None:
         self.n_latent, self.width, self.learning_rate = n_latent, width, learning_rate

@@ -5,7 +5,8 @@ with non-negative integer edge multiplicities and a zero diagonal (self-loops ca
 the Laplacian ``L = D - A``).  Everything a site needs to run consensus is public and
 computed offline from ``A``: the Laplacian spectrum ``lambda_2``, ``lambda_S``, a safe
 step size, the contraction factor ``rho`` and the fixed number of steps ``T`` of the
-stopping rule (§3.4).
+stopping rule (§3.4), or, where the whole spectrum is known, the finite-time schedule
+that reaches the average exactly in one step per distinct eigenvalue.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ __all__ = [
     "step_size",
     "contraction_factor",
     "consensus_steps",
+    "finite_time_steps",
+    "consensus_schedule",
     "diameter",
     "relabel",
     "is_prime",
 ]
 
-StepRule = Literal["max-degree", "optimal", "paper"]
+StepRule = Literal["finite-time", "max-degree", "optimal", "paper"]
 
 
 def is_prime(n: int) -> bool:
@@ -200,12 +203,15 @@ class GraphSpectrum:
     max_degree : int
         ``d_max`` (with multiplicities).
     n_sites : int
+    eigenvalues : tuple of float or None
+        Every eigenvalue of ``L``, ascending, where they were computed (up to 200 sites); else None.
     """
 
     lambda_2: float
     lambda_max: float
     max_degree: int
     n_sites: int
+    eigenvalues: tuple[float, ...] | None = None
 
 
 _DENSE_SPECTRUM_MAX_SITES = 200
@@ -223,7 +229,7 @@ def laplacian_spectrum(adjacency: np.ndarray) -> GraphSpectrum:
     n_sites, max_degree = a.shape[0], int(a.sum(axis=1).max())
     if n_sites <= _DENSE_SPECTRUM_MAX_SITES:
         ev = np.linalg.eigvalsh(laplacian(a))
-        return GraphSpectrum(float(ev[1]), float(ev[-1]), max_degree, n_sites)
+        return GraphSpectrum(float(ev[1]), float(ev[-1]), max_degree, n_sites, tuple(float(v) for v in ev))
     from scipy import sparse
     from scipy.sparse.linalg import eigsh
 
@@ -286,6 +292,68 @@ def consensus_steps(spectrum: GraphSpectrum, eps: float, rel_tol: float) -> int:
     if rho == 0.0:
         return 1
     return max(1, int(np.ceil((0.5 * np.log(spectrum.n_sites) + np.log(1.0 / rel_tol)) / -np.log(rho))))
+
+
+#: eigenvalues closer than this, relative to ``lambda_S``, are one eigenvalue of the finite-time schedule
+_SAME_EIGENVALUE = 1e-9
+#: largest norm a partial product of the finite-time schedule may reach (rounding grows with it), and the largest
+#: the whole product may leave of a non-consensus component; a schedule beyond either is not used
+_MAX_GROWTH, _MAX_RESIDUAL = 10.0, 1e-13
+
+
+def finite_time_steps(spectrum: GraphSpectrum) -> tuple[float, ...] | None:
+    """Step sizes ``eps_k = 1/mu_k`` of finite-time average consensus, one per distinct non-zero Laplacian eigenvalue.
+
+    Eq. (3) with the step ``eps_k`` at step ``k`` multiplies ``xi`` by ``I - L/mu_k``, and
+    ``prod_k (I - L/mu_k) = (1/S) 1 1^T``: on the eigenvector of ``lambda_i = mu_j`` the ``j``-th factor is zero,
+    on ``1`` every factor is one.  So after as many steps as ``L`` has distinct non-zero eigenvalues every site
+    holds the average, up to rounding (Kokiopoulou and Frossard's polynomial filtering; Sundaram and
+    Hadjicostis).  The steps come in Leja order (the largest eigenvalue first, then each time the one farthest,
+    in product of distances, from those before), which keeps every partial product small, so rounding does not
+    grow.
+
+    Returns None where the whole spectrum is not known (graphs over 200 sites), the graph is disconnected, or a
+    partial product's norm exceeds ``_MAX_GROWTH`` or the whole product's leaves more than ``_MAX_RESIDUAL``
+    of some eigenvector (eigenvalues that are close but not equal).
+    """
+    if spectrum.eigenvalues is None or spectrum.lambda_2 <= 1e-10:
+        return None
+    ev = np.asarray(spectrum.eigenvalues[1:])
+    groups: list[list[float]] = []
+    for value in ev:
+        if groups and value - groups[-1][-1] <= _SAME_EIGENVALUE * spectrum.lambda_max:
+            groups[-1].append(value)
+        else:
+            groups.append([value])
+    left = [float(np.mean(g)) for g in groups]
+    order = [left.pop()]
+    while left:
+        far = int(np.argmax([np.sum(np.log(np.abs(mu - np.asarray(order)))) for mu in left]))
+        order.append(left.pop(far))
+    product = np.ones_like(ev)
+    for mu in order:
+        product *= 1.0 - ev / mu
+        if np.abs(product).max() > _MAX_GROWTH:
+            return None
+    if np.abs(product).max() > _MAX_RESIDUAL:
+        return None
+    return tuple(1.0 / mu for mu in order)
+
+
+def consensus_schedule(spectrum: GraphSpectrum, rule: StepRule | float = "finite-time",
+                       rel_tol: float = 1e-12) -> tuple[float, ...]:
+    """The step sizes of one consensus, one per step: what every site applies in Eq. (3) at step ``t``.
+
+    ``"finite-time"``: :func:`finite_time_steps` where it exists and takes fewer steps than the
+    ``"max-degree"`` rule, else the ``"max-degree"`` rule.  Any other rule: its constant step
+    :func:`step_size` for the :func:`consensus_steps` steps that reach ``rel_tol``.
+    """
+    if rule == "finite-time":
+        exact = finite_time_steps(spectrum)
+        constant = consensus_schedule(spectrum, "max-degree", rel_tol)
+        return exact if exact is not None and len(exact) < len(constant) else constant
+    eps = step_size(spectrum, rule)
+    return (eps,) * consensus_steps(spectrum, eps, rel_tol)
 
 
 def diameter(adjacency: np.ndarray) -> int:

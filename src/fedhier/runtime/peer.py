@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .consensus import (consensus_update, max_update, random_chunks, session_placement)
-from .graphs import (GraphSpectrum, StepRule, check_adjacency, consensus_steps, default_graph,
-                                        diameter, laplacian_spectrum, relabel, step_size)
+from .graphs import (GraphSpectrum, StepRule, check_adjacency, consensus_schedule, default_graph, diameter,
+                     laplacian_spectrum, relabel)
 from ..protocol.base import RoundProtocol, SiteContext, check_disclosure
 from ..protocol.messages import Field, Message, MessageSpec, decode, encode
 from .observers import round_done
@@ -108,10 +108,15 @@ class PeerAggregation:
     Attributes
     ----------
     method : {"consensus", "chunked", "shamir"}
-    step : {"max-degree", "optimal", "paper"} or float
-        Consensus step ``epsilon`` (O1); ``"paper"`` is the paper's ``1/S``.
+    step : {"finite-time", "max-degree", "optimal", "paper"} or float
+        Consensus step ``epsilon`` (O1).  ``"finite-time"`` (default): step ``k`` is ``1/mu_k`` for
+        the graph's distinct Laplacian eigenvalues ``mu_k``, which reaches the average exactly in
+        as many steps (:func:`~fedhier.runtime.graphs.finite_time_steps`), where that is fewer
+        steps than ``"max-degree"``, else ``"max-degree"``; the others are constant steps,
+        ``"paper"`` the paper's ``1/S``.
     rel_tol : float
-        Consensus tolerance relative to the magnitude of the summed vector (sets ``T``).
+        Consensus tolerance relative to the magnitude of the summed vector (sets ``T`` of a
+        constant step).
     n_chunks : int
         ``C`` for ``"chunked"`` (O5 default 3).
     mask_scale : float
@@ -139,7 +144,7 @@ class PeerAggregation:
     """
 
     method: str = "consensus"
-    step: StepRule | float = "max-degree"
+    step: StepRule | float = "finite-time"
     rel_tol: float = 1e-12
     n_chunks: int = 3
     mask_scale: float = 1e4
@@ -152,6 +157,9 @@ class PeerAggregation:
     def __post_init__(self) -> None:
         if self.method not in ("consensus", "chunked", "shamir"):
             raise ValueError(f"aggregation method must be 'consensus', 'chunked' or 'shamir', got {self.method!r}")
+        if isinstance(self.step, str) and self.step not in ("finite-time", "max-degree", "optimal", "paper"):
+            raise ValueError(f"consensus step must be 'finite-time', 'max-degree', 'optimal', 'paper' or a number, "
+                             f"got {self.step!r}")
         if self.n_chunks < 1:
             raise ValueError(f"n_chunks must be >= 1, got {self.n_chunks}")
         if self.committee_size is not None and self.committee_size < 1:
@@ -160,23 +168,31 @@ class PeerAggregation:
 
 @dataclass(frozen=True)
 class ConsensusPlan:
-    """Public constants every site derives offline from the graph (spec §3.2-3.4)."""
+    """Public constants every site derives offline from the graph (spec §3.2-3.4): the step size of
+    each consensus step (:func:`~fedhier.runtime.graphs.consensus_schedule`), for plain sums and for
+    chunks (whose masks need the tighter tolerance ``rel_tol / mask_scale``), and the diameter."""
 
     adjacency: np.ndarray
     spectrum: GraphSpectrum
-    eps: float
-    n_steps: int
-    n_steps_chunked: int
+    steps: tuple[float, ...]
+    steps_chunked: tuple[float, ...]
     diameter: int
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def n_steps_chunked(self) -> int:
+        return len(self.steps_chunked)
 
     @classmethod
     def build(cls, adjacency: np.ndarray, aggregation: PeerAggregation) -> "ConsensusPlan":
         a = check_adjacency(adjacency)
         spec = laplacian_spectrum(a)
-        eps = step_size(spec, aggregation.step)
-        n_steps = consensus_steps(spec, eps, aggregation.rel_tol)
-        n_chunked = consensus_steps(spec, eps, aggregation.rel_tol / max(aggregation.mask_scale, 1.0))
-        return cls(a, spec, eps, n_steps, n_chunked, diameter(a))
+        steps = consensus_schedule(spec, aggregation.step, aggregation.rel_tol)
+        chunked = consensus_schedule(spec, aggregation.step, aggregation.rel_tol / max(aggregation.mask_scale, 1.0))
+        return cls(a, spec, steps, chunked, diameter(a))
 
 
 def _neighbours(adjacency: np.ndarray, site: int) -> tuple[np.ndarray, np.ndarray]:
@@ -348,8 +364,8 @@ def _vector_spec(size: int, dtype: str = "float64") -> MessageSpec:
 
 
 def _consensus_sessions(transport: Transport, adjacencies: Sequence[np.ndarray], values: dict[int, np.ndarray],
-                        eps: float, n_steps: int, spec: MessageSpec) -> dict[int, np.ndarray]:
-    """``n_steps`` consensus steps of K sessions in lock step, session k on ``adjacencies[k]``:
+                        steps: Sequence[float], spec: MessageSpec) -> dict[int, np.ndarray]:
+    """Consensus steps of sizes ``steps`` of K sessions in lock step, session k on ``adjacencies[k]``:
     ``values[s]`` (K, m) -> each row averaged over the sites of its session's graph.  The
     sessions are independent; running them together only puts a step's K messages to a
     neighbour in one round trip."""
@@ -357,7 +373,7 @@ def _consensus_sessions(transport: Transport, adjacencies: Sequence[np.ndarray],
     try:
         mult = {s: [_neighbours(a, s)[1] for a in adjacencies] for s in transport.local_sites}
         x = {s: list(v) for s, v in values.items()}
-        for _ in range(n_steps):
+        for eps in steps:
             inbox = transport.exchange_sessions(topos, spec, {s: [{"x": xk} for xk in x[s]] for s in x})
             x = {s: [consensus_update(xk, [m["x"] for m in inbox[s][k]], mult[s][k], eps) for k, xk in enumerate(x[s])]
                  for s in x}
@@ -543,10 +559,10 @@ def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, roun
         chunks = {}
         for s, v in vectors.items():
             chunks[s] = random_chunks(v, aggregation.n_chunks, aggregation.mask_scale, NoiseSource())
-        n_steps = plan.n_steps_chunked
+        steps = plan.steps_chunked
     else:
         chunks = {s: v[None, :] for s, v in vectors.items()}
-        n_steps = plan.n_steps
+        steps = plan.steps
     n_sessions = next(iter(chunks.values())).shape[0]
     adjacencies = []
     for session in range(n_sessions):  # plan.adjacency is the graph on the alive sites, in their own numbering
@@ -554,11 +570,11 @@ def aggregate_sums(transport: Transport, vectors: dict[int, np.ndarray], *, roun
         if aggregation.relabel:
             adjacency = relabel(plan.adjacency, session_placement(seed, round, session, len(alive)))
         adjacencies.append(_embed(adjacency, alive, n_sites))
-    avg = _consensus_sessions(transport, adjacencies, chunks, plan.eps, n_steps, spec)
+    avg = _consensus_sessions(transport, adjacencies, chunks, steps, spec)
     totals = {s: np.zeros(size) for s in vectors}
     for session in range(n_sessions):
         totals = {s: totals[s] + avg[s][session] for s in totals}
-    exchanges = n_sessions * n_steps
+    exchanges = n_sessions * len(steps)
     if aggregation.agree:
         totals = _agree(transport, adjacencies[-1], totals, plan.diameter, spec)
         exchanges += plan.diameter

@@ -18,6 +18,7 @@ arbitrary-precision integers.
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 import numpy as np
 
@@ -30,8 +31,10 @@ _MAX_MODULUS = 2**62
 _MR_BASES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
 
 
+@lru_cache(maxsize=64)
 def is_prime(n: int) -> bool:
-    """Deterministic Miller-Rabin primality test, exact for every ``n < 3.3 * 10**24``."""
+    """Deterministic Miller-Rabin primality test, exact for every ``n < 3.3 * 10**24`` (remembered: a field is
+    made for every sharing and reconstruction, always of the same few moduli)."""
     n = int(n)
     if n < 2:
         return False

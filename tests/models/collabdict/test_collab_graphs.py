@@ -158,3 +158,49 @@ def test_sparse_spectrum_equals_dense_spectrum(graph, monkeypatch):
     if ev[1] > 1e-8:  # connected: the consensus plan is the same
         eps = step_size(sparse, "optimal")
         assert consensus_steps(sparse, eps, 1e-6) == consensus_steps(dense, step_size(dense, "optimal"), 1e-6)
+
+
+def _complete(n):
+    return np.ones((n, n), dtype=int) - np.eye(n, dtype=int)
+
+
+@pytest.mark.parametrize("graph", [random_regular_graph(7, 4, rng=0), random_regular_graph(12, 4, rng=1),
+                                   random_regular_graph(60, 4, rng=2), inverse_chord_graph(31), cycle_graph(10),
+                                   graph_from_edges(5, [(0, 1), (1, 2), (2, 3), (3, 4)])])
+def test_finite_time_schedule_gives_the_average_in_one_step_per_distinct_eigenvalue(graph):
+    spec = laplacian_spectrum(graph)
+    steps = graphs.finite_time_steps(spec)
+    lap = laplacian(graph)
+    ev = np.linalg.eigvalsh(lap)[1:]
+    distinct = 1 + int(np.sum(np.diff(ev) > 1e-6))
+    assert len(steps) == distinct
+    product = np.eye(graph.shape[0])
+    for eps in steps:
+        product = (np.eye(graph.shape[0]) - eps * lap) @ product
+    assert np.allclose(product, np.full_like(product, 1.0 / graph.shape[0]), rtol=0, atol=1e-12)
+    # the run the plan makes: fewer steps than the constant step, and the average as exact as it gets
+    assert graphs.consensus_schedule(spec, "finite-time", 1e-16) == steps
+    assert len(steps) < consensus_steps(spec, step_size(spec), 1e-16)
+    x = np.random.default_rng(0).normal(size=(graph.shape[0], 3)) * 1e4
+    for eps in steps:
+        x = x - eps * (lap @ x)
+    assert np.abs(x - x.mean(axis=0)).max() < 1e-9
+
+
+def test_finite_time_on_the_complete_graph_is_one_step_of_one_over_s():
+    assert graphs.finite_time_steps(laplacian_spectrum(_complete(6))) == pytest.approx((1 / 6,), rel=1e-12)
+
+
+def test_finite_time_falls_back_to_a_constant_step_where_it_is_not_exact():
+    # eigenvalues closer than the rounding of the solver but not equal: one step cannot remove both
+    close = graphs.GraphSpectrum(1.0, 3.0, 2, 4, (0.0, 1.0, 1.0 + 1e-10, 3.0))
+    assert graphs.finite_time_steps(close) is None
+    eps = step_size(close)
+    assert graphs.consensus_schedule(close, "finite-time", 1e-8) == (eps,) * consensus_steps(close, eps, 1e-8)
+    # over 200 sites only lambda_2 and lambda_S are computed: the max-degree step
+    big = laplacian_spectrum(random_regular_graph(211, 4, rng=3))
+    assert big.eigenvalues is None and graphs.finite_time_steps(big) is None
+    assert set(graphs.consensus_schedule(big, "finite-time", 1e-12)) == {step_size(big)}
+    # a loose tolerance that a constant step meets in fewer steps than the graph has eigenvalues
+    spec = laplacian_spectrum(random_regular_graph(60, 4, rng=2))
+    assert set(graphs.consensus_schedule(spec, "finite-time", 0.5)) == {step_size(spec)}
