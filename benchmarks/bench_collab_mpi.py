@@ -6,7 +6,8 @@ the in-process fit ``CollabDict(n_components=3, max_iter=6, aggregation=..., ran
 --runtime mpi`` calls).  The fit is timed inside the job, between two barriers (rank 0's wall seconds); start-up is
 the job's wall time minus the fit (process launch, imports, MPI_Init, the data, finalisation).  It prints the
 medians and each one's ratio to the in-process fit, for each aggregation (one untimed in-process fit first, so
-that neither side's fit includes importing modules on first use), the mean CPU seconds of a rank in the MPI fit
+that neither side's fit includes importing modules on first use), the neighbour exchanges of one chunked sum with
+the default consensus steps and with the constant step, the mean CPU seconds of a rank in the MPI fit
 (7 ranks share the machine's cores, so 7 times this over the number of cores bounds the fit's wall time from
 below), and the machine's 1-minute load average before and after.
 
@@ -108,6 +109,11 @@ def main() -> None:
     warnings.simplefilter("ignore")  # 6 iterations do not converge; that is the test's fit
     sites = _sites()
     _model("chunked").fit(sites)  # warm-up, not timed: first-use imports and caches
+    exchanges = {step: _model("chunked").set_params(step=step).fit(sites).history_[0]["exchanges"]
+                 for step in ("finite-time", "max-degree")}
+    print(f"neighbour exchanges of one chunked sum (3 sessions x consensus steps + the agreement's steps): "
+          f"{exchanges['finite-time']} with the default finite-time steps, {exchanges['max-degree']} with the "
+          f"constant max-degree step")
     for aggregation in args.aggregation.split(","):
         local, fit, cpu, start_up = [], [], [], []
         load = os.getloadavg()[0]
