@@ -5,6 +5,7 @@ Run:  python benchmarks/bench_hierarchy.py                  (60 designs, about 2
       python benchmarks/bench_hierarchy.py --shared-variance --updates em   (one variance shared by all columns)
       python benchmarks/bench_hierarchy.py --redraw 59 10   (design 59 with 10 fresh draws of its data)
       python benchmarks/bench_hierarchy.py --trace 28        (design 28 round by round, 100 rounds, tol=None)
+      python benchmarks/bench_hierarchy.py --trace 12 --rounds 300   (past 100 rounds)
 
 Each design is drawn (seed = the design's index) from one family, then its data from the hierarchical
 model of the spec (``make_federated_ppca``): 3 views of d_k features, d_k log-uniform on 5..500; C sites,
@@ -25,9 +26,10 @@ small against the sites' sampling error no estimator can recover it.
 Redraw: ``--redraw I K`` fits design I (q right, EM update) on K fresh draws of its data (seeds 10,000 + k), to tell
 an estimator's bias on a design from its spread: the ratios to the realised spread, per view, their median and sd.
 
-Trace: ``--trace I`` fits design I (q right, EM update) for 100 rounds without the stopping rule and prints, after
-rounds 1-5, 10, 20, 50 and 100, the eigenvalues of the latents' pooled second moment the sites sent (``history_``'s
-``latent_moment_min`` / ``_max``), the squared norms of each view's columns of W~ (largest first) and sd(W~) / true.
+Trace: ``--trace I`` fits design I (q right, EM update) for 100 rounds (``--rounds``) without the stopping rule and
+prints, after rounds 1-5, 10, 20, 50, 100, 200, ... up to the last, the eigenvalues of the latents' pooled second
+moment the sites sent (``history_``'s ``latent_moment_min`` / ``_max``), the squared norms of each view's columns of
+W~ (largest first), sd(W~) / true and the sites' summed expected complete-data log-likelihood (``expected_ll``).
 
 Drift: for the first ``--drift`` designs with q right and C >= 6, the EM fit is re-run with ``tol=None``
 for 100 rounds; printed is the ratio at round 100 over the ratio where the default rule stops.
@@ -125,7 +127,7 @@ def redraw(index: int, draws: int, max_values: float, columns: dict) -> None:
           f"sd {np.round(ratios.std(axis=0, ddof=1), 3)} per view")
 
 
-def trace(index: int, max_values: float, columns: dict) -> None:
+def trace(index: int, max_values: float, columns: dict, rounds: int = 100) -> None:
     """Design ``index`` round by round (module docstring)."""
     d = draw_design(index, max_values)
     data = draw_data(d, index)
@@ -134,16 +136,17 @@ def trace(index: int, max_values: float, columns: dict) -> None:
     keep = lambda record, broadcast: loadings.append({v: np.array(broadcast[f"{v}/W"]) for v in names})  # noqa: E731
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        model = FedMVPPCA(n_components=d["q"], n_rounds=100, random_state=index, tol=None, **columns).fit(
+        model = FedMVPPCA(n_components=d["q"], n_rounds=rounds, random_state=index, tol=None, **columns).fit(
             data.sites, callbacks=[keep])
     true = {v: np.round(np.sort(np.sum(data.global_params[v].W ** 2, axis=0))[::-1], 1) for v in names}
     print(f"design {index}: true squared norms of W~'s columns {true}")
-    for r in (1, 2, 3, 4, 5, 10, 20, 50, 100):
+    for r in [r for r in (1, 2, 3, 4, 5, 10, 20, 50) if r < rounds] + list(range(100, rounds + 1, 100)):
         metrics = model.history_[r - 1]["metrics"]
         norms = {v: np.round(np.sort(np.sum(loadings[r - 1][v] ** 2, axis=0))[::-1], 1) for v in names}
         print(f"round {r:>3}: latent second moment's eigenvalues {metrics['latent_moment_min']:.3f}.."
               f"{metrics['latent_moment_max']:.3f}; ||w~_i||^2 {norms}; sd(W~) / true "
-              f"{np.round(fitted_sds(model, names, row=r - 1)[1] / d['sd_W'], 3)}", flush=True)
+              f"{np.round(fitted_sds(model, names, row=r - 1)[1] / d['sd_W'], 3)}; expected_ll "
+              f"{metrics['expected_ll']:.1f}", flush=True)
 
 
 def fit(data, q: int, mode: str, seed: int, **options) -> FedMVPPCA:
@@ -177,13 +180,14 @@ def main() -> None:
     parser.add_argument("--redraw", nargs=2, type=int, metavar=("DESIGN", "DRAWS"),
                         help="only fit design DESIGN on DRAWS fresh draws of its data")
     parser.add_argument("--trace", type=int, metavar="DESIGN", help="only trace design DESIGN round by round")
+    parser.add_argument("--rounds", type=int, default=100, help="rounds of the trace (default 100)")
     args = parser.parse_args()
     columns = {"column_variances": False} if args.shared_variance else {}
     if args.redraw:
         redraw(*args.redraw, args.max_values, columns)
         return
     if args.trace is not None:
-        trace(args.trace, args.max_values, columns)
+        trace(args.trace, args.max_values, columns, args.rounds)
         return
 
     rows = []  # (design, q_offset, mode, ratio to truth (2, K), ratio to realised (2, K), rounds)
