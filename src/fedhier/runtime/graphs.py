@@ -325,11 +325,15 @@ def finite_time_steps(spectrum: GraphSpectrum) -> tuple[float, ...] | None:
             groups[-1].append(value)
         else:
             groups.append([value])
-    left = [float(np.mean(g)) for g in groups]
-    order = [left.pop()]
-    while left:
-        far = int(np.argmax([np.sum(np.log(np.abs(mu - np.asarray(order)))) for mu in left]))
-        order.append(left.pop(far))
+    left = np.array([np.mean(g) for g in groups])
+    order = [float(left[-1])]
+    left = left[:-1]
+    closeness = np.log(np.abs(left - order[0]))  # for each eigenvalue left, the log of its product of distances
+    while left.size:
+        far = int(np.argmax(closeness))
+        order.append(float(left[far]))
+        left, closeness = np.delete(left, far), np.delete(closeness, far)
+        closeness += np.log(np.abs(left - order[-1]))
     product = np.ones_like(ev)
     for mu in order:
         product *= 1.0 - ev / mu
