@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, get_args
 
 import numpy as np
 
@@ -157,8 +157,8 @@ class PeerAggregation:
     def __post_init__(self) -> None:
         if self.method not in ("consensus", "chunked", "shamir"):
             raise ValueError(f"aggregation method must be 'consensus', 'chunked' or 'shamir', got {self.method!r}")
-        if isinstance(self.step, str) and self.step not in ("finite-time", "max-degree", "optimal", "paper"):
-            raise ValueError(f"consensus step must be 'finite-time', 'max-degree', 'optimal', 'paper' or a number, "
+        if isinstance(self.step, str) and self.step not in get_args(StepRule):
+            raise ValueError(f"consensus step must be {', '.join(map(repr, get_args(StepRule)))} or a number, "
                              f"got {self.step!r}")
         if self.n_chunks < 1:
             raise ValueError(f"n_chunks must be >= 1, got {self.n_chunks}")
