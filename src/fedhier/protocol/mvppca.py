@@ -407,12 +407,21 @@ class MVPPCAProtocol(RoundProtocol):
                 out[view] = {stat: combined[f"{view}/{stat}"] for stat in shapes}
         return out
 
+    def _latent_moment(self, combined: Message) -> np.ndarray | None:
+        """The latents' pooled second moment S = sum_c sum_n <x_n x_n^T> / sum_c N_c (q, q) the sites sent, or None
+        where the fit does not fold it (privacy, the paper's update) or no site had a subject."""
+        subjects = float(combined.get("latent_count", 0.0))
+        if not (self.latent_scale and subjects > 0):
+            return None
+        return np.asarray(combined["latent_moment"], dtype=float) / subjects
+
     def global_step(self, combined: Message, round: int, previous: Message) -> Message:
         prior = global_from_message(previous, self.schema)
         anchor = self._anchor(previous)
         stats = self._statistics(combined)
         n_sites = max((float(fields["count"]) for fields in stats.values()), default=0.0)
         subjects = float(combined.get("latent_count", 0.0))
+        moment = self._latent_moment(combined)
         new, safeguards = master.global_step(
             stats,
             anchor=anchor,
@@ -423,11 +432,10 @@ class MVPPCAProtocol(RoundProtocol):
             newton=self.privacy is None,  # with privacy the traces are noisy: the plain EM step
             n_subjects=subjects / n_sites if self.column_variances and subjects > 0 and n_sites > 0 else None,
         )
-        fold = self.latent_scale and subjects > 0
         # round 1's W~ averages loadings fitted in each site's own rotation: fold the whole second moment once
-        shape = fold and round == 2 and prior is not None
-        if fold:
-            new = master.latent_scale(new, np.asarray(combined["latent_moment"], dtype=float) / subjects, shape=shape)
+        shape = moment is not None and round == 2 and prior is not None
+        if moment is not None:
+            new = master.latent_scale(new, moment, shape=shape)
         for note in safeguards:
             self._safeguard_log(note, "round %d, master: %s", round, note)
         if self.accelerator is not None:
@@ -480,9 +488,9 @@ class MVPPCAProtocol(RoundProtocol):
         if self.privacy is None:  # raw diagnostics: sent without privacy only
             metrics["expected_ll"] = float(combined["expected_ll"])
             metrics["local_safeguards"] = float(combined["safeguards"])
-        subjects = float(combined.get("latent_count", 0.0))
-        if self.latent_scale and subjects > 0:  # the shape of the latent space: eigenvalues of sum <x x^T> / N
-            eig = np.linalg.eigvalsh(np.asarray(combined["latent_moment"], dtype=float) / subjects)
+        moment = self._latent_moment(combined)
+        if moment is not None:  # the shape of the latent space
+            eig = np.linalg.eigvalsh(moment)
             metrics["latent_moment_min"], metrics["latent_moment_max"] = float(eig[0]), float(eig[-1])
         for view, fields in stats.items():
             metrics[f"{view}/sites"] = float(fields["count"])
