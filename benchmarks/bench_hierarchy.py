@@ -27,7 +27,7 @@ Redraw: ``--redraw I K`` fits design I (q right, EM update) on K fresh draws of 
 an estimator's bias on a design from its spread: the ratios to the realised spread, per view, their median and sd.
 
 Trace: ``--trace I`` fits design I (q right, EM update) for 100 rounds (``--rounds``) without the stopping rule and
-prints, after rounds 1-5, 10, 20, 50, 100, 200, ... up to the last, the eigenvalues of the latents' pooled second
+prints, after rounds 1-5, 10, 20, 50, 100, 200, ... and the last, the eigenvalues of the latents' pooled second
 moment the sites sent (``history_``'s ``latent_moment_min`` / ``_max``), the squared norms of each view's columns of
 W~ (largest first), sd(W~) / true and the sites' summed expected complete-data log-likelihood (``expected_ll``).
 
@@ -140,7 +140,7 @@ def trace(index: int, max_values: float, columns: dict, rounds: int = 100) -> No
             data.sites, callbacks=[keep])
     true = {v: np.round(np.sort(np.sum(data.global_params[v].W ** 2, axis=0))[::-1], 1) for v in names}
     print(f"design {index}: true squared norms of W~'s columns {true}")
-    for r in [r for r in (1, 2, 3, 4, 5, 10, 20, 50) if r < rounds] + list(range(100, rounds + 1, 100)):
+    for r in sorted({r for r in (1, 2, 3, 4, 5, 10, 20, 50) if r < rounds} | set(range(100, rounds, 100)) | {rounds}):
         metrics = model.history_[r - 1]["metrics"]
         norms = {v: np.round(np.sort(np.sum(loadings[r - 1][v] ** 2, axis=0))[::-1], 1) for v in names}
         print(f"round {r:>3}: latent second moment's eigenvalues {metrics['latent_moment_min']:.3f}.."
