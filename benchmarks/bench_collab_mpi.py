@@ -11,7 +11,14 @@ the default consensus steps and with the constant step, the mean CPU seconds of 
 (7 ranks share the machine's cores, so 7 times this over the number of cores bounds the fit's wall time from
 below), and the machine's 1-minute load average before and after.
 
+``--phases`` prints instead, for one MPI fit of each aggregation, the median over the ranks of the CPU seconds a
+rank spends in each part of the fit: the global update and the site step of the mixture's rounds (the protocol's
+``global_step`` and ``site_step``), the transport's sends and polls (``MPITransport._round_trip``), its agreements
+(``all_true`` and ``commit``), and the rest (the standardising moments, the peer graph, encoding, the scores and
+the release at the end).
+
 Run:  OPENBLAS_NUM_THREADS=1 python benchmarks/bench_collab_mpi.py [--repeats 5] [--aggregation chunked,shamir]
+      OPENBLAS_NUM_THREADS=1 python benchmarks/bench_collab_mpi.py --phases
 """
 
 from __future__ import annotations
@@ -57,13 +64,46 @@ def _model(aggregation: str):
     return CollabDict(n_components=3, max_iter=6, aggregation=aggregation, random_state=5, mitigate=False)
 
 
-def rank_main(aggregation: str) -> None:
+#: --phases: (class, method, part of the fit) whose CPU seconds a rank adds up
+PHASES = (
+    ("fedhier.protocol.collab:GGMMixtureProtocol", "global_step", "global update"),
+    ("fedhier.protocol.collab:GGMMixtureProtocol", "site_step", "site step"),
+    ("fedhier.runtime.mpi:MPITransport", "_round_trip", "transport sends and polls"),
+    ("fedhier.runtime.mpi:MPITransport", "all_true", "transport agreements"),
+    ("fedhier.runtime.mpi:MPITransport", "commit", "transport agreements"),
+)
+
+
+def _count_phases() -> dict[str, float]:
+    """Wrap the methods of :data:`PHASES` so that each adds its CPU seconds to the returned dict."""
+    import importlib
+
+    spent: dict[str, float] = {}
+
+    def timed(method, part):
+        def wrapper(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[part] = spent.get(part, 0.0) + time.process_time() - start
+        return wrapper
+
+    for where, name, part in PHASES:
+        module, cls = where.split(":")
+        owner = getattr(importlib.import_module(module), cls)
+        setattr(owner, name, timed(getattr(owner, name), part))
+    return spent
+
+
+def rank_main(aggregation: str, phases: bool = False) -> None:
     """One rank of the MPI job: the fit between two barriers; rank 0 prints its wall seconds and the ranks' mean
-    CPU seconds of the fit."""
+    CPU seconds of the fit (with ``phases``, the median over the ranks of each part's CPU seconds)."""
     from fedhier.runtime.mpi import world
 
     comm = world()
     X, model = _sites()[comm.Get_rank()], _model(aggregation)  # imported before the fit, as the command line does
+    spent = _count_phases() if phases else {}
     comm.Barrier()
     start, cpu = time.perf_counter(), time.process_time()
     model.fit_mpi(X, comm, site_seed=5, timeout=600)
@@ -71,16 +111,25 @@ def rank_main(aggregation: str) -> None:
     comm.Barrier()
     wall = time.perf_counter() - start
     cpus = comm.gather(cpu, root=0)
+    parts = comm.gather(spent, root=0)
     if comm.Get_rank() == 0:
         print(f"fit {wall:.6f} {np.mean(cpus):.6f}", flush=True)
+        if phases:
+            names = list(dict.fromkeys(part for _, _, part in PHASES))
+            for name in names:
+                print(f"phase {name}: {np.median([p.get(name, 0.0) for p in parts]):.4f}", flush=True)
+            rest = [c - sum(p.values()) for c, p in zip(cpus, parts)]
+            print(f"phase the rest: {np.median(rest):.4f}", flush=True)
+            print(f"phase the whole fit: {np.median(cpus):.4f}", flush=True)
 
 
-def mpi_seconds(aggregation: str) -> tuple[float, float, float]:
+def mpi_seconds(aggregation: str, phases: bool = False) -> tuple[float, float, float]:
     """(job wall seconds, fit seconds, a rank's mean CPU seconds in the fit) of the fit under ``mpiexec -n 7``
-    (every rank stopped by its process group)."""
+    (every rank stopped by its process group); with ``phases`` rank 0's lines on the parts of the fit are printed."""
     here = Path(sys.executable).parent / "mpiexec"
     mpiexec = str(here) if here.exists() else shutil.which("mpiexec")
     args = [mpiexec, "-n", str(N_SITES), sys.executable, os.path.abspath(__file__), "--rank", aggregation]
+    args += ["--phases"] if phases else []
     start = time.perf_counter()
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -93,6 +142,10 @@ def mpi_seconds(aggregation: str) -> tuple[float, float, float]:
     if proc.returncode:
         raise RuntimeError(f"mpiexec failed: {err.strip().splitlines()[-1] if err.strip() else proc.returncode}")
     fit, cpu = map(float, next(line for line in out.splitlines() if line.startswith("fit ")).split()[1:])
+    for line in out.splitlines():
+        if line.startswith("phase "):
+            name, seconds = line[len("phase "):].rsplit(": ", 1)
+            print(f"{aggregation:8s} a rank's CPU in {name}: {float(seconds):.3f} s")
     return wall, fit, cpu
 
 
@@ -100,10 +153,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--aggregation", default="chunked,shamir")
+    parser.add_argument("--phases", action="store_true", help="a rank's CPU seconds in each part of one MPI fit")
     parser.add_argument("--rank", help=argparse.SUPPRESS)  # internal: run as one rank of the MPI job
     args = parser.parse_args()
     if args.rank:
-        return rank_main(args.rank)
+        return rank_main(args.rank, args.phases)
+    if args.phases:
+        for aggregation in args.aggregation.split(","):
+            mpi_seconds(aggregation, phases=True)
+        return None
     import warnings
 
     warnings.simplefilter("ignore")  # 6 iterations do not converge; that is the test's fit
