@@ -3,6 +3,7 @@
 Run:  python benchmarks/bench_hierarchy.py                  (60 designs, about 25 minutes on a shared machine)
       python benchmarks/bench_hierarchy.py --designs 12 --drift 3     (a quick look)
       python benchmarks/bench_hierarchy.py --shared-variance --updates em   (one variance shared by all columns)
+      python benchmarks/bench_hierarchy.py --noise-dof --updates em   (the sites' noise variances with degrees of freedom)
       python benchmarks/bench_hierarchy.py --redraw 59 10   (design 59 with 10 fresh draws of its data)
       python benchmarks/bench_hierarchy.py --trace 28        (design 28 round by round, 100 rounds, tol=None)
       python benchmarks/bench_hierarchy.py --trace 12 --rounds 300   (past 100 rounds)
@@ -175,6 +176,8 @@ def main() -> None:
     parser.add_argument("--max-values", type=float, default=4e5, help="largest data size of a design (default 4e5)")
     parser.add_argument("--shared-variance", action="store_true",
                         help="fit the EM update with one variance shared by all columns of the loadings (column_variances=False)")
+    parser.add_argument("--noise-dof", action="store_true",
+                        help="the sites' noise variances with the residual's degrees of freedom (noise_dof=True)")
     parser.add_argument("--updates", nargs="+", default=["em", "paper"], choices=["em", "paper"],
                         help="the prior updates fitted (default both)")
     parser.add_argument("--redraw", nargs=2, type=int, metavar=("DESIGN", "DRAWS"),
@@ -182,7 +185,7 @@ def main() -> None:
     parser.add_argument("--trace", type=int, metavar="DESIGN", help="only trace design DESIGN round by round")
     parser.add_argument("--rounds", type=int, default=100, help="rounds of the trace (default 100)")
     args = parser.parse_args()
-    columns = {"column_variances": False} if args.shared_variance else {}
+    columns = ({"column_variances": False} if args.shared_variance else {}) | ({"noise_dof": True} if args.noise_dof else {})
     if args.redraw:
         redraw(*args.redraw, args.max_values, columns)
         return
@@ -221,7 +224,8 @@ def main() -> None:
     print(f"'se <= {SE_LIMIT}': only the (design, view) pairs whose data fix the sd to {SE_LIMIT:.0%} (relative_error)")
     for b, what in ((1, "sd(W~)"), (0, "sd(mu~)")):
         print(f"\n{what}")
-        print(f"{'designs':<16} {'update':>6} {'n':>3} | {'fitted / true':^34} | {'fitted / realised':^34} | rounds (median, max)")
+        print(f"{'designs':<16} {'update':>6} {'n':>3} | {'fitted / true':^34} | {'fitted / realised':^34} | rounds (median, max)"
+              f" | pairs outside 0.75..1.33 of the truth")
         for label, keep in groups:
             for mode in args.updates:
                 sel = [r for r in rows if keep(r[0], r[1]) and r[2] == mode]
@@ -230,8 +234,9 @@ def main() -> None:
                 true_ratio = np.concatenate([r[3][b] for r in sel])
                 real_ratio = np.concatenate([r[4][b] for r in sel])
                 rounds = [r[5] for r in sel]
+                outside = int(np.sum((true_ratio < 0.75) | (true_ratio > 1.33)))
                 print(f"{label:<16} {mode:>6} {len(sel):>3} | {summary(true_ratio)} | {summary(real_ratio)} | "
-                      f"{np.median(rounds):.0f}, {max(rounds)}")
+                      f"{np.median(rounds):.0f}, {max(rounds)} | {outside} of {true_ratio.size}")
                 fixed = np.concatenate([r[6][b] for r in sel]) <= SE_LIMIT
                 if mode == "em" and 0 < fixed.sum() < fixed.size:
                     print(f"{'  se <= ' + str(SE_LIMIT):<16} {mode:>6} {fixed.sum():>3} | {summary(true_ratio[fixed])} | "

@@ -4,6 +4,8 @@ Run:  python examples/mvppca_parity.py            (about 25 minutes on one core)
       python examples/mvppca_parity.py --quick    (2 seeds / 3 folds, about 3 minutes)
       python examples/mvppca_parity.py --heterogeneity --n-local-iter 15   (part 2 with the paper's 15
                                                   local iterations per round, about 5 minutes)
+      python examples/mvppca_parity.py --quick --noise-dof   (the federated fits with noise_dof=True; the
+                                                  pooled reference stays the maximum-likelihood fit)
 
 1. Pooled parity.  Four IID sites of 150 subjects drawn from one 3-view model (views of 12, 8 and 6
    features, q = 3), the fourth lacking view 2; 1000 test subjects from the same model.  Mean test
@@ -38,7 +40,7 @@ def draw(rng, n, W, mu, s2):
     return {v: x @ W[v].T + mu[v] + np.sqrt(s2[v]) * rng.normal(size=(n, len(mu[v]))) for v in W}
 
 
-def parity(seed: int) -> dict[str, float]:
+def parity(seed: int, **options) -> dict[str, float]:
     rng = np.random.default_rng(seed)
     dims = {"v1": 12, "v2": 8, "v3": 6}
     W = {v: rng.normal(size=(d, 3)) for v, d in dims.items()}
@@ -51,7 +53,7 @@ def parity(seed: int) -> dict[str, float]:
     central = FedMVPPCA(3, n_rounds=1, n_first_iter=800, sigma2_prior=None, random_state=seed).fit([pooled]).score(test)
     out = {"pooled": central}
     for update in UPDATES:
-        out[update] = FedMVPPCA(3, random_state=seed, prior_update=update).fit(sites).score(test)
+        out[update] = FedMVPPCA(3, random_state=seed, prior_update=update, **options).fit(sites).score(test)
     return out
 
 
@@ -68,10 +70,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--heterogeneity", action="store_true", help="part 2 only")
     parser.add_argument("--n-local-iter", type=int, default=None, help="MAP-EM iterations per round in part 2 (default: the estimator's)")
+    parser.add_argument("--noise-dof", action="store_true",
+                        help="the federated fits' noise variances with the residual's degrees of freedom (noise_dof=True)")
     args = parser.parse_args()
-    options = {} if args.n_local_iter is None else {"n_local_iter": args.n_local_iter}
+    fed = {"noise_dof": True} if args.noise_dof else {}
+    options = fed | ({} if args.n_local_iter is None else {"n_local_iter": args.n_local_iter})
     seeds = range(0 if args.heterogeneity else 2 if args.quick else 5)
-    runs = [parity(seed) for seed in seeds]
+    runs = [parity(seed, **fed) for seed in seeds]
     if runs:
         print(f"1. Pooled parity, seeds {seeds.start}-{seeds.stop - 1}: mean test log-likelihood per subject")
     for update in UPDATES if runs else ():

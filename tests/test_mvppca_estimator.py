@@ -229,6 +229,24 @@ def test_tol_must_be_a_positive_number(iid_problem, tol):
         FedMVPPCA(n_components=3, tol=tol).fit(iid_problem[0])
 
 
+@pytest.mark.parametrize("flag", [1, "yes", None])
+def test_noise_dof_must_be_true_or_false(iid_problem, flag):
+    with pytest.raises(ValueError, match="noise_dof must be True or False"):
+        FedMVPPCA(n_components=3, noise_dof=flag).fit(iid_problem[0])
+
+
+def test_noise_dof_raises_the_sites_noise_variances_and_survives_save_and_load(tmp_path, iid_problem):
+    sites, test = iid_problem
+    kw = dict(n_components=3, n_rounds=3, random_state=0)
+    paper, dof = FedMVPPCA(**kw).fit(sites), FedMVPPCA(noise_dof=True, **kw).fit(sites)
+    # the sites' mean noise variance, per view: the residual divided by fewer degrees of freedom
+    for view in paper.global_params_:
+        assert dof.global_params_[view]["noise_var"] > paper.global_params_[view]["noise_var"]
+    back = FedMVPPCA.load(dof.save(tmp_path / "model.npz"))
+    assert back.noise_dof is True
+    np.testing.assert_array_equal(back.transform(test), dof.transform(test))
+
+
 def test_n_init_keeps_the_start_with_the_highest_final_expected_log_likelihood():
     # sites holding different groups (latent means apart), where the fit depends on the start
     rng = np.random.default_rng(7)

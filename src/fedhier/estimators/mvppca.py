@@ -153,6 +153,14 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         so that those columns do not pull ``sigma2_W`` down; each site then sends two vectors
         of ``n_components`` more per view.  False: one variance shared by all columns
         (docs/mvppca.md, "One variance per column").
+    noise_dof : bool, default False
+        Each site's noise variance divides its residual by the degrees of freedom the residual
+        has, N d_k less one per feature for the mean and the loadings' effective number
+        (:func:`fedhier.models.mvppca.mstep.residual_dof`) [R], instead of by N d_k (eq. 21,
+        the paper's).  With few subjects per site the paper's divisor underestimates the noise
+        (about by the factor (N - 1 - q) / N), which weakens the prior's pull on the sites'
+        loadings; the option's effect on the between-site variances is measured in
+        docs/mvppca.md, "Recovery on drawn designs".
     acceleration : {"squarem", None}, default "squarem"
         Without privacy, the coordinator extrapolates the global means and loadings from every
         two rounds (SQUAREM, :mod:`fedhier.models.mvppca.accelerate`) and keeps an extrapolation
@@ -245,6 +253,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         sigma2_prior: str | None = "weak",
         prior_update: str = "em",
         column_variances: bool = True,
+        noise_dof: bool = False,
         acceleration: str | None = "squarem",
         privacy: Any = None,
         aggregation: str = "plain",
@@ -269,6 +278,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.sigma2_prior = sigma2_prior
         self.prior_update = prior_update
         self.column_variances = column_variances
+        self.noise_dof = noise_dof
         self.acceleration = acceleration
         self.privacy = privacy
         self.aggregation = aggregation
@@ -297,6 +307,8 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             or not 0.0 < float(self.local_tol) < np.inf
         ):
             raise ValueError(f"local_tol must be None or a positive number, got {self.local_tol!r}")
+        if not isinstance(self.noise_dof, (bool, np.bool_)):
+            raise ValueError(f"noise_dof must be True or False, got {self.noise_dof!r}")
         if self.init not in ("pca", "random"):
             raise ValueError(f"init must be 'pca' or 'random', got {self.init!r}")
         if self.random_state is not None and (
@@ -344,7 +356,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         settings = {name: getattr(self, name) for name in MVPPCAProtocol.SETTINGS}
         return MVPPCAProtocol(
             schema, self.n_components_, privacy=self.privacy, column_variances=bool(self.column_variances),
-            acceleration=self.acceleration, **settings
+            noise_dof=bool(self.noise_dof), acceleration=self.acceleration, **settings
         )
 
     def _aggregator(self, n_sites: int):
@@ -778,7 +790,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         meta = {
             "format": _FORMAT,
             "params": {
-                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "tol", "init", "local_tol", "ig_solver", "sigma2_prior", "prior_update", "column_variances", "acceleration", "insecure_reproducible_noise")},
+                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "tol", "init", "local_tol", "ig_solver", "sigma2_prior", "prior_update", "column_variances", "noise_dof", "acceleration", "insecure_reproducible_noise")},
                 "aggregation": self.aggregation if isinstance(self.aggregation, str) else "secure",
             },
             **({"privacy": NOT_PRIVATE} if self.insecure_reproducible_noise and self.privacy is not None else {}),

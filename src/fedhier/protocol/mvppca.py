@@ -237,6 +237,10 @@ class MVPPCAProtocol(RoundProtocol):
         With the EM update and no privacy, the columns of the loadings that carry signal share
         one between-site variance and each other column has its own (two more vectors of q per
         view in the reply; on by default).
+    noise_dof : bool
+        The sites' noise variances divide the residual by its degrees of freedom, less what the mean
+        and the loadings took (:func:`fedhier.models.mvppca.mstep.residual_dof`) [R], instead of
+        by N d_k (eq. 21 [P], the default).
     acceleration : "squarem" or None
         Without privacy, the coordinator extrapolates the global means and loadings across
         rounds (:class:`fedhier.models.mvppca.accelerate.Squarem`, an extrapolation kept only when
@@ -270,6 +274,7 @@ class MVPPCAProtocol(RoundProtocol):
         initial_prior: GlobalParams | None = None,
         prior_update: str = "em",
         column_variances: bool = True,
+        noise_dof: bool = False,
         acceleration: str | None = "squarem",
     ):
         if acceleration not in ACCELERATIONS:
@@ -283,6 +288,7 @@ class MVPPCAProtocol(RoundProtocol):
         self.n_first_iter = int(n_first_iter)
         self.init = init
         self.local_tol = local_tol
+        self.noise_dof = bool(noise_dof)
         self.ig_solver = ig_solver
         self.sigma2_prior = sigma2_prior
         self.privacy = privacy
@@ -359,7 +365,7 @@ class MVPPCAProtocol(RoundProtocol):
         n_iter = self.n_first_iter if prior is None else self.n_local_iter
         fit = local.fit_local(
             ctx.data, self.n_components, prior, n_iter=n_iter, rng=ctx.rng, sigma2_prior=self.sigma2_prior,
-            init=self.init, tol=self.local_tol,
+            init=self.init, tol=self.local_tol, noise_dof=self.noise_dof,
         )
         for note in fit.safeguards:
             self._safeguard_log(note, "site %d, round %d: %s", ctx.site, ctx.round, note)

@@ -16,6 +16,7 @@ from fedhier.models.mvppca import (
 from fedhier.models.mvppca.mstep import (
     effective_columns,
     mean_step,
+    residual_dof,
     scatter_first_form,
     scatter_second_form,
     sigma2_step,
@@ -290,3 +291,35 @@ def test_nearly_noise_free_data_keep_an_accurate_sigma2(rng):
     fit = fit_local(X, q, n_iter=100, rng=1, sigma2_prior=None)
     assert fit.params["v0"].sigma2 == pytest.approx(s2_ml, rel=1e-6)
     assert fit.safeguards == ()
+
+
+def test_residual_dof_takes_one_per_feature_for_the_mean_and_the_loadings_hat_trace(rng):
+    N, d, q = 30, 12, 3
+    Z = rng.normal(size=(N, q))
+    sxx = Z.T @ Z
+    # no prior: ordinary least squares per feature, q loadings and the mean
+    assert residual_dof(N, d, sxx, 0.0, q) == pytest.approx(d * (N - 1 - q))
+    # a ridge: the loadings take tr[(S + Lambda)^{-1} S] = sum_i s_i / (s_i + lambda) for a common lambda
+    lam = 7.0
+    s = np.linalg.eigvalsh(sxx)
+    assert residual_dof(N, d, sxx, lam, q) == pytest.approx(d * (N - 1 - np.sum(s / (s + lam))))
+    # columns beyond q_k take nothing; a prior that pins the loadings leaves only the mean's degree of freedom
+    assert residual_dof(N, d, sxx, 0.0, 1) == pytest.approx(d * (N - 2))
+    assert residual_dof(N, d, sxx, 1e12, q) == pytest.approx(d * (N - 1), rel=1e-9)
+    # never below one degree of freedom per feature
+    assert residual_dof(3, d, sxx[:3, :3] * 0 + np.eye(3), 0.0, 3) == d
+
+
+@pytest.mark.parametrize("n_subjects,dim,paper_below", [(15, 60, 0.8), (40, 20, 0.92)])
+def test_noise_dof_removes_the_small_sample_bias_of_sigma2(n_subjects, dim, paper_below):
+    # data drawn from PPCA with noise variance 1: eq. 21 divides by N d and comes out near (N - 1 - q) / N
+    paper, dof = [], []
+    for seed in range(12):
+        r = np.random.default_rng(seed)
+        W, mu = r.normal(size=(dim, 3)), r.normal(size=dim)
+        X = r.normal(size=(n_subjects, 3)) @ W.T + mu + r.normal(size=(n_subjects, dim))
+        for flag, out in ((False, paper), (True, dof)):
+            fit = fit_local({"a": X}, 3, None, n_iter=300, rng=0, sigma2_prior=None, tol=1e-10, noise_dof=flag)
+            out.append(fit.params["a"].sigma2)
+    assert np.mean(paper) < paper_below
+    assert 0.95 < np.mean(dof) < 1.06

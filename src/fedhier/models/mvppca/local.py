@@ -32,6 +32,7 @@ from .mstep import (
     effective_columns,
     loading_step,
     mean_step,
+    residual_dof,
     scatter_first_form,
     scatter_second_form,
     sigma2_step,
@@ -135,6 +136,7 @@ def fit_local(
     sigma2_prior: str | None = "weak",
     init: str = "pca",
     tol: float | None = None,
+    noise_dof: bool = False,
 ) -> LocalFit:
     """Fit theta_c = {mu_k, W_k, sigma2_k} at one site for one round (§4.3–§4.5).
 
@@ -162,6 +164,9 @@ def fit_local(
         Stop after the iteration where every view's relative change
         max(||dW||_F / ||W||_F, |d sigma2| / sigma2, ||d mu|| / (||mu|| + ||W||_F)) falls
         below ``tol``; None runs exactly ``n_iter`` iterations.
+    noise_dof : bool
+        Step (4) divides the residual by its degrees of freedom, N d_k less what the mean and the
+        loadings took (:func:`.mstep.residual_dof`) [R], instead of N d_k (eq. 21).
 
     Returns
     -------
@@ -281,8 +286,10 @@ def fit_local(
                     cov_pattern = pattern_moments(site, post)[1]
                 X = post.means if block.rows is None else post.means[block.rows]
                 S = scatter_second_form(block.values, mu[name], W[name], X, cov_pattern[patterns].sum(axis=0))
+            dof = n_dof[name] if not noise_dof else residual_dof(
+                block.n_obs, block.dim, xx, 0.0 if g is None else sigma2[name] / prior_columns[name], n_cols[name])
             new, view_notes = sigma2_step(
-                S, n_dof[name], old=sigma2[name], view=name,
+                S, dof, old=sigma2[name], view=name,
                 alpha=None if g is None else g.alpha, beta=None if g is None else g.beta,
                 weak=(g is None and sigma2_prior == "weak"),
             )

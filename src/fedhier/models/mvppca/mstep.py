@@ -9,6 +9,8 @@ d x d matrix:
 * :func:`scatter_first_form` / :func:`scatter_second_form` -- the two equal forms of
   S_k in eq. 21;
 * :func:`sigma2_step` -- step (4), eq. 21 with the [RC] safeguards;
+* :func:`residual_dof` -- the residual's degrees of freedom, N d_k less those the mean and the
+  loadings took [R], for step (4) instead of N d_k;
 * :func:`effective_columns` -- q_k of §4.4.
 """
 
@@ -25,6 +27,7 @@ __all__ = [
     "scatter_first_form",
     "scatter_second_form",
     "sigma2_step",
+    "residual_dof",
     "weak_ig_prior",
     "WEAK_IG_RETRIES",
 ]
@@ -116,6 +119,36 @@ def loading_step(
     W = spd_solve(system, rhs.T).T
     W[:, n_effective:] = 0.0
     return W
+
+
+def residual_dof(n_obs: int, dim: int, second_moment: np.ndarray, ridge: float | np.ndarray, n_effective: int) -> float:
+    """Degrees of freedom of the view's residual: N d_k - d_k (1 + df_W), at least d_k [R].
+
+    Eq. 21 divides the residual sum of squares by N d_k, as if mu and W were known.  Each of the
+    d_k rows of the view fits its mean and its loadings to the N subjects: the mean takes one
+    degree of freedom, the loadings df_W = tr[(S_xx + Lambda)^{-1} S_xx], the trace of the ridge
+    regression's hat matrix (q_k without a prior, fewer the more the prior pins the loadings to
+    W~).  Dividing by N d_k underestimates sigma2 by about the factor (N - 1 - df_W) / N, which
+    matters where a site has few subjects: a smaller sigma2 weakens the prior's pull
+    (Lambda = sigma2 / sigma2_W) and inflates the sites' spread, and with it the between-site
+    variance.
+
+    Parameters
+    ----------
+    n_obs, dim : int
+        N (subjects with the view) and d_k.
+    second_moment : ndarray of shape (q, q)
+        S_xx = sum_n <x_n x_n^T> over those subjects.
+    ridge : float or ndarray of shape (q,)
+        lambda_i of :func:`loading_step` (0 without prior).
+    n_effective : int
+        q_k of §4.4.
+    """
+    k = int(n_effective)
+    sxx = np.asarray(second_moment, dtype=float)[:k, :k]
+    lam = np.broadcast_to(np.asarray(ridge, dtype=float), (np.shape(second_moment)[0],))[:k]
+    df_W = float(np.trace(np.linalg.solve(sxx + np.diag(lam), sxx))) if k else 0.0
+    return max(float(n_obs) - 1.0 - df_W, 1.0) * int(dim)
 
 
 def scatter_first_form(
