@@ -47,10 +47,10 @@ import attr
 import dp_accounting
 import numpy as np
 from dp_accounting import dp_event
-from scipy import optimize
 from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
 from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+from scipy import optimize
 
 __all__ = [
     "Accountant",
