@@ -273,10 +273,8 @@ def fit_local(
                 xx, cross = total_second_moment, cross_of[name]
             # (3) W with the current sigma2[s]
             g = None if prior is None else prior[name]
-            if g is None:
-                W[name] = loading_step(cross, xx, 0.0, None, n_cols[name])
-            else:
-                W[name] = loading_step(cross, xx, sigma2[name] / prior_columns[name], prior_W[name], n_cols[name])
+            ridge = 0.0 if g is None else sigma2[name] / prior_columns[name]
+            W[name] = loading_step(cross, xx, ridge, None if g is None else prior_W[name], n_cols[name])
             # (4) sigma2 with W[s+1], mu[s+1]
             S = scatter_first_form(scatter[name], block.n_obs, sample_mean[name], mu[name], W[name], cross, xx)
             shift = sample_mean[name] - mu[name]
@@ -286,8 +284,7 @@ def fit_local(
                     cov_pattern = pattern_moments(site, post)[1]
                 X = post.means if block.rows is None else post.means[block.rows]
                 S = scatter_second_form(block.values, mu[name], W[name], X, cov_pattern[patterns].sum(axis=0))
-            dof = n_dof[name] if not noise_dof else residual_dof(
-                block.n_obs, block.dim, xx, 0.0 if g is None else sigma2[name] / prior_columns[name], n_cols[name])
+            dof = residual_dof(block.n_obs, block.dim, xx, ridge, n_cols[name]) if noise_dof else n_dof[name]
             new, view_notes = sigma2_step(
                 S, dof, old=sigma2[name], view=name,
                 alpha=None if g is None else g.alpha, beta=None if g is None else g.beta,
