@@ -25,7 +25,11 @@ global mean (REML: the mean is integrated out, which removes the (C_k - 1) / C_k
 ML), with v the variance the sites used and D = d_k (mu) or d_k q_k (W, q_k effective
 columns, §4.4):
 
-    v_new = [sum_c ||m_c - m~||^2 + (1 - 1/C_k) sum_c tr V_c + D v] / (C_k D).
+    v_new = [sum_c ||m_c - m~||^2 + (1 - 1/C_k) sum_c tr V_c + D v] / (C_k D),
+
+and, with the sites' exact traces (no privacy), a Gamma(2, 0) prior on the sd that keeps the
+variance off zero (denominator C_k D - 1; :func:`_em_variance`, which also adds back the
+rotations the local MAP removes).
 
 With the fields of :data:`COLUMN_FIELDS` (per column i, the sites' ||w_ci - a_i||^2 and
 tr Cov(w_ci)) the columns that carry signal share this update over their d_k |group| coordinates
@@ -221,50 +225,65 @@ def _spread(spread: float, sum_sq: float) -> float:
     return spread if spread > _ZERO_SPREAD_RTOL * sum_sq else 0.0
 
 
-def _em_variance(spread, posterior, used, count: int, n_coord: int, flat=0.0, newton: bool = True):
-    """One step for a between-site variance with the global mean integrated out (REML).
+def _em_variance(spread, posterior, used, count: int, n_coord: int, flat=0.0, newton: bool = True,
+                 sd_prior: bool = True):
+    """One step for a between-site variance with the global mean integrated out (REML), and a
+    prior that keeps it off zero.
 
     Elementwise: ``spread``, ``posterior``, ``used``, ``flat`` are numbers, or arrays of one
     entry per column of the loadings (each column its own variance, D = d_k).
 
     The EM step is
 
-        T(v) = [sum_c ||m_c - m~||^2 + (1 - 1/C) sum_c tr V_c + D v + (C - 1) r v] / (C D),
+        T(v) = [sum_c ||m_c - m~||^2 + (1 - 1/C) sum_c tr V_c + D v + (C - 1) r (v - t)] / (C D - 1),
 
     m_c the sites' estimates, V_c their posterior covariances under the prior variance v
-    they used, D the number of coordinates, r (``flat``) the number of them the likelihood
-    does not see (:func:`rotation_shares`).  The term D v - (1/C) sum_c tr V_c is the
-    uncertainty of the global mean m~ (module docstring).
+    they used, t = sum_c tr V_c / (C D) a coordinate's posterior variance at a site, D the
+    number of coordinates, r (``flat``) the number of them the likelihood does not see
+    (:func:`rotation_shares`).  The term D v - (1/C) sum_c tr V_c is the uncertainty of the
+    global mean m~ (module docstring).  Along a coordinate the likelihood does not see the
+    site's estimate is m~ and its exact posterior variance is the prior's v, while tr V_c
+    counts t there as everywhere: the term (C - 1) r (v - t) puts v - t in its place.  The
+    denominator C D - 1 (``sd_prior``; C D without) is the mode under a Gamma(2, 0) prior on
+    the sd, density proportional to sqrt(v) (Chung et al. 2013, "A nondegenerate penalized
+    likelihood estimator for variance parameters in multilevel models"): where the spread is
+    small against the sampling error the REML estimate is often 0 and EM creeps to it; the
+    prior's mode never is, and it costs a relative 1 / (C D) where the data fix v.
 
     EM converges at the rate T'(v) = 1 - (1 - rho)^2, rho = a / (v + a) the fraction of
     missing information of a coordinate with sampling variance a at a site, which tends to
     1 when the spread is small against the sampling error: there EM takes hundreds of
-    rounds.  With ``newton`` the step solves the fixed-point equation T(v) = v of a model of
-    how the sites' statistics answer to v, with every site's coordinates of one sampling
-    variance a: a site's posterior variance is t(v) = a v / (a + v), its estimate is the
-    maximum-likelihood one shrunk by b(v) = v / (v + a), so the spread is b(v)^2 S_ML.  From
-    the statistics at the v0 the sites used, t0 = sum_c tr V_c / (C D) gives
-    a = v0 t0 / (v0 - t0) and S_ML = S / b(v0)^2, and T(v) = v becomes, in u = v + a,
+    rounds, and a small error in T moves its fixed point far.  With ``newton`` the step
+    solves the fixed-point equation T(v) = v of a model of how the sites' statistics answer
+    to v, with every site's coordinates of one sampling variance a: a site's posterior
+    variance is t(v) = a v / (a + v), its estimate is the maximum-likelihood one shrunk by
+    b(v) = v / (v + a), so the spread is b(v)^2 S_ML, S_ML summed over the K / (C - 1) =
+    D - r coordinates the likelihood sees.  From the statistics at the v0 the sites used,
+    t0 = sum_c tr V_c / (C D) gives a = v0 t0 / (v0 - t0) and S_ML = S / b(v0)^2, and
+    T(v) = v becomes K (v - t(v)) - v = b(v)^2 S_ML, that is
 
-        (C - 1)(D - r) u^2 - [(C - 1) D a + S_ML] u + S_ML a = 0,
+        (K - 1) v^2 - (S_ML - (K - 2) a) v - a^2 = 0,
 
-    whose larger root gives v = u - a (with r = 0, v = S_ML / ((C - 1) D) - a: the REML
-    estimate of the sites' maximum-likelihood estimates).  Where the sites' statistics
-    satisfy T(v0) = v0 the root is v0, so the fixed points are those of EM.  The step is
-    kept within a factor :data:`_NEWTON_RANGE` of T(v0).
+    whose positive root is the mode of the REML likelihood of the sites' maximum-likelihood
+    estimates, -(K / 2) ln(v + a) - S_ML / (2 (v + a)), times the prior (without the prior,
+    S_ML / K - a, or 0 when that is negative).  Where the sites' statistics satisfy T(v0) = v0 the root is v0, so the
+    fixed points are those of EM.  The step is kept within a factor :data:`_NEWTON_RANGE`
+    of T(v0).
     """
-    step = (spread + (1.0 - 1.0 / count) * posterior + n_coord * used + (count - 1) * flat * used) / (count * n_coord)
+    t0 = np.asarray(posterior, dtype=float) / (count * n_coord)
+    unseen = used - np.clip(t0, 0.0, used)  # v - t, with traces made noisy by privacy kept to [0, v]
+    total = spread + (1.0 - 1.0 / count) * posterior + n_coord * used + (count - 1) * flat * unseen
+    prior = 1.0 if sd_prior else 0.0
+    step = total / (count * n_coord - prior)
     if not newton:
         return step
     spread, used, flat = (np.asarray(x, dtype=float) for x in (spread, used, flat))
-    t0 = np.asarray(posterior, dtype=float) / (count * n_coord)
     with np.errstate(divide="ignore", invalid="ignore"):
         a = used * t0 / (used - t0)
         ml_spread = spread * ((used + a) / used) ** 2
-        A = (count - 1) * (n_coord - flat)
-        B = (count - 1) * n_coord * a + ml_spread
-        u = (B + np.sqrt(B**2 - 4.0 * A * ml_spread * a)) / (2.0 * A)
-        solved = u - a
+        k = (count - 1) * (n_coord - flat)
+        half = ml_spread - (k - 2.0 * prior) * a
+        solved = (half + np.sqrt(half**2 + 4.0 * (k - prior) * prior * a**2)) / (2.0 * (k - prior))
     ok = (t0 > 0) & (t0 < used) & np.isfinite(solved)
     accelerated = np.where(ok, solved, step)
     return np.minimum(np.maximum(accelerated, step / _NEWTON_RANGE), step * _NEWTON_RANGE)
@@ -390,8 +409,10 @@ def _finish_view(
                 var_mu = spread_mu / ((count - 1) * d)
                 var_W = spread_W / ((count - 1) * n_coord)
             else:
-                var_mu = _em_variance(spread_mu, post_mu, used.sigma2_mu, count, d, newton=newton)
-                var_W = _em_variance(spread_W, post_W, used_W, count, n_coord, flat, newton=newton)
+                # the prior on the sds with the sites' exact traces only: under privacy the noise of the releases
+                # sets the variances, and the prior's push on them made the fits of the paper's setting diverge
+                var_mu = _em_variance(spread_mu, post_mu, used.sigma2_mu, count, d, newton=newton, sd_prior=newton)
+                var_W = _em_variance(spread_W, post_W, used_W, count, n_coord, flat, newton=newton, sd_prior=newton)
             var_W = (var_W @ group) if np.ndim(var_W) == 1 else np.full(q_k, float(var_W))
         if var_mu <= 0.0:
             var_mu = ZERO_SPREAD_VARIANCE
