@@ -266,9 +266,9 @@ def _em_variance(spread, posterior, used, count: int, n_coord: int, flat=0.0, ne
 
     whose positive root is the mode of the REML likelihood of the sites' maximum-likelihood
     estimates, -(K / 2) ln(v + a) - S_ML / (2 (v + a)), times the prior (without the prior,
-    S_ML / K - a, or 0 when that is negative).  Where the sites' statistics satisfy T(v0) = v0 the root is v0, so the
-    fixed points are those of EM.  The step is kept within a factor :data:`_NEWTON_RANGE`
-    of T(v0).
+    S_ML / K - a, or 0 when that is negative).  Where the sites' statistics satisfy
+    T(v0) = v0 the root is v0, so the fixed points are those of EM.  The step is kept within
+    a factor :data:`_NEWTON_RANGE` of T(v0).
     """
     t0 = np.asarray(posterior, dtype=float) / (count * n_coord)
     unseen = used - np.clip(t0, 0.0, used)  # v - t, with traces made noisy by privacy kept to [0, v]
