@@ -1070,9 +1070,11 @@ def coordinate(grid: Grid, deployment: Deployment, *, resume: bool = False) -> F
             history.append(record)
             _log_round(record, deployment.n_rounds, sites)
             rows = [r.to_dict() for r in history]
-            write_json(out / "history.json", rows)
+            # the checkpoint first: a round that history.json shows can always be resumed from, even when the
+            # coordinator is killed between the two writes
             write_checkpoint(out / CHECKPOINT, Checkpoint(protocol.name, record.round, seed, broadcast, [{} for _ in sites], rows,
                                                           fingerprint, protocol.coordinator_state()))
+            write_json(out / "history.json", rows)
 
         hooks = deployment.hooks(None if start is None else start[1])
         if start is not None and hooks.stop is not None and start[2] and hooks.stop(start[2][-1], start[1]):
