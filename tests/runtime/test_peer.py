@@ -10,7 +10,7 @@ from fedhier.runtime.consensus import consensus_matrix, consensus_update, random
 from fedhier.runtime.graphs import inverse_chord_graph, random_regular_graph
 from fedhier.protocol.base import RoundProtocol
 from fedhier.protocol.messages import Field, MessageSpec, encode
-from fedhier.runtime.peer import InProcessTransport, PeerAggregation, simulate_peers
+from fedhier.runtime.peer import ConsensusPlan, InProcessTransport, PeerAggregation, simulate_peers
 
 
 class SumProtocol(RoundProtocol):
@@ -84,6 +84,21 @@ def test_bytes_counted_along_edges():
     degree = (graph > 0).sum(axis=1)
     for s in range(7):
         assert res.history[0]["bytes_sent"][s] == msg * degree[s] * (plan.n_steps + plan.diameter)
+
+
+def test_a_graph_and_a_step_rule_give_one_plan_built_once_and_read_only():
+    graph, agg = inverse_chord_graph(7), PeerAggregation(method="chunked")
+    runs = [simulate_peers(SumProtocol(3), _data(7, 3), n_rounds=1, graph=graph, random_state=r, aggregation=agg)
+            for r in (2, 3)]
+    assert runs[0].plan is runs[1].plan  # kept from the first run
+    fresh = ConsensusPlan.build(graph, agg)
+    assert runs[0].plan.steps == fresh.steps and runs[0].plan.steps_chunked == fresh.steps_chunked
+    assert np.array_equal(runs[0].plan.adjacency, fresh.adjacency) and runs[0].plan.diameter == fresh.diameter
+    with pytest.raises(ValueError, match="read-only"):
+        runs[0].plan.adjacency[0, 1] = 0
+    other = simulate_peers(SumProtocol(3), _data(7, 3), n_rounds=1, graph=graph, random_state=2,
+                           aggregation=PeerAggregation(method="chunked", step="max-degree"))
+    assert other.plan.steps != fresh.steps  # another rule, another plan
 
 
 def test_chunked_run_gives_the_sum_whatever_the_masks_and_relabels_each_session():

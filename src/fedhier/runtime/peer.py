@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, get_args
 
 import numpy as np
@@ -629,7 +630,17 @@ def _remaining_problem(adjacency: np.ndarray | None, alive: Sequence[int], aggre
 def _plan(adjacency: np.ndarray | None, alive: Sequence[int], aggregation: PeerAggregation) -> ConsensusPlan | None:
     if aggregation.method == "shamir":
         return None
-    return ConsensusPlan.build(adjacency[np.ix_(alive, alive)], aggregation)
+    graph = check_adjacency(adjacency[np.ix_(alive, alive)])
+    return _plan_of(graph.tobytes(), graph.shape[0], aggregation)
+
+
+@lru_cache(maxsize=16)
+def _plan_of(graph: bytes, n_sites: int, aggregation: PeerAggregation) -> ConsensusPlan:
+    """The plan of a graph (its int64 adjacency's bytes), kept: a fit needs the same plan for every run of its
+    rounds (the variables' moments, then the model's), and its spectrum and schedule cost a millisecond."""
+    plan = ConsensusPlan.build(np.frombuffer(graph, dtype=np.int64).reshape(n_sites, n_sites), aggregation)
+    plan.adjacency.setflags(write=False)  # shared by every run that uses it
+    return plan
 
 
 def run_peer_rounds(protocol: RoundProtocol, site_data: Mapping[int, Any], transport: Transport, *, n_rounds: int,

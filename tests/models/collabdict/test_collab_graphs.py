@@ -143,6 +143,9 @@ def test_default_graph_is_regular_and_connected_at_prime_sizes(n_sites):
         reached |= frontier
     assert reached.all()
     assert np.array_equal(default_graph(n_sites, 3), a)  # the same public seed gives the same graph
+    assert np.array_equal(a, random_regular_graph(n_sites, 4, rng=3))  # the kept graph is the sampler's
+    a[0, 1] = a[1, 0] = 7  # a caller's copy: changing it does not change the next caller's graph
+    assert default_graph(n_sites, 3).max() == 1
 
 
 @pytest.mark.parametrize("graph", [random_regular_graph(40, 4, rng=1), inverse_chord_graph(31), cycle_graph(12),
