@@ -5,7 +5,8 @@ the in-process fit ``CollabDict(n_components=3, max_iter=6, aggregation=..., ran
 (the peer simulator) and the same fit under ``mpiexec -n 7`` (``CollabDict.fit_mpi``, which ``fedhier collab fit
 --runtime mpi`` calls).  The fit is timed inside the job, between two barriers (rank 0's wall seconds); start-up is
 the job's wall time minus the fit (process launch, imports, MPI_Init, the data, finalisation).  It prints the
-medians and each one's ratio to the in-process fit, for each aggregation (one untimed in-process fit first, so
+medians and each one's ratio to the in-process fit (and the range of the repeats' own ratios, each MPI fit over the
+in-process fit timed just before it), for each aggregation (one untimed in-process fit first, so
 that neither side's fit includes importing modules on first use), the neighbour exchanges of one chunked sum with
 the default consensus steps and with the constant step, the mean CPU seconds of a rank in the MPI fit
 (7 ranks share the machine's cores, so 7 times this over the number of cores bounds the fit's wall time from
@@ -194,8 +195,10 @@ def main() -> None:
             cpu.append(cpu_s)
             start_up.append(wall - fit_s)
         local_s, fit_s, cpu_s, start_up_s = np.median(local), np.median(fit), np.median(cpu), np.median(start_up)
+        paired = np.divide(fit, local)  # each repeat's MPI fit over the in-process fit timed just before it
         print(f"{aggregation:8s} in-process {local_s:6.2f} s   MPI {'second' if args.warm else 'first'} fit {fit_s:6.2f} s (ratio {fit_s / local_s:5.2f}, "
-              f"done when <= 3; CPU {cpu_s:5.3f} s per rank)   MPI start-up{' and first fit' if args.warm else ''} "
+              f"done when <= 3; repeat by repeat {np.min(paired):.2f}-{np.max(paired):.2f}; CPU {cpu_s:5.3f} s per rank)   "
+              f"MPI start-up{' and first fit' if args.warm else ''} "
               f"{start_up_s:5.2f} s "
               f"(ratio {start_up_s / local_s:5.2f})   medians of {args.repeats} alternating repeats; "
               f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after")
