@@ -1,7 +1,7 @@
 """Speed and memory of Fed-mv-PPCA against scikit-learn's PCA and against two plain GEMMs.
 
 Run:  OPENBLAS_NUM_THREADS=1 python benchmarks/bench_mvppca.py   (a few minutes; --small for a smoke run,
-      --pooled for item 1 alone)
+      --pooled for item 1 alone, --routes K for the start's choice of route on K drawn shapes)
 
 Every timing is a ratio of runs interleaved in this process (A, B, A, B, ...); the minimum and
 the median over the repetitions are printed.  On a shared machine set OPENBLAS_NUM_THREADS=1.
@@ -331,13 +331,52 @@ def demo_versus_floor(repeat: int) -> None:
     print(ratio_line("demo fit / numpy floor, CPU time (<= 2)", times["fit"], times["floor"]))
 
 
+def start_routes(n_shapes: int, repeat: int, seed: int = 1) -> None:
+    """``--routes``: on one site of one complete view, shapes drawn at random (N log-uniform in 2,000-50,000,
+    d log-uniform in 200-3,000, q = 10, at most 2^28 entries), the fit ``FedMVPPCA(10, n_rounds=1)`` timed with
+    the start from the covariance and with the subspace iteration (each forced; min over ``repeat`` alternating
+    runs), and which one the start's rule picks."""
+    import fedhier.models.mvppca.start as start
+
+    rule = start._covariance_is_cheaper
+    rng = np.random.default_rng(seed)
+    right = 0
+    for i in range(n_shapes):
+        while True:
+            n, d = (int(round(np.exp(rng.uniform(np.log(lo), np.log(hi))))) for lo, hi in ((2_000, 50_000), (200, 3_000)))
+            if n * d <= 2**28:
+                break
+        X = ppca_sampler(d, 10, rng)(n)
+        fits = {}
+        for route in ("covariance", "subspace"):
+            def fit(force=route == "covariance"):
+                start._covariance_is_cheaper = lambda n, d, k: force
+                try:
+                    FedMVPPCA(10, n_rounds=1).fit(X)
+                finally:
+                    start._covariance_is_cheaper = rule
+            fits[route] = fit
+        times = {route: min(t) for route, t in interleaved(fits, repeat).items()}
+        picked = "covariance" if rule(n, d, min(10 + start.N_OVERSAMPLES, d, n)) else "subspace"
+        faster = min(times, key=times.get)
+        right += picked == faster
+        print(f"  N = {n:6d}, d = {d:5d}: covariance {times['covariance']:.3f} s, subspace {times['subspace']:.3f} s "
+              f"(ratio {times['covariance'] / times['subspace']:.2f}); the rule picks {picked}, "
+              f"{'the faster' if picked == faster else f'{times[picked] / times[faster]:.2f} x the faster'}", flush=True)
+    print(f"the rule picked the faster start on {right} of {n_shapes} drawn shapes")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--repeat", type=int, default=5, help="interleaved repetitions (default 5)")
     parser.add_argument("--demo", action="store_true", help="only item 6, the demo's fit against the numpy floor")
     parser.add_argument("--pooled", action="store_true", help="only item 1, the pooled fit against PCA at d = 300 and 1,000")
+    parser.add_argument("--routes", type=int, metavar="K", help="only the start's two routes on K drawn shapes")
     args = parser.parse_args()
+    if args.routes:
+        start_routes(args.routes, repeat=args.repeat)
+        return
     if args.demo:
         demo_versus_floor(repeat=args.repeat)
         return

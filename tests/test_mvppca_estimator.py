@@ -342,6 +342,8 @@ def test_the_scale_check_variance_in_one_pass_is_numpys_over_the_observed_rows()
     rows = np.flatnonzero(rng.random(9_000) < 0.6)
     assert _variance_per_entry(X, None) == pytest.approx(X.var(axis=0).mean(), rel=1e-12)
     assert _variance_per_entry(X, rows) == pytest.approx(X[rows].var(axis=0).mean(), rel=1e-12)
+    centred = X - 1e3  # a mean near the spread: the block's scatter from its sum of squares, as exactly
+    assert _variance_per_entry(centred, rows) == pytest.approx(centred[rows].var(axis=0).mean(), rel=1e-12)
 
 
 def test_global_loadings_come_in_the_canonical_rotation_that_pca_uses():

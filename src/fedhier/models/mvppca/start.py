@@ -42,15 +42,37 @@ N_OVERSAMPLES = 10
 N_POWER_ITER = 4
 
 
+#: entries of the data (float64) beyond which every pass over them streams them from memory: 32 MiB, more than
+#: the last-level cache of most machines
+STREAMED_ENTRIES = 2**22
+#: multiply-adds a core does in the time it reads one entry of the data from memory, about: a product of streamed
+#: data with a block of fewer columns than this waits on memory, not on arithmetic (measured on the project's
+#: machine: a 20,000 x 1,000 product with 20 columns runs at a quarter of the Gram matrix's rate per multiply-add)
+MEMORY_BOUND_COLUMNS = 45
+
+
 def _covariance_is_cheaper(n: int, d: int, k: int) -> bool:
-    """True when N d^2 + 10 d^3 (Gram matrix and eigenpairs) undercuts the subspace iteration."""
-    return n * d * d + 10 * d**3 < 2 * (2 * N_POWER_ITER + 3) * n * d * k
+    """True when forming C and its eigenpairs undercuts the subspace iteration, counted in multiply-adds.
+
+    Data that fit in cache: N d^2 + 10 d^3 (C and its eigenpairs, counted generously) against the
+    2 (2 n_power_iter + 3) N d k of the subspace iteration's products, which then run at the arithmetic's pace.
+    Streamed data (more than :data:`STREAMED_ENTRIES` entries): C costs N d^2 / 2 (BLAS forms one triangle of
+    a view's block) and about 2.5 d^3 (eigenpairs and the round-1 EM on C); the subspace iteration's products and its
+    round-1 EM's passes over the data (two iterations counted) cost N d max(k, MEMORY_BOUND_COLUMNS) each,
+    since a product with few columns waits on memory.  Counted as in cache, C was formed at N = 20,000 only up
+    to d of about 400, where it is the cheaper one up to d of about 1,700
+    (``benchmarks/bench_mvppca.py --routes 10``).
+    """
+    if n * d <= STREAMED_ENTRIES:
+        return n * d * d + 10 * d**3 < 2 * (2 * N_POWER_ITER + 3) * n * d * k
+    passes = 2 * (2 * N_POWER_ITER + 3) + 4
+    return n * d * d / 2 + 2.5 * d**3 < passes * n * d * max(k, MEMORY_BOUND_COLUMNS)
 
 
 def joint_covariance(data: MultiViewData, sample_mean: dict[str, np.ndarray], n_components: int) -> np.ndarray | None:
     """C = T_c^T T_c / N (d, d) of the views side by side, d = sum_k d_k, or None when the start should not form it.
 
-    C is formed when every subject has every view, q < d and N d^2 + 10 d^3 undercuts the subspace
+    C is formed when every subject has every view, q < d and forming it undercuts the subspace
     iteration (:func:`_covariance_is_cheaper`); block (k, l) is (T_k^T T_l - N t-bar_k t-bar_l^T) / N.
     """
     names = list(data.views)
