@@ -341,7 +341,7 @@ def start_routes(n_shapes: int, repeat: int, seed: int = 1) -> None:
     rule = start._covariance_is_cheaper
     rng = np.random.default_rng(seed)
     right = 0
-    for i in range(n_shapes):
+    for _ in range(n_shapes):
         while True:
             n, d = (int(round(np.exp(rng.uniform(np.log(lo), np.log(hi))))) for lo, hi in ((2_000, 50_000), (200, 3_000)))
             if n * d <= 2**28:

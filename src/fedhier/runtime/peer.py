@@ -634,10 +634,11 @@ def _plan(adjacency: np.ndarray | None, alive: Sequence[int], aggregation: PeerA
     return _plan_of(graph.tobytes(), graph.shape[0], aggregation)
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=4)
 def _plan_of(graph: bytes, n_sites: int, aggregation: PeerAggregation) -> ConsensusPlan:
     """The plan of a graph (its int64 adjacency's bytes), kept: a fit needs the same plan for every run of its
-    rounds (the variables' moments, then the model's), and its spectrum and schedule cost a millisecond."""
+    rounds (the variables' moments, then the model's), and its spectrum and schedule cost a millisecond at 7
+    sites and a quarter of a second at 1,000."""
     plan = ConsensusPlan.build(np.frombuffer(graph, dtype=np.int64).reshape(n_sites, n_sites), aggregation)
     plan.adjacency.setflags(write=False)  # shared by every run that uses it
     return plan
