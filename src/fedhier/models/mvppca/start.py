@@ -63,10 +63,10 @@ def _covariance_is_cheaper(n: int, d: int, k: int) -> bool:
     to d of about 400, where it is the cheaper one up to d of about 1,700
     (``benchmarks/bench_mvppca.py --routes 10``).
     """
+    products = 2 * (2 * N_POWER_ITER + 3)
     if n * d <= STREAMED_ENTRIES:
-        return n * d * d + 10 * d**3 < 2 * (2 * N_POWER_ITER + 3) * n * d * k
-    passes = 2 * (2 * N_POWER_ITER + 3) + 4
-    return n * d * d / 2 + 2.5 * d**3 < passes * n * d * max(k, MEMORY_BOUND_COLUMNS)
+        return n * d * d + 10 * d**3 < products * n * d * k
+    return n * d * d / 2 + 2.5 * d**3 < (products + 4) * n * d * max(k, MEMORY_BOUND_COLUMNS)
 
 
 def joint_covariance(data: MultiViewData, sample_mean: dict[str, np.ndarray], n_components: int) -> np.ndarray | None:
