@@ -132,7 +132,7 @@ def test_round_one_em_on_the_covariance_is_em_on_the_data(monkeypatch, offset):
     views = {"a": X[:, :18], "b": X[:, 18:]}
     passes = []
     counted = local.posterior
-    monkeypatch.setattr(local, "posterior", lambda *args: passes.append(1) or counted(*args))
+    monkeypatch.setattr(local, "posterior", lambda *args, **kwargs: passes.append(1) or counted(*args, **kwargs))
     on_covariance = fit_local(views, q, n_iter=6, rng=0)
     assert len(passes) == (6 if offset else 0)
 

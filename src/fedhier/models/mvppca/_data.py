@@ -12,6 +12,7 @@ factorisation per pattern serves every subject of that pattern.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Mapping
 
 import numpy as np
@@ -93,14 +94,21 @@ class MultiViewData:
     pattern_of: np.ndarray
     pattern_rows: tuple[np.ndarray | None, ...]
 
-    def pattern_views(self, p: int) -> list[str]:
+    def pattern_views(self, p: int) -> tuple[str, ...]:
         """Names of the views observed in pattern ``p``."""
-        names = list(self.views)
-        return [names[j] for j in np.flatnonzero(self.patterns[p])]
+        return self._pattern_views[p]
 
-    def pattern_size(self, p: int) -> int:
-        rows = self.pattern_rows[p]
-        return self.n if rows is None else int(rows.size)
+    @cached_property
+    def _pattern_views(self) -> tuple[tuple[str, ...], ...]:
+        names = list(self.views)
+        return tuple(tuple(names[j] for j in np.flatnonzero(observed)) for observed in self.patterns)
+
+    @cached_property
+    def pattern_sizes(self) -> np.ndarray:
+        """Subjects per pattern, shape (P,), as floats (the factor of each pattern's summed covariance)."""
+        sizes = np.array([self.n if rows is None else rows.size for rows in self.pattern_rows], dtype=float)
+        sizes.flags.writeable = False
+        return sizes
 
 
 def check_views(

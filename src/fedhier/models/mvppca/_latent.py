@@ -22,10 +22,10 @@ from typing import Mapping
 
 import numpy as np
 from ._data import MultiViewData, squared_distances
-from ._linalg import spd_inverse, threads_for
+from ._linalg import inverse_from_factor, log_determinant, spd_factors, spd_inverse, threads_for
 from .params import ViewParams
 
-__all__ = ["LatentPosterior", "posterior", "pattern_moments", "marginal_loglik_rows", "check_model", "moments_from_covariance"]
+__all__ = ["LatentPosterior", "pattern_precisions", "posterior", "pattern_moments", "marginal_loglik_rows", "check_model", "moments_from_covariance"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
 
@@ -68,29 +68,56 @@ class LatentPosterior:
         sum_{k in O_n} W_k^T (t_k - mu_k) / sigma2_k.
     covariances : ndarray of shape (P, q, q)
         M_O per observed-view pattern (``data.patterns``).
-    logdets : ndarray of shape (P,)
-        ln|P_O| = -ln|M_O| per pattern.
+    precision_factors : ndarray of shape (P, q, q)
+        L_O with P_O = L_O L_O^T (Cholesky), per pattern.
     """
 
     means: np.ndarray
     b: np.ndarray
     covariances: np.ndarray
-    logdets: np.ndarray
+    precision_factors: np.ndarray
+
+    @property
+    def logdets(self) -> np.ndarray:
+        """ln|P_O| = -ln|M_O| per pattern, shape (P,)."""
+        return log_determinant(self.precision_factors)
 
 
-def posterior(data: MultiViewData, model: Mapping[str, ViewParams]) -> LatentPosterior:
+def pattern_precisions(data: MultiViewData, W: Mapping[str, np.ndarray], sigma2: Mapping[str, float]) -> np.ndarray:
+    """P_O = I_q + sum_{k in O} W_k^T W_k / sigma2_k of every observed-view pattern, shape (P, q, q).
+
+    ``W`` and ``sigma2`` map each view of ``data`` to W_k (d_k, q) and sigma2_k.
+    """
+    gram = {}
+    for name in data.views:
+        loadings = np.asarray(W[name], dtype=float)
+        gram[name] = loadings.T @ (loadings / sigma2[name])
+    q = next(iter(gram.values())).shape[0]
+    precisions = np.empty((data.patterns.shape[0], q, q))
+    for p in range(precisions.shape[0]):
+        precisions[p] = np.eye(q)
+        for name in data.pattern_views(p):
+            precisions[p] += gram[name]
+    return precisions
+
+
+def posterior(
+    data: MultiViewData,
+    model: Mapping[str, ViewParams],
+    factors: tuple[np.ndarray, np.ndarray] | None = None,
+) -> LatentPosterior:
     """Latent posterior of every subject of ``data`` under ``model`` (§4.1, §9).
 
-    Costs one (n_k, d_k) x (d_k, q) product per view and one q x q Cholesky per pattern.
-    Every view of ``data`` must be in ``model`` (checked by the caller).
+    Costs one (n_k, d_k) x (d_k, q) product per view and the Cholesky factors of the patterns' precisions:
+    ``factors`` = (L, L^{-1}) of :func:`pattern_precisions`, each (P, q, q), when the caller has them
+    (:func:`._linalg.spd_factors`), else computed here.  Every view of ``data`` must be in ``model``
+    (checked by the caller).
     """
     q = next(iter(model.values())).W.shape[1]
     b = np.zeros((data.n, q))
-    gram = {}
     for name, block in data.views.items():
         p = model[name]
-        W = np.asarray(p.W, dtype=float)
-        scaled = W / p.sigma2
+        scaled = np.asarray(p.W, dtype=float) / p.sigma2
         with threads_for(block.values.size * q):
             proj = block.values @ scaled
         proj -= np.asarray(p.mu, dtype=float) @ scaled
@@ -98,29 +125,23 @@ def posterior(data: MultiViewData, model: Mapping[str, ViewParams]) -> LatentPos
             b += proj
         else:
             b[block.rows] += proj
-        gram[name] = W.T @ scaled
-    n_patterns = data.patterns.shape[0]
-    covariances = np.empty((n_patterns, q, q))
-    logdets = np.empty(n_patterns)
-    means = np.empty((data.n, q))
-    for p in range(n_patterns):
-        precision = np.eye(q)
-        for name in data.pattern_views(p):
-            precision += gram[name]
-        covariances[p], logdets[p] = spd_inverse(precision)
-        rows = data.pattern_rows[p]
-        if rows is None:
-            means[:] = b @ covariances[p]
-        else:
+    if factors is None:
+        factors = spd_factors(pattern_precisions(data, {k: p.W for k, p in model.items()},
+                                                 {k: p.sigma2 for k, p in model.items()}))
+    covariances = inverse_from_factor(factors[1])
+    if data.pattern_rows[0] is None:  # one pattern, every subject's
+        means = b @ covariances[0]
+    else:
+        means = np.empty((data.n, q))
+        for p, rows in enumerate(data.pattern_rows):
             means[rows] = b[rows] @ covariances[p]
-    return LatentPosterior(means=means, b=b, covariances=covariances, logdets=logdets)
+    return LatentPosterior(means=means, b=b, covariances=covariances, precision_factors=factors[0])
 
 
 def pattern_moments(data: MultiViewData, post: LatentPosterior) -> tuple[np.ndarray, np.ndarray]:
     """Per observed-view pattern p: sum_{n in p} <x_n x_n^T> = X_p^T X_p + N_p M_p and N_p M_p, each (P, q, q)."""
     n_patterns = data.patterns.shape[0]
-    sizes = np.array([data.pattern_size(p) for p in range(n_patterns)], dtype=float)
-    sum_cov = sizes[:, None, None] * post.covariances
+    sum_cov = data.pattern_sizes[:, None, None] * post.covariances
     outer = np.empty_like(sum_cov)
     for p in range(n_patterns):
         rows = data.pattern_rows[p]

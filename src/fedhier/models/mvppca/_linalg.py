@@ -1,7 +1,7 @@
 """Symmetric positive definite q x q systems of the E- and M-steps, by Cholesky; BLAS threads.
 
 Every iteration of a site's EM factorises a few q x q matrices (q = n_components, often 5
-or 10).  These functions use numpy's LAPACK (``numpy.linalg``), not scipy's: a site step over
+or 10), as stacks (:func:`spd_factors`): one call for all the systems it has at one time.  These functions use numpy's LAPACK (``numpy.linalg``), not scipy's: a site step over
 Flower runs in a fresh process every round, and importing ``scipy.linalg`` costs that
 process about 0.1 CPU s, more than the whole site step of a small fit; at q x q the two
 differ by microseconds per call.
@@ -21,7 +21,10 @@ from typing import ContextManager, Iterator
 
 import numpy as np
 
-__all__ = ["spd_inverse", "spd_solve", "one_blas_thread", "threads_for", "LARGE_PRODUCT"]
+__all__ = [
+    "spd_factors", "inverse_from_factor", "log_determinant", "spd_inverse", "factor_solve",
+    "one_blas_thread", "threads_for", "LARGE_PRODUCT",
+]
 
 #: multiply-adds from which a product runs on the caller's BLAS threads: below about a million, starting the
 #: threads costs as much as they save (``python benchmarks/bench_blas_threads.py``)
@@ -81,54 +84,65 @@ except ImportError:  # pragma: no cover - a numpy without them: its public funct
     _kernels = None
 
 
-def _cholesky(matrix: np.ndarray) -> np.ndarray:
-    """Lower-triangular L with A = L L^T, for a symmetric positive definite A of shape (q, q).
+def _cholesky(matrices: np.ndarray) -> np.ndarray:
+    """Lower-triangular L with A = L L^T, for a symmetric positive definite A of shape (q, q) or each of a stack
+    (m, q, q).
 
     numpy.linalg.cholesky's kernel, called directly: it fills L with NaN where A is not positive definite.
     """
     if _kernels is None:
         try:
-            return np.linalg.cholesky(matrix)
+            return np.linalg.cholesky(matrices)
         except np.linalg.LinAlgError:
             raise np.linalg.LinAlgError("a q x q matrix of the EM step is not positive definite") from None
     with np.errstate(invalid="ignore"):
-        chol = _kernels.cholesky_lo(matrix, signature="d->d")
-    if not np.isfinite(chol.trace()):
+        chol = _kernels.cholesky_lo(matrices, signature="d->d")
+    if not np.isfinite(chol.diagonal(0, -2, -1).sum()):
         raise np.linalg.LinAlgError("a q x q matrix of the EM step is not positive definite")
     return chol
 
 
-def _triangular_inverse(chol: np.ndarray) -> np.ndarray:
-    """L^{-1} of a Cholesky factor (numpy.linalg.inv's kernel, called directly)."""
-    return np.linalg.inv(chol) if _kernels is None else _kernels.inv(chol, signature="d->d")
+def spd_factors(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """L and L^{-1} with A = L L^T, for a symmetric positive definite A of shape (q, q) or each of a stack (m, q, q).
+
+    One Cholesky call and one inverse call (numpy.linalg's kernels, the inverse an LU solve) for the whole
+    stack: at q x q a call's fixed cost exceeds its arithmetic, so a site's iteration factorises the systems
+    it has at one time together.  The factors of a stack equal those of its matrices one by one, bit for bit.
+
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        If a matrix is not positive definite.
+    """
+    chol = _cholesky(matrices)
+    return chol, (np.linalg.inv(chol) if _kernels is None else _kernels.inv(chol, signature="d->d"))
+
+
+def inverse_from_factor(inverse_chol: np.ndarray) -> np.ndarray:
+    """A^{-1} = L^{-T} L^{-1} (symmetrised) from L^{-1} of :func:`spd_factors`, shape (q, q) or (m, q, q)."""
+    inverse = np.swapaxes(inverse_chol, -1, -2) @ inverse_chol
+    return 0.5 * (inverse + np.swapaxes(inverse, -1, -2))
+
+
+def log_determinant(chol: np.ndarray) -> np.ndarray:
+    """ln|A| = 2 sum_i ln L_ii from L of :func:`spd_factors`: shape () for one matrix, (m,) for a stack."""
+    return 2.0 * np.log(chol.diagonal(0, -2, -1)).sum(axis=-1)
 
 
 def spd_inverse(matrix: np.ndarray) -> tuple[np.ndarray, float]:
-    """A^{-1} and ln|A| of a symmetric positive definite A of shape (q, q).
-
-    A = L L^T (Cholesky), A^{-1} = L^{-T} L^{-1} (symmetrised), ln|A| = 2 sum_i ln L_ii.
+    """A^{-1} and ln|A| of a symmetric positive definite A of shape (q, q), by its Cholesky factor.
 
     Raises
     ------
     numpy.linalg.LinAlgError
         If A is not positive definite.
     """
-    chol = _cholesky(matrix)
-    inverse_chol = _triangular_inverse(chol)
-    inverse = inverse_chol.T @ inverse_chol
-    return 0.5 * (inverse + inverse.T), 2.0 * float(np.log(chol.diagonal()).sum())
+    chol, inverse_chol = spd_factors(matrix)
+    return inverse_from_factor(inverse_chol), float(log_determinant(chol))
 
 
-def spd_solve(matrix: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-    """X = A^{-1} B for a symmetric positive definite A of shape (q, q) and B of shape (q,) or (q, m).
-
-    A = L L^T (Cholesky), X = L^{-T} (L^{-1} B): at q x q, inverting L costs one call, as each of the two
-    triangular solves would (numpy has no triangular solver; its general solve factorises again).
-
-    Raises
-    ------
-    numpy.linalg.LinAlgError
-        If A is not positive definite.
-    """
-    inverse_chol = _triangular_inverse(_cholesky(matrix))
+def factor_solve(inverse_chol: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """X = A^{-1} B = L^{-T} (L^{-1} B) for B of shape (q,) or (q, m), from L^{-1} of A = L L^T
+    (:func:`spd_factors`): at q x q, inverting L costs one call, as each of the two triangular solves would
+    (numpy has no triangular solver; its general solve factorises again)."""
     return inverse_chol.T @ (inverse_chol @ rhs)

@@ -26,12 +26,21 @@ from typing import Mapping
 import numpy as np
 
 from ._data import MultiViewData, check_views, row_blocks
-from ._linalg import threads_for
-from ._latent import check_model, marginal_loglik_rows, moments_from_covariance, pattern_moments, posterior
+from ._latent import (
+    check_model,
+    marginal_loglik_rows,
+    moments_from_covariance,
+    pattern_moments,
+    pattern_precisions,
+    posterior,
+)
+from ._linalg import spd_factors, threads_for
 from .mstep import (
     effective_columns,
     loading_step,
+    loading_system,
     mean_step,
+    mean_system,
     residual_dof,
     scatter_first_form,
     scatter_second_form,
@@ -108,22 +117,26 @@ def _covariance_is_accurate(n: int, mean: np.ndarray, scatter: float) -> bool:
     return n * float(mean @ mean) <= _MEAN_TO_SPREAD * scatter
 
 
-def _relative_change(before: dict, mu: dict, W: dict, sigma2: dict) -> float:
-    """Largest relative change of (mu_k, W_k, sigma2_k) over the views since ``before``.
+def _settled(before: dict, mu: dict, W: dict, sigma2: dict, tol: float) -> bool:
+    """True when every view's relative change of (mu_k, W_k, sigma2_k) since ``before`` is below ``tol``.
 
-    Per view: max(||dW||_F / ||W||_F, |d sigma2| / sigma2, ||d mu|| / (||mu|| + ||W||_F)),
-    the norms from dot products of the flattened arrays.
+    Per view: max(|d sigma2| / sigma2, ||dW||_F / ||W||_F, ||d mu|| / (||mu|| + ||W||_F)), the norms from dot
+    products of the flattened arrays; the first change at or above ``tol`` answers, the cheapest tried first.
     """
-    change = 0.0
     for name, (mu0, W0, s0) in before.items():
-        change = max(change, abs(sigma2[name] - s0) / sigma2[name])
+        if abs(sigma2[name] - s0) / sigma2[name] >= tol:
+            return False
         w = W[name].ravel()
-        scale_W = np.sqrt(w @ w)
-        if scale_W > 0:
+        squared_W = w @ w
+        if squared_W > 0:
+            scale_W = math.sqrt(squared_W)
             dW = w - W0.ravel()
+            if math.sqrt(dW @ dW) / scale_W >= tol:
+                return False
             dmu = mu[name] - mu0
-            change = max(change, np.sqrt(dW @ dW) / scale_W, np.sqrt(dmu @ dmu) / (np.sqrt(mu[name] @ mu[name]) + scale_W))
-    return float(change)
+            if math.sqrt(dmu @ dmu) / (math.sqrt(mu[name] @ mu[name]) + scale_W) >= tol:
+                return False
+    return True
 
 
 def fit_local(
@@ -246,35 +259,53 @@ def fit_local(
     for it in range(int(n_iter)):
         if tol is not None:
             before = {k: (mu.get(k), W[k], sigma2[k]) for k in names}
+        # the q x q systems of W[s], sigma2[s] factorised at once: each view's mean step and each pattern's precision
+        systems = []
+        if prior is not None:
+            systems = [mean_system(site.views[k].n_obs, W[k], sigma2[k], prior[k].sigma2_mu) for k in names]
+        if em_covariance is None:
+            systems.extend(pattern_precisions(site, W, sigma2))
+        chol, inverse_chol = spd_factors(np.stack(systems)) if systems else (None, None)
         # (1) mu, with W[s], sigma2[s]
         if prior is not None:
-            for name, block in site.views.items():
+            for j, (name, block) in enumerate(site.views.items()):
                 mu[name] = mean_step(sample_mean[name], block.n_obs, W[name], sigma2[name], prior_mu[name],
-                                     prior[name].sigma2_mu)
+                                     prior[name].sigma2_mu, inverse_factor=inverse_chol[j])
         # (2) E-step with mu[s+1], W[s], sigma2[s]: from the data, or from their covariance
         current = {k: ViewParams(mu[k], W[k], sigma2[k]) for k in names}
         if em_covariance is None:
-            post = posterior(site, current)
+            n_mean = len(names) if prior is not None else 0
+            post = posterior(site, current, factors=(chol[n_mean:], inverse_chol[n_mean:]))
             xx_pattern, cov_pattern = pattern_moments(site, post)
-            total_second_moment = xx_pattern.sum(axis=0)
+            total_second_moment = xx_pattern[0] if len(xx_pattern) == 1 else xx_pattern.sum(axis=0)
         else:
             post = None
             total_second_moment, cross_of = moments_from_covariance(em_covariance, current, site.n)
         q_value = -0.5 * (site.n * q * _LOG_2PI + np.trace(total_second_moment))
-        for name, block in site.views.items():
+        # each view's sum <x x^T> over its subjects and ridge lambda = sigma2[s] / sigma2_W~, and the factors of
+        # the systems of step (3), all views at once
+        xx_of, ridge_of = {}, {}
+        for name in names:
             patterns = view_patterns[name]
             if em_covariance is None:
-                xx = xx_pattern[patterns[0]] if patterns.size == 1 else xx_pattern[patterns].sum(axis=0)
+                xx_of[name] = xx_pattern[patterns[0]] if patterns.size == 1 else xx_pattern[patterns].sum(axis=0)
+            else:
+                xx_of[name] = total_second_moment
+            ridge_of[name] = 0.0 if prior is None else sigma2[name] / prior_columns[name]
+        loading_factors = spd_factors(np.stack([loading_system(xx_of[k], ridge_of[k]) for k in names]))[1]
+        for j, (name, block) in enumerate(site.views.items()):
+            patterns, xx, ridge = view_patterns[name], xx_of[name], ridge_of[name]
+            if em_covariance is None:
                 X = post.means if block.rows is None else post.means[block.rows]
                 with threads_for(block.values.size * q):
                     cross = block.values.T @ X
                 cross -= mu[name][:, None] * X.sum(axis=0)
             else:
-                xx, cross = total_second_moment, cross_of[name]
+                cross = cross_of[name]
             # (3) W with the current sigma2[s]
             g = None if prior is None else prior[name]
-            ridge = 0.0 if g is None else sigma2[name] / prior_columns[name]
-            W[name] = loading_step(cross, xx, ridge, None if g is None else prior_W[name], n_cols[name])
+            W[name] = loading_step(cross, xx, ridge, None if g is None else prior_W[name], n_cols[name],
+                                   inverse_factor=loading_factors[j])
             # (4) sigma2 with W[s+1], mu[s+1]
             S = scatter_first_form(scatter[name], block.n_obs, sample_mean[name], mu[name], W[name], cross, xx)
             shift = sample_mean[name] - mu[name]
@@ -295,7 +326,7 @@ def fit_local(
             sigma2[name] = new
             q_value -= 0.5 * (n_dof[name] * (_LOG_2PI + np.log(new)) + S / new)
         expected_ll[it] = q_value
-        if tol is not None and it > 0 and _relative_change(before, mu, W, sigma2) < tol:
+        if tol is not None and it > 0 and _settled(before, mu, W, sigma2, tol):
             expected_ll = expected_ll[: it + 1]
             break
 

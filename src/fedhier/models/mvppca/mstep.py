@@ -2,10 +2,11 @@
 
 Each function is one update of §4.3 written on the sufficient quantities of the view,
 so that a local iteration costs O(N d q + N q^2 + d q^2 + q^3) and never forms a
-d x d matrix:
+d x d matrix.  The two steps that solve a q x q system take its factor L^{-1} (:func:`._linalg.spd_factors`)
+when the caller has factorised the systems of all views at once:
 
-* :func:`mean_step` -- step (1), eq. 11 in its Woodbury shrinkage form;
-* :func:`loading_step` -- step (3), W with ridge lambda_k = sigma2 / sigma2_W;
+* :func:`mean_step` -- step (1), eq. 11 in its Woodbury shrinkage form (its q x q system: :func:`mean_system`);
+* :func:`loading_step` -- step (3), W with ridge lambda_k = sigma2 / sigma2_W (its system: :func:`loading_system`);
 * :func:`scatter_first_form` / :func:`scatter_second_form` -- the two equal forms of
   S_k in eq. 21;
 * :func:`sigma2_step` -- step (4), eq. 21 with the [RC] safeguards;
@@ -18,11 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._linalg import spd_solve
+from ._linalg import factor_solve, spd_factors
 
 __all__ = [
     "effective_columns",
+    "mean_system",
     "mean_step",
+    "loading_system",
     "loading_step",
     "scatter_first_form",
     "scatter_second_form",
@@ -41,6 +44,13 @@ def effective_columns(dim: int, n_components: int) -> int:
     return n_components if dim > n_components else max(dim - 1, 0)
 
 
+def mean_system(n_obs: int, W: np.ndarray, sigma2: float, prior_var: float) -> np.ndarray:
+    """a I_q + W^T W with a = N v + sigma2: the q x q system of :func:`mean_step`, shape (q, q)."""
+    small = W.T @ W
+    small.flat[:: W.shape[1] + 1] += n_obs * prior_var + sigma2
+    return small
+
+
 def mean_step(
     sample_mean: np.ndarray,
     n_obs: int,
@@ -48,6 +58,7 @@ def mean_step(
     sigma2: float,
     prior_mean: np.ndarray | None = None,
     prior_var: float | None = None,
+    inverse_factor: np.ndarray | None = None,
 ) -> np.ndarray:
     """Step (1) of §4.3: MAP update of mu_k under N(mu~, v I) (eq. 11), Woodbury form.
 
@@ -66,6 +77,8 @@ def mean_step(
     prior_mean : ndarray of shape (d,), optional
     prior_var : float, optional
         v = sigma2_mu~ (> 0).
+    inverse_factor : ndarray of shape (q, q), optional
+        L^{-1} of :func:`mean_system` = L L^T, when the caller has factorised it; else factorised here.
 
     Returns
     -------
@@ -73,13 +86,20 @@ def mean_step(
     """
     if prior_mean is None:
         return sample_mean.copy()
+    if inverse_factor is None:
+        inverse_factor = spd_factors(mean_system(n_obs, W, sigma2, prior_var))[1]
     shrink = n_obs * prior_var
     a = shrink + sigma2
     u = sample_mean - prior_mean
-    small = W.T @ W
-    small.flat[:: W.shape[1] + 1] += a
-    inner = spd_solve(small, W.T @ u)
+    inner = factor_solve(inverse_factor, W.T @ u)
     return prior_mean + (shrink / a) * (u - W @ inner)
+
+
+def loading_system(second_moment: np.ndarray, ridge: float | np.ndarray) -> np.ndarray:
+    """sum <x x^T> + Lambda, the q x q system of :func:`loading_step`, shape (q, q)."""
+    system = second_moment.copy()
+    system.flat[:: second_moment.shape[0] + 1] += ridge
+    return system
 
 
 def loading_step(
@@ -88,6 +108,7 @@ def loading_step(
     ridge: float | np.ndarray,
     prior_W: np.ndarray | None,
     n_effective: int,
+    inverse_factor: np.ndarray | None = None,
 ) -> np.ndarray:
     """Step (3) of §4.3: W = [sum (t - mu) <x>^T + W~ Lambda] [sum <x x^T> + Lambda]^{-1}.
 
@@ -106,18 +127,20 @@ def loading_step(
         W~ (ignored when ``ridge`` is 0).
     n_effective : int
         q_k of §4.4; columns q_k..q-1 are set to 0.
+    inverse_factor : ndarray of shape (q, q), optional
+        L^{-1} of :func:`loading_system` = L L^T, when the caller has factorised it; else factorised here.
 
     Returns
     -------
     ndarray of shape (d, q)
     """
-    q = second_moment.shape[0]
     ridge = np.asarray(ridge, dtype=float)
     rhs = cross + prior_W * ridge if ridge.any() else cross
-    system = second_moment.copy()
-    system.flat[:: q + 1] += ridge
-    W = spd_solve(system, rhs.T).T
-    W[:, n_effective:] = 0.0
+    if inverse_factor is None:
+        inverse_factor = spd_factors(loading_system(second_moment, ridge))[1]
+    W = factor_solve(inverse_factor, rhs.T).T
+    if n_effective < W.shape[1]:
+        W[:, n_effective:] = 0.0
     return W
 
 
