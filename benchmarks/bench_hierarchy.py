@@ -4,6 +4,7 @@ Run:  python benchmarks/bench_hierarchy.py                  (60 designs, about 2
       python benchmarks/bench_hierarchy.py --designs 12 --drift 3     (a quick look)
       python benchmarks/bench_hierarchy.py --shared-variance --updates em   (one variance shared by all columns)
       python benchmarks/bench_hierarchy.py --noise-dof --updates em   (the sites' noise variances with degrees of freedom)
+      python benchmarks/bench_hierarchy.py --map-em --updates em   (the sites' MAP-EM, their loadings taken as known)
       python benchmarks/bench_hierarchy.py --redraw 59 10   (design 59 with 10 fresh draws of its data)
       python benchmarks/bench_hierarchy.py --trace 28        (design 28 round by round, 100 rounds, tol=None)
       python benchmarks/bench_hierarchy.py --trace 12 --rounds 300   (past 100 rounds)
@@ -178,6 +179,8 @@ def main() -> None:
                         help="fit the EM update with one variance shared by all columns of the loadings (column_variances=False)")
     parser.add_argument("--noise-dof", action="store_true",
                         help="the sites' noise variances with the residual's degrees of freedom (noise_dof=True)")
+    parser.add_argument("--map-em", action="store_true",
+                        help="the sites' paper MAP-EM, their loadings taken as known (loading_uncertainty=False)")
     parser.add_argument("--updates", nargs="+", default=["em", "paper"], choices=["em", "paper"],
                         help="the prior updates fitted (default both)")
     parser.add_argument("--redraw", nargs=2, type=int, metavar=("DESIGN", "DRAWS"),
@@ -186,6 +189,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=100, help="rounds of the trace (default 100)")
     args = parser.parse_args()
     columns = ({"column_variances": False} if args.shared_variance else {}) | ({"noise_dof": True} if args.noise_dof else {})
+    columns |= {"loading_uncertainty": False} if args.map_em else {}
     if args.redraw:
         redraw(*args.redraw, args.max_values, columns)
         return

@@ -4,6 +4,8 @@ Run:  python benchmarks/bench_rounds.py                    (seeds 0-9, about a m
       python benchmarks/bench_rounds.py --long 400         (also against 400 plain rounds, about two minutes)
       python benchmarks/bench_rounds.py --seeds 3           (a quick look)
       python benchmarks/bench_rounds.py --shape 0 --long 400   (what moves on the slow path: seed 0's plain rounds)
+      python benchmarks/bench_rounds.py --long 400 --map-em   (every fit with the sites' MAP-EM, as before their
+                                                               loadings' uncertainty was counted)
 
 For every seed the demo's data are split as ``fedhier demo --seed SEED`` splits them
 (:func:`fedhier.demo.demo_data`), and the fit of the plain round loop (``FedMVPPCA(n_components=5, random_state=SEED, acceleration=None)``,
@@ -61,11 +63,15 @@ class Broadcasts:
         self.rounds.append({k: np.array(v) for k, v in broadcast.items()})
 
 
+#: options every fit of the run takes (``--map-em``)
+COMMON: dict = {}
+
+
 def fit(sites, seed: int, **options) -> tuple[FedMVPPCA, list[dict[str, np.ndarray]]]:
     kept = Broadcasts()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a candidate that does not settle warns; the table says so
-        model = FedMVPPCA(n_components=5, random_state=seed, progress=False, **options).fit(sites, callbacks=[kept])
+        model = FedMVPPCA(n_components=5, random_state=seed, progress=False, **COMMON, **options).fit(sites, callbacks=[kept])
     return model, kept.rounds
 
 
@@ -100,7 +106,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. SEEDS-1 (default 10)")
     parser.add_argument("--long", type=int, default=0, help="rounds of the long plain fit (default 0: none)")
     parser.add_argument("--shape", type=int, metavar="SEED", help="print the shape of the loadings round by round")
+    parser.add_argument("--map-em", action="store_true",
+                        help="every fit with the sites' paper MAP-EM, their loadings taken as known (loading_uncertainty=False)")
     args = parser.parse_args()
+    if args.map_em:
+        COMMON["loading_uncertainty"] = False
     if args.shape is not None:
         shape(args.shape, args.long or 400)
         return

@@ -257,8 +257,8 @@ def test_n_init_keeps_the_start_with_the_highest_final_expected_log_likelihood()
         views = draw_views({v: (mu + W @ (offset * shift), W, s2) for v, (mu, W, s2) in model.items()}, 60, rng)
         sites.append(views)
     kw = dict(n_components=3, n_rounds=5, n_local_iter=4, n_first_iter=8)
-    best = FedMVPPCA(n_init=3, random_state=14, **kw).fit(sites)
-    assert best.init_seeds_[0] == 14 and len(set(best.init_seeds_)) == 3
+    best = FedMVPPCA(n_init=3, random_state=12, **kw).fit(sites)
+    assert best.init_seeds_[0] == 12 and len(set(best.init_seeds_)) == 3
     # each start refitted on its own (n_init=1) gives the recorded score; the kept model is the best one
     singles = [FedMVPPCA(random_state=seed, **kw).fit(sites) for seed in best.init_seeds_]
     scores = [s.history_[-1]["expected_ll"] for s in singles]

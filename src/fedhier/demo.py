@@ -162,36 +162,16 @@ def run_demo(
                          site_timeout=site_timeout, insecure_reproducible_noise=insecure_reproducible_noise)
 
 
-def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scenario: str, seed: int,
-              total_budget: tuple[float, float] | None, per_release: tuple[float, float] | None, unit: str,
-              progress: bool, insecure_reproducible_noise: bool, site_timeout: float | None = None) -> dict[str, Any]:
-    """:func:`run_demo`, writing the report folder's files into ``out`` (its staging folder)."""
-    t0 = time.perf_counter()
-    privacy = demo_privacy(total_budget, per_release, n_rounds, unit)
-    outlook = demo_forecast(privacy, n_components=n_components, n_sites=n_sites, n_rounds=n_rounds)
-    if outlook is not None and not outlook.beats_mean:
-        warnings.warn(outlook.line(), UserWarning, stacklevel=3)
-    prepared = demo_data(n_sites=n_sites, scenario=scenario, seed=seed)
-    data, part, sites, y_train, y_test = prepared.data, prepared.part, prepared.sites, prepared.y_train, prepared.y_test
-    test_full, test_masked = prepared.test_full, prepared.test_masked
-
-    model = FedMVPPCA(n_components=n_components, n_rounds=n_rounds, random_state=seed, privacy=privacy, progress=progress,
-                      site_timeout=site_timeout, insecure_reproducible_noise=insecure_reproducible_noise)
-    model.fit(sites)
-
-    # §11 metrics
+def demo_metrics(model: FedMVPPCA, prepared: DemoData) -> dict[str, Any]:
+    """The demo's summary of a fitted model: test and train MAE, the training mean's test MAE, the latent LDA
+    accuracy, and per hidden test view the imputation MAE against mean imputation (the mean of the sites' rows)."""
+    sites, test_full, test_masked = prepared.sites, prepared.test_full, prepared.test_masked
     train_mae = [reconstruction_mae(site, model.reconstruct(site)) for site in sites]
-    test_mae = reconstruction_mae(test_masked, model.reconstruct(test_masked))
-    mean_test_mae = reconstruction_mae(test_masked, TrainingMean().fit(sites).reconstruct(test_masked))
     z_train = np.vstack([model.transform(site) for site in sites])
-    y_train_sites = np.concatenate([y_train[i] for i in part.indices])
-    z_test = model.transform(test_masked)
-    accuracy = latent_accuracy(z_train, y_train_sites, z_test, y_test)
-
-    # imputation of hidden test views vs mean imputation (federated mean of training sites)
+    y_train_sites = np.concatenate([prepared.y_train[i] for i in prepared.part.indices])
     imputed = model.impute(test_masked)
     imputation_rows = []
-    for view in data.schema.names:
+    for view in prepared.data.schema.names:
         hidden = observed_rows(test_full[view]) & ~observed_rows(test_masked[view])
         if not hidden.any():
             continue
@@ -205,6 +185,33 @@ def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scen
                 "mean-imputation MAE": imputation_mae(test_full[view], np.broadcast_to(mean, test_full[view].shape), hidden),
             }
         )
+    return {
+        "test_mae": reconstruction_mae(test_masked, model.reconstruct(test_masked)),
+        "training_mean_test_mae": reconstruction_mae(test_masked, TrainingMean().fit(sites).reconstruct(test_masked)),
+        "train_mae_mean": float(np.mean(train_mae)),
+        "train_mae_std": float(np.std(train_mae)),
+        "latent_lda_accuracy": latent_accuracy(z_train, y_train_sites, model.transform(test_masked), prepared.y_test),
+        "imputation": imputation_rows,
+    }
+
+
+def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scenario: str, seed: int,
+              total_budget: tuple[float, float] | None, per_release: tuple[float, float] | None, unit: str,
+              progress: bool, insecure_reproducible_noise: bool, site_timeout: float | None = None) -> dict[str, Any]:
+    """:func:`run_demo`, writing the report folder's files into ``out`` (its staging folder)."""
+    t0 = time.perf_counter()
+    privacy = demo_privacy(total_budget, per_release, n_rounds, unit)
+    outlook = demo_forecast(privacy, n_components=n_components, n_sites=n_sites, n_rounds=n_rounds)
+    if outlook is not None and not outlook.beats_mean:
+        warnings.warn(outlook.line(), UserWarning, stacklevel=3)
+    prepared = demo_data(n_sites=n_sites, scenario=scenario, seed=seed)
+    part, sites = prepared.part, prepared.sites
+
+    model = FedMVPPCA(n_components=n_components, n_rounds=n_rounds, random_state=seed, privacy=privacy, progress=progress,
+                      site_timeout=site_timeout, insecure_reproducible_noise=insecure_reproducible_noise)
+    model.fit(sites)
+
+    metrics = demo_metrics(model, prepared)
     bytes_sent = int(sum(h["bytes_sent"] for h in model.history_))
     seconds = time.perf_counter() - t0
 
@@ -219,12 +226,7 @@ def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scen
         "rounds_run": model.n_rounds_,
         "tol": model.tol if stopping_rule(model.tol, privacy) is not None else None,  # None: every round runs
         "seed": seed,
-        "test_mae": test_mae,
-        "training_mean_test_mae": mean_test_mae,
-        "train_mae_mean": float(np.mean(train_mae)),
-        "train_mae_std": float(np.std(train_mae)),
-        "latent_lda_accuracy": accuracy,
-        "imputation": imputation_rows,
+        **metrics,
         "bytes_sent": bytes_sent,
         "seconds": seconds,
     }
@@ -234,7 +236,7 @@ def _run_demo(out: Path, *, n_components: int, n_rounds: int, n_sites: int, scen
     if outlook is not None:
         summary["forecast"] = {"kept": outlook.kept, "beats_mean": outlook.beats_mean, "line": outlook.line()}
     summary["command"] = _command(summary, total_budget, per_release, unit, insecure_reproducible_noise)
-    report_tables = [("Imputation of the hidden test views: mean absolute error on min–max-scaled data", imputation_rows)]
+    report_tables = [("Imputation of the hidden test views: mean absolute error on min–max-scaled data", metrics["imputation"])]
     privacy_rows = None
     if privacy is not None and insecure_reproducible_noise:
         summary["not_private"] = NOT_PRIVATE

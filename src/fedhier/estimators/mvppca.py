@@ -161,6 +161,13 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         (about by the factor (N - 1 - q) / N), which weakens the prior's pull on the sites'
         loadings; the option's effect on the between-site variances is measured in
         docs/mvppca.md, "Recovery on drawn designs".
+    loading_uncertainty : bool, default True
+        With ``prior_update="em"`` and no privacy: from round 2 on, each site's E-step and noise
+        variance take the expectation over the posterior of its loadings, not only over the
+        latents (variational Bayes for W_c) [R].  The paper's MAP-EM (False) takes a site's
+        loadings as known; where a site has few subjects against its features they are not, and
+        the global loadings then drift round after round, one column growing while another
+        shrinks (docs/mvppca.md, "The loadings' uncertainty at the sites").
     acceleration : {"squarem", None}, default "squarem"
         Without privacy, the coordinator extrapolates the global means and loadings from every
         two rounds (SQUAREM, :mod:`fedhier.models.mvppca.accelerate`) and keeps an extrapolation
@@ -254,6 +261,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         prior_update: str = "em",
         column_variances: bool = True,
         noise_dof: bool = False,
+        loading_uncertainty: bool = True,
         acceleration: str | None = "squarem",
         privacy: Any = None,
         aggregation: str = "plain",
@@ -279,6 +287,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         self.prior_update = prior_update
         self.column_variances = column_variances
         self.noise_dof = noise_dof
+        self.loading_uncertainty = loading_uncertainty
         self.acceleration = acceleration
         self.privacy = privacy
         self.aggregation = aggregation
@@ -307,8 +316,9 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
             or not 0.0 < float(self.local_tol) < np.inf
         ):
             raise ValueError(f"local_tol must be None or a positive number, got {self.local_tol!r}")
-        if not isinstance(self.noise_dof, (bool, np.bool_)):
-            raise ValueError(f"noise_dof must be True or False, got {self.noise_dof!r}")
+        for name in ("noise_dof", "loading_uncertainty"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.init not in ("pca", "random"):
             raise ValueError(f"init must be 'pca' or 'random', got {self.init!r}")
         if self.random_state is not None and (
@@ -356,7 +366,8 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         settings = {name: getattr(self, name) for name in MVPPCAProtocol.SETTINGS}
         return MVPPCAProtocol(
             schema, self.n_components_, privacy=self.privacy, column_variances=bool(self.column_variances),
-            noise_dof=bool(self.noise_dof), acceleration=self.acceleration, **settings
+            noise_dof=bool(self.noise_dof), loading_uncertainty=bool(self.loading_uncertainty),
+            acceleration=self.acceleration, **settings
         )
 
     def _aggregator(self, n_sites: int):
@@ -790,7 +801,7 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         meta = {
             "format": _FORMAT,
             "params": {
-                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "tol", "init", "local_tol", "ig_solver", "sigma2_prior", "prior_update", "column_variances", "noise_dof", "acceleration", "insecure_reproducible_noise")},
+                **{k: getattr(self, k) for k in ("n_components", "n_rounds", "n_local_iter", "n_first_iter", "random_state", "n_init", "tol", "init", "local_tol", "ig_solver", "sigma2_prior", "prior_update", "column_variances", "noise_dof", "loading_uncertainty", "acceleration", "insecure_reproducible_noise")},
                 "aggregation": self.aggregation if isinstance(self.aggregation, str) else "secure",
             },
             **({"privacy": NOT_PRIVATE} if self.insecure_reproducible_noise and self.privacy is not None else {}),
@@ -822,7 +833,8 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         if meta.get("format") != _FORMAT:
             raise ValueError(f"{path}: unsupported format {meta.get('format')!r}")
         try:
-            model = cls(**{"prior_update": "paper", **meta["params"]})  # files from before the EM update
+            # files from before the EM update, and from before the sites counted their loadings' uncertainty
+            model = cls(**{"prior_update": "paper", "loading_uncertainty": False, **meta["params"]})
             schema = ViewSchema(tuple(meta["schema"]["names"]), tuple(int(d) for d in meta["schema"]["dims"]))
             q = int(meta.get("n_components", model.n_components))
         except (KeyError, TypeError, ValueError) as exc:

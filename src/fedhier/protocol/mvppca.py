@@ -255,6 +255,10 @@ class MVPPCAProtocol(RoundProtocol):
         the next round changes its predictions little enough); its state lives in this object, so
         one instance serves one coordinator.  None, and every fit with privacy, broadcasts the
         master's step as it is (the paper's rounds).
+    loading_uncertainty : bool
+        With the EM update and no privacy (on by default), each site's E-step and noise variance take
+        the expectation over its loadings' posterior as well (:func:`fedhier.models.mvppca.local.fit_local`)
+        [R]; False, and every fit with the paper's update or privacy, runs the paper's MAP-EM.
     """
 
     name = "fed-mv-ppca"
@@ -284,6 +288,7 @@ class MVPPCAProtocol(RoundProtocol):
         column_variances: bool = True,
         noise_dof: bool = False,
         acceleration: str | None = "squarem",
+        loading_uncertainty: bool = True,
     ):
         if acceleration not in ACCELERATIONS:
             raise ValueError(f"acceleration must be one of {ACCELERATIONS}, got {acceleration!r}")
@@ -313,6 +318,8 @@ class MVPPCAProtocol(RoundProtocol):
         self.latent_scale = prior_update == "em" and privacy is None
         #: each column of the loadings has its own variance (an option; not released under privacy)
         self.column_variances = self.latent_scale and bool(column_variances)
+        #: the sites' E-steps count their loadings' posterior uncertainty (with the EM update, without privacy)
+        self.loading_uncertainty = self.latent_scale and bool(loading_uncertainty)
         broadcast: dict[str, Field] = {"has_prior": Field(())}
         for view, dim in zip(schema.names, schema.dims):
             for name, shape in _global_shapes(dim, q).items():
@@ -373,7 +380,7 @@ class MVPPCAProtocol(RoundProtocol):
         n_iter = self.n_first_iter if prior is None else self.n_local_iter
         fit = local.fit_local(
             ctx.data, self.n_components, prior, n_iter=n_iter, rng=ctx.rng, sigma2_prior=self.sigma2_prior,
-            init=self.init, tol=self.local_tol, noise_dof=self.noise_dof,
+            init=self.init, tol=self.local_tol, noise_dof=self.noise_dof, loading_uncertainty=self.loading_uncertainty,
         )
         for note in fit.safeguards:
             self._safeguard_log(note, "site %d, round %d: %s", ctx.site, ctx.round, note)

@@ -126,13 +126,17 @@ def test_unknown_acceleration_is_refused():
 
 
 def test_the_demo_stops_in_fewer_rounds_with_squarem_and_the_same_test_error():
-    data = demo_data(seed=0)
-    fits = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for acceleration in (None, "squarem"):
-            model = FedMVPPCA(n_components=5, random_state=0, acceleration=acceleration).fit(data.sites)
-            fits[acceleration] = (model.n_rounds_, reconstruction_mae(data.test_masked, model.reconstruct(data.test_masked)))
-    (plain_rounds, plain_mae), (fast_rounds, fast_mae) = fits[None], fits["squarem"]
-    assert fast_rounds <= 0.75 * plain_rounds
-    assert abs(fast_mae / plain_mae - 1.0) < 0.01
+    # the demo's splits of seeds 0-3 (benchmarks/bench_rounds.py runs seeds 0-9): fewer rounds over the four, the
+    # same test error on each
+    rounds = {None: 0, "squarem": 0}
+    for seed in range(4):
+        data = demo_data(seed=seed)
+        mae = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for acceleration in rounds:
+                model = FedMVPPCA(n_components=5, random_state=seed, acceleration=acceleration).fit(data.sites)
+                rounds[acceleration] += model.n_rounds_
+                mae[acceleration] = reconstruction_mae(data.test_masked, model.reconstruct(data.test_masked))
+        assert abs(mae["squarem"] / mae[None] - 1.0) < 0.01
+    assert rounds["squarem"] <= 0.85 * rounds[None]

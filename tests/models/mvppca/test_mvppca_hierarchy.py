@@ -425,3 +425,32 @@ def test_history_records_the_extreme_eigenvalues_of_the_latents_pooled_second_mo
     assert metrics["latent_moment_min"] == pytest.approx(eig[0]) and metrics["latent_moment_max"] == pytest.approx(eig[-1])
     paper = MVPPCAProtocol(ViewSchema(("a",), (4,)), 3, prior_update="paper")
     assert "latent_moment_min" not in paper.round_metrics({"expected_ll": np.asarray(-1.0), "safeguards": np.asarray(0.0)}, 2)
+
+
+def test_the_loadings_hold_still_when_the_sites_count_their_uncertainty_and_drift_when_they_do_not():
+    """A design of benchmarks/bench_hierarchy.py (design 12: 12 sites of 49 subjects, views of 391, 12 and 11
+    features, q = 2) run on without the stopping rule.  A site's loadings, 391 x 2 from 49 subjects, are
+    uncertain; the paper's MAP-EM takes them as known, the latents absorb what they cannot show, and round after
+    round one column of W~ grows and the other shrinks.  With the expectation over the loadings' posterior the
+    columns hold their sizes and the latents' pooled second moment stays near I."""
+    data = make_federated_ppca(
+        12, [49] * 12, (391, 12, 11), 2, sd_mu=0.130, sd_W=0.173, sigma2_alpha=3.0, sigma2_beta=2.0,
+        global_sd=(2.0, 1.0), random_state=12,
+    )
+    true = np.sort(np.sum(data.global_params["view1"].W ** 2, axis=0))
+    for uncertainty in (True, False):
+        norms, eigenvalues = [], []
+
+        def keep(record, broadcast):
+            norms.append(np.sort(np.sum(np.asarray(broadcast["view1/W"]) ** 2, axis=0)))
+            eigenvalues.append((record.metrics["latent_moment_min"], record.metrics["latent_moment_max"]))
+
+        FedMVPPCA(n_components=2, n_rounds=30, tol=None, random_state=12,
+                  loading_uncertainty=uncertainty).fit(data.sites, callbacks=[keep])
+        growth = norms[29] / norms[9]  # the columns' squared norms, round 30 over round 10
+        if uncertainty:
+            np.testing.assert_allclose(growth, 1.0, atol=0.02)
+            np.testing.assert_allclose(norms[29], true, rtol=0.1)
+            assert 0.9 < min(eigenvalues[29]) and max(eigenvalues[29]) < 1.1
+        else:  # the paper's MAP-EM: the larger column grows by a third, the smaller shrinks
+            assert growth[1] > 1.3 and growth[0] < 0.9

@@ -323,3 +323,76 @@ def test_noise_dof_removes_the_small_sample_bias_of_sigma2(n_subjects, dim, pape
             out.append(fit.params["a"].sigma2)
     assert np.mean(paper) < paper_below
     assert 0.95 < np.mean(dof) < 1.06
+
+
+def _variational_iterations(X, prior, q, n_iter, seed):
+    """The iterations of fit_local(..., loading_uncertainty=True) written out subject by subject, with dense solves.
+
+    The start is fit_local's: per view, W = W~ + sd_Wi * N(0, 1) and sigma2 = beta / Gamma(alpha), in view order.
+    Per iteration: (1) mu by eq. 11 with C = W W^T + sigma2 I; (2) q(x_n) with precision
+    I + sum_{k in O_n} (W_k^T W_k + d_k Sigma_k) / sigma2_k; (3) each row of W_k ~ N(w_j, Sigma_k),
+    W_k = (B + W~ L)(A + L)^{-1}, Sigma_k = sigma2 (A + L)^{-1}, A = sum <x x^T>, B = sum (t - mu) <x>^T, L = sigma2 / sd_W^2;
+    (4) sigma2 = (E sum ||t - mu - W x||^2 + 2 beta) / (N d + 2 (alpha + 1)), the expectation over q(x) and q(W).
+    """
+    rng = np.random.default_rng(seed)
+    names = list(X)
+    n = next(iter(X.values())).shape[0]
+    W, s2, Sigma, mu = {}, {}, {}, {}
+    for k in names:
+        g = prior[k]
+        W[k] = g.W + np.sqrt(np.asarray(g.sigma2_W_columns)) * rng.standard_normal(g.W.shape)
+        s2[k] = g.beta / rng.gamma(g.alpha)
+        Sigma[k] = np.zeros((q, q))
+    seen = {k: ~np.isnan(X[k]).all(axis=1) for k in names}
+    for _ in range(n_iter):
+        for k in names:
+            g, T = prior[k], X[k][seen[k]]
+            N, d = T.shape
+            C = W[k] @ W[k].T + s2[k] * np.eye(d)
+            mu[k] = g.mu + N * g.sigma2_mu * np.linalg.solve(N * g.sigma2_mu * np.eye(d) + C, T.mean(axis=0) - g.mu)
+        means, seconds = np.zeros((n, q)), np.zeros((n, q, q))
+        for i in range(n):
+            P, b = np.eye(q), np.zeros(q)
+            for k in names:
+                if seen[k][i]:
+                    P += (W[k].T @ W[k] + X[k].shape[1] * Sigma[k]) / s2[k]
+                    b += W[k].T @ (X[k][i] - mu[k]) / s2[k]
+            M = np.linalg.inv(P)
+            means[i] = M @ b
+            seconds[i] = M + np.outer(means[i], means[i])
+        for k in names:
+            g, rows = prior[k], seen[k]
+            T = X[k][rows] - mu[k]
+            N, d = T.shape
+            A, B = seconds[rows].sum(axis=0), T.T @ means[rows]
+            L = np.diag(s2[k] / np.asarray(g.sigma2_W_columns))
+            W[k] = (B + g.W @ L) @ np.linalg.inv(A + L)
+            Sigma[k] = s2[k] * np.linalg.inv(A + L)
+            residual = sum(np.sum((t - W[k] @ x) ** 2) + np.trace(W[k] @ (S - np.outer(x, x)) @ W[k].T)
+                           for t, x, S in zip(T, means[rows], seconds[rows]))
+            residual += d * np.trace(Sigma[k] @ A)
+            s2[k] = (residual + 2 * g.beta) / (N * d + 2 * (g.alpha + 1))
+    return {k: ViewParams(mu[k], W[k], s2[k]) for k in names}
+
+
+def test_loading_uncertainty_iterations_are_variational_bayes_for_the_loadings_written_out(rng, make_model):
+    model = make_model([7, 5], 2, [0.4, 0.9], rng)
+    X, _ = sample(model, 40, rng)
+    X = with_missing_rows(X, rng, frac=0.2, keep_first="v0")  # two observed-view patterns
+    prior = {
+        k: GlobalView(mu=p.mu + 0.3, W=p.W + 0.2, sigma2_mu=0.05, sigma2_W=0.1, alpha=6.0, beta=3.0,
+                      noise_var=0.6, var_sigma=0.1, sigma2_W_columns=np.array([0.1, 0.03]))
+        for k, p in model.items()
+    }
+    expected = _variational_iterations(X, prior, 2, n_iter=4, seed=3)
+    fit = fit_local(X, 2, prior, n_iter=4, rng=3, loading_uncertainty=True)
+    for k in X:
+        np.testing.assert_allclose(fit.params[k].mu, expected[k].mu, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(fit.params[k].W, expected[k].W, rtol=1e-9, atol=1e-12)
+        assert fit.params[k].sigma2 == pytest.approx(expected[k].sigma2, rel=1e-9)
+    # the paper's MAP-EM is another iteration: the loadings' uncertainty changes the fit
+    map_em = fit_local(X, 2, prior, n_iter=4, rng=3)
+    assert any(abs(map_em.params[k].sigma2 / fit.params[k].sigma2 - 1) > 1e-3 for k in X)
+    # round 1 has no prior, so nothing to take the expectation over: the option changes nothing there
+    first = fit_local(X, 2, n_iter=5, rng=3, loading_uncertainty=True)
+    np.testing.assert_array_equal(first.params["v1"].W, fit_local(X, 2, n_iter=5, rng=3).params["v1"].W)

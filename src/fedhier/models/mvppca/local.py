@@ -11,6 +11,18 @@ Every iteration follows the order of §4.3:
     (1) mu (eq. 11, Woodbury)  ->  (2) E-step  ->  (3) W (lambda_i = sigma2[s] / sigma2_Wi, per column i)
     ->  (4) sigma2 (eq. 21, with N_c^(k) d_k).
 
+With ``loading_uncertainty`` (rounds >= 2, [R]) the E-step and step (4) are expectations over the
+posterior of the loadings as well, as in variational Bayes: given the latent moments, the rows of W_k
+are independent Gaussians N(w_kj, Sigma_k), Sigma_k = sigma2_k (S_xx + Lambda_k)^{-1} (the covariance of
+step (3)'s ridge regression, the one :mod:`.spread` sends), so that
+
+    E[W_k^T W_k] = W_k^T W_k + d_k Sigma_k,        E sum_n ||t_n - mu - W_k x_n||^2 = S_k + d_k tr(Sigma_k S_xx):
+
+the latents' precision gains sum_k d_k Sigma_k / sigma2_k and S_k of eq. 21 the second term.  The
+MAP-EM of the paper takes W_k as known; where a site has few subjects against d_k q its loadings are
+uncertain, the latents then absorb what the loadings cannot show, and round after round the global
+loadings drift (docs/mvppca.md, "The loadings' uncertainty at the sites").
+
 Subjects may lack views (entirely-NaN rows, §2.3 [R]): the E-step is done once per
 observed-view pattern and each view's M-step sums over the subjects that have it.
 One iteration costs two BLAS products per view, (N_k, d_k) x (d_k, q) and
@@ -139,6 +151,13 @@ def _settled(before: dict, mu: dict, W: dict, sigma2: dict, tol: float) -> bool:
     return True
 
 
+def _add_loading_uncertainty(precisions: np.ndarray, site: MultiViewData, row_cov: dict, sigma2: dict) -> None:
+    """P_O += sum_{k in O} d_k Sigma_k / sigma2_k for every pattern O, in place: E[W_k^T W_k] = W_k^T W_k + d_k Sigma_k."""
+    for p in range(precisions.shape[0]):
+        for name in site.pattern_views(p):
+            precisions[p] += site.views[name].dim * row_cov[name] / sigma2[name]
+
+
 def fit_local(
     data: Mapping[str, np.ndarray],
     n_components: int,
@@ -150,6 +169,7 @@ def fit_local(
     init: str = "pca",
     tol: float | None = None,
     noise_dof: bool = False,
+    loading_uncertainty: bool = False,
 ) -> LocalFit:
     """Fit theta_c = {mu_k, W_k, sigma2_k} at one site for one round (§4.3–§4.5).
 
@@ -180,6 +200,9 @@ def fit_local(
     noise_dof : bool
         Step (4) divides the residual by its degrees of freedom, N d_k less what the mean and the
         loadings took (:func:`.mstep.residual_dof`) [R], instead of N d_k (eq. 21).
+    loading_uncertainty : bool
+        With a prior: the E-step and step (4) take the expectation over the loadings' posterior
+        (module docstring) [R]; False is the paper's MAP-EM, W_k taken as known.  Ignored in round 1.
 
     Returns
     -------
@@ -256,6 +279,9 @@ def fit_local(
         prior_columns = {name: np.asarray(prior[name].sigma2_W_columns, dtype=float) for name in names}
     expected_ll = np.empty(int(n_iter))
     notes: list[str] = []
+    # Sigma_k, the covariance of a row of W_k under its posterior, from the last step (3); 0 before the first
+    uncertain = bool(loading_uncertainty) and prior is not None
+    row_cov = {name: np.zeros((q, q)) for name in names} if uncertain else None
     for it in range(int(n_iter)):
         if tol is not None:
             before = {k: (mu.get(k), W[k], sigma2[k]) for k in names}
@@ -264,7 +290,10 @@ def fit_local(
         if prior is not None:
             systems = [mean_system(site.views[k].n_obs, W[k], sigma2[k], prior[k].sigma2_mu) for k in names]
         if em_covariance is None:
-            systems.extend(pattern_precisions(site, W, sigma2))
+            precisions = pattern_precisions(site, W, sigma2)
+            if uncertain:
+                _add_loading_uncertainty(precisions, site, row_cov, sigma2)
+            systems.extend(precisions)
         chol, inverse_chol = spd_factors(np.stack(systems)) if systems else (None, None)
         # (1) mu, with W[s], sigma2[s]
         if prior is not None:
@@ -306,6 +335,10 @@ def fit_local(
             g = None if prior is None else prior[name]
             W[name] = loading_step(cross, xx, ridge, None if g is None else prior_W[name], n_cols[name],
                                    inverse_factor=loading_factors[j])
+            if uncertain:  # Sigma_k = sigma2[s] (S_xx + Lambda)^{-1} over the effective columns (the others are 0)
+                row_cov[name] = sigma2[name] * (loading_factors[j].T @ loading_factors[j])
+                row_cov[name][n_cols[name]:, :] = 0.0
+                row_cov[name][:, n_cols[name]:] = 0.0
             # (4) sigma2 with W[s+1], mu[s+1]
             S = scatter_first_form(scatter[name], block.n_obs, sample_mean[name], mu[name], W[name], cross, xx)
             shift = sample_mean[name] - mu[name]
@@ -315,6 +348,8 @@ def fit_local(
                     cov_pattern = pattern_moments(site, post)[1]
                 X = post.means if block.rows is None else post.means[block.rows]
                 S = scatter_second_form(block.values, mu[name], W[name], X, cov_pattern[patterns].sum(axis=0))
+            if uncertain:  # E sum_n ||t_n - mu - W x_n||^2 over the rows' posterior as well
+                S += block.dim * float(np.vdot(row_cov[name], xx))
             dof = residual_dof(block.n_obs, block.dim, xx, ridge, n_cols[name]) if noise_dof else n_dof[name]
             new, view_notes = sigma2_step(
                 S, dof, old=sigma2[name], view=name,
