@@ -255,7 +255,9 @@ def floor_em(views: dict, q: int, n_iter: int, prior) -> dict:
 
     Per iteration: the mean step under the prior (a q x q solve), the E-step (one q x q inverse, one
     (N, d_k) x (d_k, q) product per view), and per view T_k^T <X> with the W and sigma2 updates (another
-    q x q inverse).  Plain EM with mu = t-bar when ``prior`` is None.
+    q x q inverse).  Plain EM with mu = t-bar when ``prior`` is None.  Under a prior the E-step and the sigma2
+    update count the loadings' posterior covariance Sigma_k = sigma2_k (S_xx + Lambda)^{-1}, as the fit's default
+    does (``loading_uncertainty``): q x q work only.
     """
     rng = np.random.default_rng(0)
     n = next(iter(views.values())).shape[0]
@@ -265,6 +267,7 @@ def floor_em(views: dict, q: int, n_iter: int, prior) -> dict:
     W = {k: rng.uniform(-2.0, 2.0, (v.shape[1], q)) for k, v in views.items()}
     sigma2 = dict.fromkeys(views, 0.3)
     mu = dict(t_bar)
+    row_cov = {k: np.zeros((q, q)) for k in views}
     for _ in range(n_iter):
         if prior is not None:
             for k in views:
@@ -273,16 +276,20 @@ def floor_em(views: dict, q: int, n_iter: int, prior) -> dict:
                 u = t_bar[k] - g.mu
                 inner = np.linalg.solve(W[k].T @ W[k] + a * eye, W[k].T @ u)
                 mu[k] = g.mu + (n * g.sigma2_mu / a) * (u - W[k] @ inner)
-        M = np.linalg.inv(eye + sum(W[k].T @ W[k] / sigma2[k] for k in views))
+        M = np.linalg.inv(eye + sum((W[k].T @ W[k] + v.shape[1] * row_cov[k]) / sigma2[k] for k, v in views.items()))
         X = sum(views[k] @ (W[k] / sigma2[k]) - mu[k] @ (W[k] / sigma2[k]) for k in views) @ M
         xx = n * M + X.T @ X
         for k, T in views.items():
             cross = T.T @ X - np.outer(mu[k], X.sum(axis=0))
             ridge = 0.0 if prior is None else sigma2[k] / prior[k].sigma2_W_columns
             rhs = cross if prior is None else cross + prior[k].W * ridge
-            W[k] = rhs @ np.linalg.inv(xx + ridge * eye)
+            inverse = np.linalg.inv(xx + ridge * eye)
+            W[k] = rhs @ inverse
             shift = t_bar[k] - mu[k]
             S = scatter[k] + n * (shift @ shift) - 2.0 * np.vdot(W[k], cross) + np.vdot(W[k].T @ W[k], xx)
+            if prior is not None:
+                row_cov[k] = sigma2[k] * inverse
+                S += T.shape[1] * np.vdot(row_cov[k], xx)
             alpha, beta = (2.25, 0.625) if prior is None else (prior[k].alpha, prior[k].beta)
             sigma2[k] = (S + 2.0 * beta) / (T.size + 2.0 * (alpha + 1.0))
     return W

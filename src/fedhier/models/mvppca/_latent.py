@@ -93,9 +93,9 @@ def pattern_precisions(data: MultiViewData, W: Mapping[str, np.ndarray], sigma2:
         loadings = np.asarray(W[name], dtype=float)
         gram[name] = loadings.T @ (loadings / sigma2[name])
     q = next(iter(gram.values())).shape[0]
-    precisions = np.empty((data.patterns.shape[0], q, q))
+    precisions = np.zeros((data.patterns.shape[0], q, q))
+    precisions.reshape(-1, q * q)[:, :: q + 1] = 1.0  # I_q in every pattern
     for p in range(precisions.shape[0]):
-        precisions[p] = np.eye(q)
         for name in data.pattern_views(p):
             precisions[p] += gram[name]
     return precisions

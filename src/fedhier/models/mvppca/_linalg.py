@@ -30,6 +30,7 @@ __all__ = [
 #: threads costs as much as they save (``python benchmarks/bench_blas_threads.py``)
 LARGE_PRODUCT = 2**20
 
+_UNCHANGED = nullcontext()  # reusable: it holds no state
 _controller = None  # threadpoolctl's view of the loaded BLAS libraries, found once (it reads the process's maps)
 _caller_threads = 1  # the BLAS threads of the caller of the running fit; 1 outside a fit
 
@@ -75,7 +76,7 @@ def threads_for(multiply_adds: float) -> ContextManager:
     :func:`one_blas_thread`, if it is at least :data:`LARGE_PRODUCT`; otherwise nothing changes."""
     if _caller_threads > 1 and multiply_adds >= LARGE_PRODUCT:
         return _blas().limit(limits=_caller_threads, user_api="blas")
-    return nullcontext()
+    return _UNCHANGED
 
 
 try:  # numpy.linalg's own LAPACK kernels, without the wrapper's per-call checks (a few microseconds a call)
@@ -120,8 +121,8 @@ def spd_factors(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def inverse_from_factor(inverse_chol: np.ndarray) -> np.ndarray:
     """A^{-1} = L^{-T} L^{-1} (symmetrised) from L^{-1} of :func:`spd_factors`, shape (q, q) or (m, q, q)."""
-    inverse = np.swapaxes(inverse_chol, -1, -2) @ inverse_chol
-    return 0.5 * (inverse + np.swapaxes(inverse, -1, -2))
+    inverse = inverse_chol.swapaxes(-1, -2) @ inverse_chol
+    return 0.5 * (inverse + inverse.swapaxes(-1, -2))
 
 
 def log_determinant(chol: np.ndarray) -> np.ndarray:

@@ -270,6 +270,7 @@ def fit_local(
     names = list(site.views)
     # per view, fixed over the iterations: the patterns that have it, N_c^(k) d_k and the prior's arrays
     view_patterns = {name: np.flatnonzero(site.patterns[:, j]) for j, name in enumerate(names)}
+    n_obs = {name: block.n_obs for name, block in site.views.items()}
     n_dof = {name: block.n_obs * block.dim for name, block in site.views.items()}
     if prior is None:
         mu = dict(sample_mean)  # step (1) without a prior: mu = t-bar at every iteration
@@ -288,17 +289,17 @@ def fit_local(
         # the q x q systems of W[s], sigma2[s] factorised at once: each view's mean step and each pattern's precision
         systems = []
         if prior is not None:
-            systems = [mean_system(site.views[k].n_obs, W[k], sigma2[k], prior[k].sigma2_mu) for k in names]
+            systems = [mean_system(n_obs[k], W[k], sigma2[k], prior[k].sigma2_mu) for k in names]
         if em_covariance is None:
             precisions = pattern_precisions(site, W, sigma2)
             if uncertain:
                 _add_loading_uncertainty(precisions, site, row_cov, sigma2)
             systems.extend(precisions)
-        chol, inverse_chol = spd_factors(np.stack(systems)) if systems else (None, None)
+        chol, inverse_chol = spd_factors(np.array(systems)) if systems else (None, None)
         # (1) mu, with W[s], sigma2[s]
         if prior is not None:
             for j, (name, block) in enumerate(site.views.items()):
-                mu[name] = mean_step(sample_mean[name], block.n_obs, W[name], sigma2[name], prior_mu[name],
+                mu[name] = mean_step(sample_mean[name], n_obs[name], W[name], sigma2[name], prior_mu[name],
                                      prior[name].sigma2_mu, inverse_factor=inverse_chol[j])
         # (2) E-step with mu[s+1], W[s], sigma2[s]: from the data, or from their covariance
         current = {k: ViewParams(mu[k], W[k], sigma2[k]) for k in names}
@@ -310,7 +311,7 @@ def fit_local(
         else:
             post = None
             total_second_moment, cross_of = moments_from_covariance(em_covariance, current, site.n)
-        q_value = -0.5 * (site.n * q * _LOG_2PI + np.trace(total_second_moment))
+        q_value = -0.5 * (site.n * q * _LOG_2PI + total_second_moment.trace())
         # each view's sum <x x^T> over its subjects and ridge lambda = sigma2[s] / sigma2_W~, and the factors of
         # the systems of step (3), all views at once
         xx_of, ridge_of = {}, {}
@@ -321,7 +322,7 @@ def fit_local(
             else:
                 xx_of[name] = total_second_moment
             ridge_of[name] = 0.0 if prior is None else sigma2[name] / prior_columns[name]
-        loading_factors = spd_factors(np.stack([loading_system(xx_of[k], ridge_of[k]) for k in names]))[1]
+        loading_factors = spd_factors(np.array([loading_system(xx_of[k], ridge_of[k]) for k in names]))[1]
         for j, (name, block) in enumerate(site.views.items()):
             patterns, xx, ridge = view_patterns[name], xx_of[name], ridge_of[name]
             if em_covariance is None:
@@ -337,12 +338,13 @@ def fit_local(
                                    inverse_factor=loading_factors[j])
             if uncertain:  # Sigma_k = sigma2[s] (S_xx + Lambda)^{-1} over the effective columns (the others are 0)
                 row_cov[name] = sigma2[name] * (loading_factors[j].T @ loading_factors[j])
-                row_cov[name][n_cols[name]:, :] = 0.0
-                row_cov[name][:, n_cols[name]:] = 0.0
+                if n_cols[name] < q:
+                    row_cov[name][n_cols[name]:, :] = 0.0
+                    row_cov[name][:, n_cols[name]:] = 0.0
             # (4) sigma2 with W[s+1], mu[s+1]
-            S = scatter_first_form(scatter[name], block.n_obs, sample_mean[name], mu[name], W[name], cross, xx)
+            S = scatter_first_form(scatter[name], n_obs[name], sample_mean[name], mu[name], W[name], cross, xx)
             shift = sample_mean[name] - mu[name]
-            if S <= _CANCELLATION_RATIO * (scatter[name] + block.n_obs * (shift @ shift)):
+            if S <= _CANCELLATION_RATIO * (scatter[name] + n_obs[name] * (shift @ shift)):
                 if post is None:  # the second form needs the posterior means from the data
                     post = posterior(site, current)
                     cov_pattern = pattern_moments(site, post)[1]
@@ -350,7 +352,7 @@ def fit_local(
                 S = scatter_second_form(block.values, mu[name], W[name], X, cov_pattern[patterns].sum(axis=0))
             if uncertain:  # E sum_n ||t_n - mu - W x_n||^2 over the rows' posterior as well
                 S += block.dim * float(np.vdot(row_cov[name], xx))
-            dof = residual_dof(block.n_obs, block.dim, xx, ridge, n_cols[name]) if noise_dof else n_dof[name]
+            dof = residual_dof(n_obs[name], block.dim, xx, ridge, n_cols[name]) if noise_dof else n_dof[name]
             new, view_notes = sigma2_step(
                 S, dof, old=sigma2[name], view=name,
                 alpha=None if g is None else g.alpha, beta=None if g is None else g.beta,

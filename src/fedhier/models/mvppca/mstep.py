@@ -124,7 +124,7 @@ def loading_step(
     ridge : float or ndarray of shape (q,)
         lambda_i = sigma2[s] / sigma2_Wi~ (0 without prior).
     prior_W : ndarray of shape (d, q) or None
-        W~ (ignored when ``ridge`` is 0).
+        W~ (None without prior).
     n_effective : int
         q_k of §4.4; columns q_k..q-1 are set to 0.
     inverse_factor : ndarray of shape (q, q), optional
@@ -134,8 +134,7 @@ def loading_step(
     -------
     ndarray of shape (d, q)
     """
-    ridge = np.asarray(ridge, dtype=float)
-    rhs = cross + prior_W * ridge if ridge.any() else cross
+    rhs = cross if prior_W is None else cross + prior_W * ridge
     if inverse_factor is None:
         inverse_factor = spd_factors(loading_system(second_moment, ridge))[1]
     W = factor_solve(inverse_factor, rhs.T).T
