@@ -172,8 +172,8 @@ class FedMVPPCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator
         Without privacy, the coordinator extrapolates the global means and loadings from every
         two rounds (SQUAREM, :mod:`fedhier.models.mvppca.accelerate`) and keeps an extrapolation
         only when the round from it changes the predictions at most twice as much as the plain
-        round before it did; on the demo the fit stops after half the rounds at the same test
-        error (docs/mvppca.md, "Fewer rounds").  None broadcasts every master step as it is, as
+        round before it did; on the demo's splits the fit stops after about a quarter fewer rounds
+        at the same test error (docs/mvppca.md, "Fewer rounds").  None broadcasts every master step as it is, as
         the paper does; a fit with privacy always does.
     privacy : privacy configuration or None
         Client-level differential privacy (spec §8), a ``DPConfig``; see :mod:`fedhier.privacy`.
