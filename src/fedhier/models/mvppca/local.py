@@ -80,8 +80,9 @@ class LocalFit:
         theta_c: one ViewParams per fitted view.
     expected_ll : ndarray of shape (n_iterations,)
         Q_c of §4.2 with all constants, evaluated after each iteration at that
-        iteration's new (mu, W, sigma2) and its E-step moments; one entry per iteration
-        run (``n_iter``, or fewer when ``tol`` stopped the fit).
+        iteration's new (mu, W, sigma2) and its E-step moments (with ``loading_uncertainty``
+        the residual is its expectation over the loadings' posterior as well); one entry per
+        iteration run (``n_iter``, or fewer when ``tol`` stopped the fit).
     safeguards : tuple of str
         Notes on safeguards that triggered (rejected sigma2, halved weak prior, ...).
     covariance : ndarray of shape (d, d) or None
