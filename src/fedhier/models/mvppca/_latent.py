@@ -83,10 +83,17 @@ class LatentPosterior:
         return log_determinant(self.precision_factors)
 
 
-def pattern_precisions(data: MultiViewData, W: Mapping[str, np.ndarray], sigma2: Mapping[str, float]) -> np.ndarray:
+def pattern_precisions(
+    data: MultiViewData,
+    W: Mapping[str, np.ndarray],
+    sigma2: Mapping[str, float],
+    row_covariances: Mapping[str, np.ndarray] | None = None,
+) -> np.ndarray:
     """P_O = I_q + sum_{k in O} W_k^T W_k / sigma2_k of every observed-view pattern, shape (P, q, q).
 
-    ``W`` and ``sigma2`` map each view of ``data`` to W_k (d_k, q) and sigma2_k.
+    ``W`` and ``sigma2`` map each view of ``data`` to W_k (d_k, q) and sigma2_k.  With ``row_covariances``
+    (view -> Sigma_k, the (q, q) covariance of each row of W_k under its posterior) the expectation over the
+    loadings: E[W_k^T W_k] = W_k^T W_k + d_k Sigma_k, so P_O gains sum_{k in O} d_k Sigma_k / sigma2_k.
     """
     gram = {}
     for name in data.views:
@@ -98,6 +105,9 @@ def pattern_precisions(data: MultiViewData, W: Mapping[str, np.ndarray], sigma2:
     for p in range(precisions.shape[0]):
         for name in data.pattern_views(p):
             precisions[p] += gram[name]
+        if row_covariances is not None:
+            for name in data.pattern_views(p):
+                precisions[p] += data.views[name].dim * row_covariances[name] / sigma2[name]
     return precisions
 
 

@@ -1,7 +1,8 @@
 """Symmetric positive definite q x q systems of the E- and M-steps, by Cholesky; BLAS threads.
 
 Every iteration of a site's EM factorises a few q x q matrices (q = n_components, often 5
-or 10), as stacks (:func:`spd_factors`): one call for all the systems it has at one time.  These functions use numpy's LAPACK (``numpy.linalg``), not scipy's: a site step over
+or 10), as stacks (:func:`spd_factors`): one call for all the systems it has at one time.
+These functions use numpy's LAPACK (``numpy.linalg``), not scipy's: a site step over
 Flower runs in a fresh process every round, and importing ``scipy.linalg`` costs that
 process about 0.1 CPU s, more than the whole site step of a small fit; at q x q the two
 differ by microseconds per call.

@@ -152,13 +152,6 @@ def _settled(before: dict, mu: dict, W: dict, sigma2: dict, tol: float) -> bool:
     return True
 
 
-def _add_loading_uncertainty(precisions: np.ndarray, site: MultiViewData, row_cov: dict, sigma2: dict) -> None:
-    """P_O += sum_{k in O} d_k Sigma_k / sigma2_k for every pattern O, in place: E[W_k^T W_k] = W_k^T W_k + d_k Sigma_k."""
-    for p in range(precisions.shape[0]):
-        for name in site.pattern_views(p):
-            precisions[p] += site.views[name].dim * row_cov[name] / sigma2[name]
-
-
 def fit_local(
     data: Mapping[str, np.ndarray],
     n_components: int,
@@ -292,10 +285,7 @@ def fit_local(
         if prior is not None:
             systems = [mean_system(n_obs[k], W[k], sigma2[k], prior[k].sigma2_mu) for k in names]
         if em_covariance is None:
-            precisions = pattern_precisions(site, W, sigma2)
-            if uncertain:
-                _add_loading_uncertainty(precisions, site, row_cov, sigma2)
-            systems.extend(precisions)
+            systems.extend(pattern_precisions(site, W, sigma2, row_cov))
         chol, inverse_chol = spd_factors(np.array(systems)) if systems else (None, None)
         # (1) mu, with W[s], sigma2[s]
         if prior is not None:
