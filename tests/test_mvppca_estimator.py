@@ -229,10 +229,19 @@ def test_tol_must_be_a_positive_number(iid_problem, tol):
         FedMVPPCA(n_components=3, tol=tol).fit(iid_problem[0])
 
 
+@pytest.mark.parametrize("name", ["noise_dof", "loading_uncertainty"])
 @pytest.mark.parametrize("flag", [1, "yes", None])
-def test_noise_dof_must_be_true_or_false(iid_problem, flag):
-    with pytest.raises(ValueError, match="noise_dof must be True or False"):
-        FedMVPPCA(n_components=3, noise_dof=flag).fit(iid_problem[0])
+def test_switches_must_be_true_or_false(iid_problem, name, flag):
+    with pytest.raises(ValueError, match=f"{name} must be True or False"):
+        FedMVPPCA(n_components=3, **{name: flag}).fit(iid_problem[0])
+
+
+def test_the_paper_site_step_survives_save_and_load(tmp_path, iid_problem):
+    sites, test = iid_problem
+    paper = FedMVPPCA(n_components=3, n_rounds=3, random_state=0, loading_uncertainty=False).fit(sites)
+    back = FedMVPPCA.load(paper.save(tmp_path / "model.npz"))
+    assert back.loading_uncertainty is False
+    np.testing.assert_array_equal(back.transform(test), paper.transform(test))
 
 
 def test_noise_dof_raises_the_sites_noise_variances_and_survives_save_and_load(tmp_path, iid_problem):
